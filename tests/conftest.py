@@ -1,0 +1,23 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture
+def fixtures() -> Path:
+    return FIXTURES
+
+
+@pytest.fixture
+def fast_settings(tmp_path):
+    """Settings that keep timing short: tests check behaviour, never speed."""
+    from tuner.settings import Settings
+    return Settings(runs_dir=str(tmp_path / "runs"), cache_dir=str(tmp_path / "cache"),
+                    bench_budget_s=0.01, warmup_s=0.0, min_reps=3, max_reps=20,
+                    run_timeout_s=20.0, compile_timeout_s=30.0, compile_workers=2)

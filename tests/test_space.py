@@ -1,0 +1,90 @@
+import pytest
+
+from tuner.space import SpaceError, parse_space
+from tuner.values import Config
+
+GOOD = """\
+language: c
+sizes: [M, N]
+params:
+  BLOCK: {pow2: [16, 256]}
+  ROWS: [1, 2, 4]
+  THREADS: {range: [1, 8], step: 1}
+  ONLINE: bool
+  SCHED: [static, dynamic]
+constraints:
+  - ONLINE or BLOCK >= N
+  - THREADS <= CORES
+resources:
+  scratch_bytes: BLOCK * ROWS * DTYPE_BYTES
+default: {BLOCK: 64, ROWS: 2, THREADS: 1, ONLINE: true, SCHED: static}
+"""
+
+
+def test_parses_all_param_kinds():
+    s = parse_space(GOOD, "good.yaml")
+    assert s.param("BLOCK").values == (16, 32, 64, 128, 256) and s.param("BLOCK").log
+    assert s.param("THREADS").values == tuple(range(1, 9))
+    assert s.param("ONLINE").values == (False, True) and not s.param("ONLINE").ordered
+    assert s.size == 5 * 3 * 8 * 2 * 2
+    assert s.default_config()["BLOCK"] == 64
+    assert len(list(s.configs())) == s.size
+
+
+def test_check_constraints_and_resources():
+    s = parse_space(GOOD, "good.yaml")
+    ctx = {"M": 8, "N": 100, "DTYPE_BYTES": 4, "CORES": 2}
+    ok = Config.of({"BLOCK": 64, "ROWS": 2, "THREADS": 1, "ONLINE": True, "SCHED": "static"})
+    assert s.check(ok, ctx) is None
+    assert "ONLINE or BLOCK >= N" in s.check(Config.of({**ok.as_dict(), "ONLINE": False}), ctx)
+    assert "THREADS <= CORES" in s.check(Config.of({**ok.as_dict(), "THREADS": 4}), ctx)
+    assert "exceeds the device limit" in s.check(ok, ctx, {"scratch_bytes": 100})
+    assert "not a point" in s.check(Config.of({"BLOCK": 3}), ctx)
+    with pytest.raises(SpaceError, match="no size"):
+        s.check(ok, {"M": 8, "DTYPE_BYTES": 4, "CORES": 2})
+
+
+def test_json_roundtrip():
+    s = parse_space(GOOD, "good.yaml")
+    from tuner.space import Space
+    back = Space.from_json(s.to_json())
+    assert back.to_json() == s.to_json()
+
+
+@pytest.mark.parametrize("text, line, message", [
+    ("params: {}\n", 1, "non-empty"),
+    ("sizes: [M]\n", 1, "no 'params'"),
+    ("params:\n  A: []\n", 2, "no values"),
+    ("params:\n  A: [1, 2]\nconstraints:\n  - A <= Q\n", 4, "unknown name(s) ['Q']"),
+    ("params:\n  A: [1, 2]\nconstraints:\n  - A <=\n", 4, "syntax error"),
+    ("params:\n  A: [1, 2]\nconstraints:\n  - open('x')\n", 4, "not allowed"),
+    ("params:\n  A: {pow2: [3, 64]}\n", 2, "powers of two"),
+    ("params:\n  A: {range: [9, 1]}\n", 2, "empty range"),
+    ("params:\n  A: {range: [0, 1000000]}\n", 2, "at most"),
+    ("params:\n  A: [1, 1]\n", 2, "twice"),
+    ("params:\n  1A: [1]\n", 2, "identifier"),
+    ("params:\n  A: [1]\nbogus: 1\n", 3, "unknown key"),
+    ("params:\n  A: [1, 2]\ndefault: {A: 3}\n", 3, "not one of"),
+    ("params:\n  A: [1, [2]]\n", 2, "must be a number"),
+    ("params:\n  A: {weird: 1}\n", 2, "expected a list"),
+    ("params: [\n", 2, "not valid YAML"),
+    ("- 1\n- 2\n", None, "mapping"),
+])
+def test_rejects_malformed_with_file_and_line(text, line, message):
+    with pytest.raises(SpaceError) as e:
+        parse_space(text, "bad.yaml")
+    assert message in str(e.value)
+    assert str(e.value).startswith("bad.yaml")
+    if line is not None:
+        assert str(e.value).startswith(f"bad.yaml:{line}:"), str(e.value)
+
+
+def test_huge_space_rejected():
+    text = "params:\n" + "".join(f"  P{i}: {{range: [0, 99]}}\n" for i in range(8))
+    with pytest.raises(SpaceError, match="points"):
+        parse_space(text, "huge.yaml")
+
+
+def test_unsatisfiable_constraint_is_reported_per_config():
+    s = parse_space("params:\n  A: [1, 2]\nconstraints:\n  - A > 5\n", "x.yaml")
+    assert all(s.check(c, {"DTYPE_BYTES": 4, "CORES": 1}) for c in s.configs())

@@ -1,0 +1,49 @@
+"""A lazy registry of backends: name -> module path, imported on first use.
+
+A backend whose optional dependency is missing fails with a message that says what to
+install, instead of an ImportError when the tool starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import Backend, BackendUnavailable
+
+BACKENDS = {
+    "cpu": ("tuner.backends.cpu", "CpuBackend", "a C compiler with OpenMP (gcc or clang)"),
+    "null": ("tuner.backends.null", "NullBackend", "nothing"),
+}
+
+
+def backend_class(name: str) -> type[Backend]:
+    if name not in BACKENDS:
+        raise BackendUnavailable(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
+    module, cls, needs = BACKENDS[name]
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise BackendUnavailable(f"backend {name!r} needs {needs}: {e}") from None
+    return getattr(mod, cls)
+
+
+def get_backend(name: str, device: int = 0, **options) -> Backend:
+    cls = backend_class(name)
+    cls.check_available()
+    return cls(device, **options)
+
+
+def default_backend() -> str:
+    """The backend a plain `tuner tune` uses: an accelerator when one is usable, else cpu."""
+    for name in ("npu", "cuda"):
+        if name in BACKENDS:
+            try:
+                backend_class(name).check_available()
+                return name
+            except BackendUnavailable:
+                continue
+    return "cpu"
+
+
+__all__ = ["Backend", "BackendUnavailable", "BACKENDS", "backend_class", "get_backend",
+           "default_backend"]

@@ -1,0 +1,84 @@
+"""The Backend contract: one implementation per target.
+
+A backend is created inside worker processes (one compile pool, one benchmark worker per
+device) and, for `device_info`, once per run. Methods split by where they run:
+
+* parent and compile workers: `language`, `render_context(op)`, `compile(source, workdir)`;
+* benchmark worker: `device_info()`, `load(artifact, op)`, `to_device`, `launch`, `sync`,
+  `time_call`.
+
+Contract for implementers:
+
+* `compile` never raises for a candidate's fault: a compiler error is a `Build` with status
+  COMPILE_ERROR and a short excerpt. Only faults of the tool itself (no compiler, a bug)
+  raise, as `BackendUnavailable` or any other exception. Compile timeouts are enforced by
+  the caller killing the worker; a backend that shells out should also pass `timeout_s` on.
+* `launch(kernel, args)` runs the kernel once on device tensors: inputs first, then the
+  outputs that the harness allocated and poisoned. Crashes and hangs are the worker's
+  problem (the parent kills and replaces it), not the backend's.
+* `time_call(fn)` returns the seconds of one call of `fn`, with the caches flushed before
+  it and the flush itself not timed (device events on accelerators, a monotonic clock on
+  the CPU).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Callable
+
+from ..values import Build, DeviceInfo
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run here (missing toolchain, device or package). Says what to fix."""
+
+
+class Backend(abc.ABC):
+    name: str = ""
+    language: str = ""
+    # Whether candidate timing must not overlap compilation on the same machine (true for
+    # the CPU backend, whose timing runs on the cores that a compile would steal).
+    exclusive_timing: bool = False
+    # Whether workers may cap their address space (breaks CUDA's large virtual reservations).
+    limit_memory: bool = True
+
+    def __init__(self, device: int = 0, **options: Any) -> None:
+        self.device = device
+        self.options = options
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise BackendUnavailable with a fix-it message if this backend cannot run here."""
+
+    def render_context(self, op) -> dict[str, Any]:
+        """Names the backend adds to a template's render context (e.g. `ctype`, `CORES`)."""
+        return {}
+
+    def limits(self) -> dict[str, float]:
+        """Resource caps (by resource name) that a space's resource formulas must respect.
+        Cheap: no device needed (used by the parent's feasibility filter)."""
+        return {}
+
+    @abc.abstractmethod
+    def compile(self, source: str, workdir: str, timeout_s: float) -> Build: ...
+
+    @abc.abstractmethod
+    def device_info(self) -> DeviceInfo: ...
+
+    @abc.abstractmethod
+    def load(self, artifact: str, op) -> Any: ...
+
+    def to_device(self, tensor):
+        return tensor
+
+    def to_host(self, tensor):
+        return tensor
+
+    @abc.abstractmethod
+    def launch(self, kernel: Any, args: list) -> None: ...
+
+    def sync(self) -> None:
+        pass
+
+    @abc.abstractmethod
+    def time_call(self, fn: Callable[[], None]) -> float: ...

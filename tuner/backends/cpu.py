@@ -1,0 +1,185 @@
+"""The `cpu` backend: C with OpenMP, compiled by the system C compiler, loaded with ctypes.
+
+Timing uses a monotonic clock around one call, after evicting the caches by writing a
+buffer twice the size of the last-level cache. Peaks (copy bandwidth, fp32 matmul rate)
+are measured once per machine with torch and cached.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..values import Build, DeviceInfo, Status
+from .base import Backend, BackendUnavailable
+
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC"]
+CTYPES = {"fp32": "float", "fp64": "double"}
+
+
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def _llc_bytes() -> int:
+    best = 0
+    for p in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        m = re.match(r"(\d+)([KMG]?)", p.read_text().strip())
+        if m:
+            best = max(best, int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)])
+    return best or 32 * 2**20
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+    language = "c"
+    exclusive_timing = True
+
+    def __init__(self, device: int = 0, **options: Any) -> None:
+        super().__init__(device, **options)
+        self._flush_buf = None
+
+    @classmethod
+    def check_available(cls) -> None:
+        if compiler() is None:
+            raise BackendUnavailable(
+                "the cpu backend needs a C compiler with OpenMP: install gcc (e.g. "
+                "`apt-get install gcc`) or set CC to one")
+
+    def render_context(self, op) -> dict[str, Any]:
+        if op.spec.dtype not in CTYPES:
+            raise BackendUnavailable(f"the cpu backend supports dtypes {', '.join(CTYPES)}, "
+                                     f"not {op.spec.dtype}; pass --dtype fp32")
+        return {"ctype": CTYPES[op.spec.dtype], "CORES": os.cpu_count() or 1}
+
+    def compile(self, source: str, workdir: str, timeout_s: float) -> Build:
+        cc = compiler()
+        if cc is None:
+            raise BackendUnavailable("no C compiler found; install gcc or set CC")
+        wd = Path(workdir)
+        wd.mkdir(parents=True, exist_ok=True)
+        src, lib = wd / "kernel.c", wd / "kernel.so"
+        src.write_text(source)
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run([cc, *CFLAGS, str(src), "-o", str(lib), "-lm"],
+                                  capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return Build(Status.COMPILE_TIMEOUT, error=f"{Path(cc).name} ran past {timeout_s:g} s",
+                         compile_s=time.monotonic() - t0)
+        dt = time.monotonic() - t0
+        if proc.returncode != 0:
+            return Build(Status.COMPILE_ERROR, error=_excerpt(proc.stderr), compile_s=dt)
+        try:
+            ctypes.CDLL(str(lib)).tuner_kernel  # noqa: B018 - the symbol must exist
+        except (OSError, AttributeError) as e:
+            return Build(Status.COMPILE_ERROR, compile_s=dt,
+                         error=f"built, but has no exported `tuner_kernel` entry: {e}")
+        # Hash the code section, not the file: two configs that compile to the same machine
+        # code are the same candidate.
+        digest = hashlib.sha256(lib.read_bytes()).hexdigest()[:16]
+        return Build(Status.OK, artifact=str(lib), compile_s=dt, binary_hash=digest)
+
+    def limits(self) -> dict[str, float]:
+        return {}
+
+    def device_info(self) -> DeviceInfo:
+        name = cpu_name()
+        cores = os.cpu_count() or 1
+        peaks = _cached_peaks(name, cores, self.options.get("cache_dir"))
+        cc = compiler() or "none"
+        try:
+            ccv = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=10).stdout
+            ccv = ccv.splitlines()[0] if ccv else cc
+        except (OSError, subprocess.TimeoutExpired):
+            ccv = cc
+        import torch
+        return DeviceInfo(
+            backend="cpu", name=f"{name} ({cores} cores)", cores=cores,
+            limits=tuple(sorted(self.limits().items())), peaks=tuple(sorted(peaks.items())),
+            toolchain=(("cc", ccv), ("python", platform.python_version()), ("torch", torch.__version__)))
+
+    def load(self, artifact: str, op) -> Any:
+        fn = ctypes.CDLL(artifact).tuner_kernel
+        fn.restype = None
+        return fn
+
+    def launch(self, kernel: Any, args: list) -> None:
+        kernel(*[ctypes.c_void_p(t.data_ptr()) for t in args])
+
+    def time_call(self, fn: Callable[[], None]) -> float:
+        self._flush()
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    def _flush(self) -> None:
+        import numpy as np
+        if self._flush_buf is None:
+            self._flush_buf = np.empty(2 * _llc_bytes() // 8, dtype=np.float64)
+        self._flush_buf.fill(1.0)
+
+
+def _excerpt(stderr: str, lines: int = 12) -> str:
+    """The first errors of a compiler log: what a person or a model needs to fix it."""
+    keep = [ln for ln in stderr.splitlines() if "error" in ln or "^" in ln or ln.startswith(" ")]
+    return "\n".join((keep or stderr.splitlines())[:lines])[:2000]
+
+
+def _cached_peaks(name: str, cores: int, cache_dir: str | None) -> dict[str, float]:
+    """Measured ceilings of this machine, cached per CPU model and core count."""
+    path = Path(cache_dir or Path.home() / ".cache" / "tuner") / "cpu_peaks.json"
+    key = f"{name}|{cores}"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key not in cache:
+        cache[key] = measure_peaks()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(cache, indent=1))
+        except OSError:
+            pass  # an unwritable cache only costs a re-measure next time
+    return cache[key]
+
+
+def measure_peaks() -> dict[str, float]:
+    """Copy bandwidth (read + write bytes per second) and the fp32 matmul rate, via torch."""
+    import torch
+    n = 64 * 2**20 // 4  # 256 MiB per buffer: far past any last-level cache
+    src, dst = torch.ones(n), torch.empty(n)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    copy_gbps = 2 * n * 4 / best / 1e9
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    a @ b
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return {"copy_gbps": round(copy_gbps, 2), "fp32_gflops": round(2 * 2048**3 / best / 1e9, 1)}

@@ -1,0 +1,268 @@
+"""The `tuner` command: tune, show, list, export."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from . import __version__
+from .backends import BACKENDS, BackendUnavailable, default_backend, get_backend
+from .evaluate import Evaluator
+from .ops import BUILTINS, OpError, builtin_spec, load_op, spec_from_problem_file
+from .search import SAMPLERS, SearchError, Searcher
+from .settings import Settings
+from .skeleton import EXTENSIONS, Skeleton, SkeletonError, library_skeleton, load_skeleton
+from .space import SpaceError
+from .store import Store, StoreError, list_runs
+from .tune import pick_winner, run_search, summarize, write_best
+from .values import OpSpec, Status
+from .worker import WorkerError
+
+USER_ERRORS = (OpError, SpaceError, SkeletonError, BackendUnavailable, StoreError, SearchError)
+
+
+def _sizes(items: list[str]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        try:
+            if not sep or not k.isidentifier():
+                raise ValueError
+            out[k] = int(v)
+        except ValueError:
+            raise OpError(f"--size {item!r}: expected NAME=INTEGER, e.g. --size batch_size=16") from None
+    return out
+
+
+def build_spec(args) -> OpSpec:
+    if args.op_file:
+        if args.shape:
+            raise OpError("--shape is for built-in ops; for a problem file set its sizes with "
+                          "--size NAME=VALUE (its module-level integer constants)")
+        return spec_from_problem_file(args.op_file, args.dtype, _sizes(args.size))
+    if not args.op:
+        raise OpError(f"name an op ({', '.join(BUILTINS)}) or pass --op path/to/problem.py")
+    if args.op.endswith(".py") or os.sep in args.op:
+        return spec_from_problem_file(args.op, args.dtype, _sizes(args.size))
+    if args.size:
+        raise OpError("--size is for problem files; for a built-in op use --shape, e.g. --shape 4096x1024")
+    if not args.shape:
+        b = BUILTINS.get(args.op)
+        hint = f" ({'x'.join(b.size_names)})" if b else ""
+        raise OpError(f"--shape is required for {args.op}{hint}, e.g. --shape "
+                      f"{'x'.join(['1024'] * (len(b.size_names) if b else 2))}")
+    return builtin_spec(args.op, args.shape, args.dtype)
+
+
+def entry_signature(spec: OpSpec, language: str) -> str:
+    op = load_op(spec)
+    if language == "c":
+        ins = ", ".join(f"const {{{{ ctype }}}} *{n}" for n in op.input_names)
+        outs = ", ".join(f"{{{{ ctype }}}} *{n}" for n in op.output_names)
+        return f"void tuner_kernel({ins}, {outs})"
+    return f"def launch({', '.join(op.input_names + op.output_names)})"
+
+
+def choose_skeleton(args, spec: OpSpec, backend: str) -> Skeleton:
+    language = get_backend(backend).language if backend in BACKENDS else "c"
+    if args.template or args.space:
+        if not (args.template and args.space):
+            raise SkeletonError("pass both --template FILE and --space FILE")
+        return load_skeleton(args.template, args.space)
+    if spec.kind != "builtin":
+        raise SkeletonError(
+            f"{spec.source} has no library skeleton. Write a kernel template and its space and "
+            f"pass --template FILE --space FILE (format: README, 'Skeletons'). For the {backend} "
+            f"backend the template must define\n    {entry_signature(spec, language)}\n"
+            f"and may read the sizes {', '.join(k for k, _ in spec.sizes) or '(none)'}.")
+    return library_skeleton(spec.name, language)
+
+
+def cmd_tune(args) -> int:
+    from .report import ProgressView, console, summary_table
+
+    settings = Settings.from_env(runs_dir=args.runs_dir, run_timeout_s=args.run_timeout,
+                                 compile_timeout_s=args.compile_timeout)
+    started = time.monotonic()
+    if args.resume:
+        store = Store.open(args.resume)
+        meta = store.meta()
+        spec = OpSpec.from_json(meta["op"])
+        backend = meta["backend"]
+        skeleton = Skeleton.from_json(store.read_json("skeleton/skeleton.json"))
+        seed, sampler, storage = meta["seed"], meta["sampler"], meta["storage"]
+        store.repair()
+        print(f"resuming {store.path}: {len(store.records())} records on disk", file=sys.stderr)
+    else:
+        spec = build_spec(args)
+        backend = args.backend or default_backend()
+        skeleton = choose_skeleton(args, spec, backend)
+        seed = args.seed if args.seed is not None else random.randrange(2**31)
+        sampler = args.sampler
+        shape = "x".join(str(v) for _, v in spec.sizes) if spec.kind == "builtin" else "file"
+        store = Store.create(settings.runs_dir, f"{spec.name}-{shape}-{spec.dtype}-{backend}")
+        storage = args.storage or store.storage_url
+        store.write_text(f"skeleton/template.{EXTENSIONS.get(skeleton.language, 'txt')}.j2", skeleton.template)
+        store.write_json("skeleton/space.json", skeleton.space.to_json())
+        store.write_json("skeleton/skeleton.json", skeleton.to_json())
+        store.write_meta({"id": store.path.name, "op": spec.to_json(), "backend": backend,
+                          "skeleton": {"name": skeleton.name, "hash": skeleton.hash,
+                                       "template": skeleton.template_path, "space": skeleton.space.source},
+                          "sampler": sampler, "seed": seed, "storage": storage,
+                          "command": shlex.join(sys.argv), "tuner": __version__,
+                          "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    budget = args.budget
+    evaluator = Evaluator(backend, spec, skeleton, settings, store.path)
+    searcher = Searcher(skeleton.space, sampler, seed, storage, study_name="tuner")
+    if not args.resume:
+        searcher.enqueue(skeleton.space.default_config())
+    parallel = args.parallel or settings.n_compile_workers
+    try:
+        with ProgressView(not args.quiet) as view:
+            view.note(f"measuring the device and the reference on {backend}…")
+            info = evaluator.start()
+            meta = store.meta()
+            if "device" not in meta:
+                meta["device"] = info.to_json()
+                store.write_meta(meta)
+            progress = run_search(store, evaluator, searcher, budget, args.time_budget, parallel, view)
+            progress.phase = "re-timing the top configs"
+            view(progress)
+            winner = pick_winner(store, evaluator, settings)
+        if winner is not None:
+            write_best(store, skeleton, evaluator, winner)
+        summary = summarize(store, winner, evaluator, time.monotonic() - started)
+    finally:
+        evaluator.close()
+    if args.json:
+        print(json.dumps(summary, indent=1, default=str))
+    else:
+        console.print(summary_table(summary, str(store.path)))
+    return 0
+
+
+def cmd_show(args) -> int:
+    from .report import console, summary_table
+    store = Store.open(args.run)
+    summary = store.read_json("summary.json")
+    if summary is None:
+        records = store.records()
+        ok = [r for r in records if r.status is Status.OK]
+        best = min(ok, key=lambda r: r.seconds) if ok else None
+        print(f"{store.path}: incomplete run, {len(records)} records"
+              + (f"; best so far {best.seconds * 1e3:.3f} ms with {best.config}" if best else "")
+              + f". Continue it with: tuner tune --resume {store.path}")
+        return 0
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        console.print(summary_table(summary, str(store.path)))
+    return 0
+
+
+def cmd_list(args) -> int:
+    from .report import console, runs_table
+    rows = list_runs(Settings.from_env(runs_dir=args.runs_dir).runs_dir)
+    if not rows:
+        print(f"no runs under {Settings.from_env(runs_dir=args.runs_dir).runs_dir}")
+        return 0
+    console.print(runs_table(rows))
+    return 0
+
+
+def cmd_export(args) -> int:
+    store = Store.open(args.run)
+    cfg = store.read_json("best/config.json")
+    kernels = sorted((store.path / "best").glob("kernel.*")) if (store.path / "best").is_dir() else []
+    if cfg is None or not kernels:
+        raise StoreError(f"{store.path} has no verified winner to export (see `tuner show {store.path}`)")
+    meta = store.meta()
+    out = Path(args.out or Path("exported") / store.path.name)
+    out.mkdir(parents=True, exist_ok=True)
+    src = kernels[0]
+    name = f"{meta['op']['name']}_best{src.suffix}"
+    comment = "//" if src.suffix == ".c" else "#"
+    header = "\n".join(f"{comment} {line}" for line in [
+        f"{meta['op']['name']} {meta['op']['sizes']} {meta['op']['dtype']}, tuned by tuner {__version__}",
+        f"backend {meta['backend']}, device {(meta.get('device') or {}).get('name', '?')}",
+        f"config {json.dumps(cfg['config'])}", f"median {cfg['median_s'] * 1e3:.4f} ms; run {store.path.name}"])
+    (out / name).write_text(header + "\n" + src.read_text())
+    (out / f"{meta['op']['name']}_best.json").write_text(json.dumps(
+        {**cfg, "backend": meta["backend"], "device": meta.get("device"), "run": str(store.path)}, indent=1))
+    print(f"wrote {out / name} and {out / (meta['op']['name'] + '_best.json')}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tuner", description="Search-based kernel autotuner.")
+    p.add_argument("--version", action="version", version=f"tuner {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("tune", help="tune an operator")
+    t.add_argument("op", nargs="?", help=f"a built-in op ({', '.join(BUILTINS)}) or a problem file")
+    t.add_argument("--op", dest="op_file", metavar="FILE", help="a KernelBench-format problem file")
+    t.add_argument("--shape", help="sizes of a built-in op, e.g. 4096x1024 (matmul: MxNxK)")
+    t.add_argument("--size", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a problem file's module-level size constant (repeatable)")
+    t.add_argument("--dtype", default="fp32", help="fp32 (default), fp64, fp16, bf16")
+    t.add_argument("--backend", choices=sorted(BACKENDS), help="default: an accelerator if usable, else cpu")
+    t.add_argument("--template", help="a Jinja2 kernel template (with --space)")
+    t.add_argument("--space", help="the YAML space of the template's tunables")
+    t.add_argument("--budget", type=int, default=40, help="configs to evaluate (default 40)")
+    t.add_argument("--time-budget", type=float, metavar="SECONDS", help="stop searching after this long")
+    t.add_argument("--sampler", choices=SAMPLERS, default="tpe")
+    t.add_argument("--seed", type=int)
+    t.add_argument("--parallel", type=int, help="evaluations in flight (default: one per core)")
+    t.add_argument("--storage", help="an Optuna storage URL (default: SQLite in the run directory)")
+    t.add_argument("--runs-dir", help="where runs go (default: runs/)")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run that was stopped or killed")
+    t.add_argument("--run-timeout", type=float, help="seconds to verify and time one config")
+    t.add_argument("--compile-timeout", type=float, help="seconds to compile one config")
+    t.add_argument("--json", action="store_true", help="print the summary as JSON")
+    t.add_argument("--quiet", action="store_true", help="no progress output")
+    t.set_defaults(fn=cmd_tune)
+
+    s = sub.add_parser("show", help="reprint a run's summary")
+    s.add_argument("run")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_show)
+
+    ls = sub.add_parser("list", help="list runs")
+    ls.add_argument("--runs-dir")
+    ls.set_defaults(fn=cmd_list)
+
+    e = sub.add_parser("export", help="write a run's best kernel and config")
+    e.add_argument("run")
+    e.add_argument("--out", help="output folder (default: exported/<run id>)")
+    e.set_defaults(fn=cmd_export)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if getattr(args, "budget", 1) is not None and getattr(args, "budget", 1) < 1:
+        print("error: --budget must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        return args.fn(args)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except WorkerError as e:
+        last = str(e).strip().splitlines()[-1] if str(e).strip() else "worker error"
+        print(f"error: a worker failed: {last}\n(full traceback in the run's workers.log and below)\n{e}",
+              file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; continue with `tuner tune --resume <run dir>`", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The Evaluator: config -> Record. Check constraints and resources, render, compile, verify, time.
+
+Compilation runs in a pool of killable worker processes (one per CPU core by default) and
+timing in one long-lived benchmark worker per device, so a compile never queues behind a
+timing. Backends whose timing runs on the same cores as the compiler (cpu) serialise the two.
+`evaluate` is thread-safe: the searcher calls it from several threads at once.
+
+A candidate's fault is always a Record; only faults of the tool raise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+from .backends import get_backend
+from .ops import load_op, render_context
+from .settings import Settings
+from .skeleton import Skeleton, SkeletonError
+from .values import Build, Config, DeviceInfo, Measurement, OpSpec, Record, Status
+from .worker import Worker, WorkerFailure
+
+
+class Evaluator:
+    def __init__(self, backend: str, spec: OpSpec, skeleton: Skeleton, settings: Settings,
+                 workdir: str | Path, device: int = 0, options: dict | None = None):
+        self.backend_name, self.spec, self.skeleton, self.settings = backend, spec, skeleton, settings
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.options = {"cache_dir": settings.cache_dir, **(options or {})}
+        self.backend = get_backend(backend, device, **self.options)  # parent side: context, limits
+        self.op = load_op(spec)
+        self.context = {**render_context(self.op), **self.backend.render_context(self.op)}
+        self.limits = self.backend.limits()
+        log = str(self.workdir / "workers.log")
+        limit_mem = self.backend.limit_memory
+        self._compilers: queue.Queue[Worker] = queue.Queue()
+        for _ in range(settings.n_compile_workers):
+            self._compilers.put(Worker(backend, device, self.options, settings, log, limit_mem))
+        self.bench_worker = Worker(backend, device, self.options, settings, log, limit_mem)
+        self._bench_lock = threading.Lock()
+        self._quiet = threading.Lock() if self.backend.exclusive_timing else None
+        self._by_source: dict[str, tuple[Build, Measurement]] = {}
+        self._source_lock = threading.Lock()
+        self.device_info: DeviceInfo | None = None
+        self.reference_samples: list[float] = []
+        self.reference_s: float | None = None
+
+    # ---- set-up ------------------------------------------------------------------------
+
+    def start(self) -> DeviceInfo:
+        """Device facts (measured ceilings included) and the reference's time, once per run."""
+        with self._bench_lock:
+            self.device_info = self.bench_worker.call("device_info", timeout=600)
+            self.reference_samples = self.bench_worker.call(
+                "time_reference", timeout=max(600, self.settings.run_timeout_s),
+                spec=self.spec, settings=self.settings)
+        self.reference_s = sorted(self.reference_samples)[len(self.reference_samples) // 2]
+        return self.device_info
+
+    def close(self) -> None:
+        self.bench_worker.close()
+        while not self._compilers.empty():
+            self._compilers.get().close()
+
+    # ---- one config --------------------------------------------------------------------
+
+    def check(self, config: Config) -> str | None:
+        return self.skeleton.space.check(config, self.context, self.limits)
+
+    def evaluate(self, config: Config, best_s: float | None = None, trial: int = -1) -> Record:
+        why = self.check(config)
+        if why is not None:
+            return self._record(config, Build(Status.INVALID, error=why), Measurement(Status.INVALID), trial)
+        try:
+            source = self.skeleton.render(config, self.context)
+        except SkeletonError as e:
+            build = Build(Status.COMPILE_ERROR, error=f"template did not render: {e}")
+            return self._record(config, build, Measurement(Status.COMPILE_ERROR), trial)
+        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+        with self._source_lock:
+            seen = self._by_source.get(digest)
+        if seen is not None:  # another config rendered to the very same source
+            build, meas = seen
+            return self._record(config, build, meas, trial, note=f"same source as an earlier config")
+        build = self.compile(source, digest)
+        if build.status is not Status.OK:
+            meas = Measurement(build.status)
+        else:
+            meas = self.measure(build, best_s)
+        if meas.status is not Status.RUN_TIMEOUT:  # a hang may be load-dependent; allow a retry
+            with self._source_lock:
+                self._by_source[digest] = (build, meas)
+        return self._record(config, build, meas, trial)
+
+    def compile(self, source: str, digest: str) -> Build:
+        worker = self._compilers.get()
+        try:
+            with self._quiet or nullcontext():
+                return worker.call("compile", timeout=self.settings.compile_timeout_s + 15,
+                                   source=source, workdir=str(self.workdir / "build" / digest),
+                                   timeout_s=self.settings.compile_timeout_s)
+        except WorkerFailure as e:
+            status = Status.COMPILE_TIMEOUT if e.kind == "timeout" else Status.COMPILE_ERROR
+            return Build(status, error=f"compiler: {e.reason}")
+        finally:
+            self._compilers.put(worker)
+
+    def measure(self, build: Build, best_s: float | None = None) -> Measurement:
+        with self._bench_lock, self._quiet or nullcontext():
+            try:
+                return self.bench_worker.call(
+                    "measure", timeout=self.settings.run_timeout_s, artifact=build.artifact,
+                    spec=self.spec, settings=self.settings, best_s=best_s,
+                    reference_s=self.reference_s)
+            except WorkerFailure as e:
+                if e.kind == "timeout":
+                    return Measurement(Status.RUN_TIMEOUT, detail=f"kernel hung: {e.reason}")
+                return Measurement(Status.RUNTIME_ERROR, detail=f"kernel crashed: {e.reason}")
+
+    def retime(self, records: list[Record]) -> list[list[float]]:
+        """The top few, re-timed interleaved in one worker so that drift hits all alike."""
+        artifacts = [r.build.artifact for r in records]
+        with self._bench_lock, self._quiet or nullcontext():
+            return self.bench_worker.call("time_many", timeout=self.settings.run_timeout_s * len(records),
+                                          artifacts=artifacts, spec=self.spec, settings=self.settings)
+
+    def recheck(self, record: Record) -> str | None:
+        with self._bench_lock, self._quiet or nullcontext():
+            try:
+                return self.bench_worker.call("recheck", timeout=self.settings.run_timeout_s,
+                                              artifact=record.build.artifact, spec=self.spec)
+            except WorkerFailure as e:
+                return f"re-check failed: {e.reason}"
+
+    def _record(self, config: Config, build: Build, meas: Measurement, trial: int,
+                note: str = "") -> Record:
+        if note and meas.status is Status.OK:
+            meas = Measurement(meas.status, meas.samples, meas.max_abs_err, meas.max_rel_err,
+                               (meas.detail + "; " if meas.detail else "") + note)
+        info = self.device_info
+        return Record(op_key=self.spec.key, skeleton_hash=self.skeleton.hash, config=config,
+                      build=build, measurement=meas, device=info.name if info else self.backend_name,
+                      toolchain=info.toolchain if info else (), time=time.time(), trial=trial)

@@ -1,0 +1,283 @@
+"""Operators: what a kernel must compute, with a reference, an input maker and a roofline.
+
+`OpSpec` (in values.py) is the picklable identity; `load_op(spec)` gives the live `Op`
+in whichever process needs it (the benchmark worker computes references there).
+Built-in ops live in BUILTINS; a KernelBench-format problem file (`class Model`,
+`get_inputs`, `get_init_inputs`) loads through `spec_from_problem_file`.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import math
+import re
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .values import OpSpec
+
+DTYPES = ("fp32", "fp64", "fp16", "bf16")
+DTYPE_BYTES = {"fp32": 4, "fp64": 8, "fp16": 2, "bf16": 2}
+# |out - ref| <= atol + rtol * |ref|, reference computed in float64.
+TOLERANCE = {"fp64": (1e-10, 1e-10), "fp32": (1e-5, 1e-5), "fp16": (1e-3, 1e-2), "bf16": (1e-2, 1e-2)}
+
+
+class OpError(ValueError):
+    """An op that cannot be used: unknown name, bad shape, a problem file that fails."""
+
+
+def torch_dtype(name: str):
+    import torch
+    return {"fp32": torch.float32, "fp64": torch.float64, "fp16": torch.float16,
+            "bf16": torch.bfloat16}[name]
+
+
+@dataclass
+class Op:
+    """A live operator. Inputs are made fresh per seed; outputs are compared in float64."""
+
+    spec: OpSpec
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    make_inputs: Callable[[int], list]  # seed -> tensors in the op's dtype
+    reference: Callable[[list], list]  # float64 inputs -> float64 outputs
+    torch_impl: Callable[[list], list]  # inputs in the op's dtype -> outputs (what users run today)
+    flops: float | None
+    bytes: float
+    tolerance: tuple[float, float]
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return self.spec.size_dict()
+
+
+# ---- built-in ops -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Builtin:
+    name: str
+    size_names: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    doc: str
+
+
+BUILTINS = {
+    "softmax": Builtin("softmax", ("M", "N"), ("x",), ("y",), "y = softmax(x, dim=-1), x: [M, N]"),
+    "rmsnorm": Builtin("rmsnorm", ("M", "N"), ("x", "w"), ("y",),
+                       "y = x / sqrt(mean(x^2, -1) + 1e-6) * w, x: [M, N], w: [N]"),
+    "layernorm": Builtin("layernorm", ("M", "N"), ("x", "w", "b"), ("y",),
+                         "y = (x - mean) / sqrt(var + 1e-5) * w + b over the last dim, x: [M, N]"),
+    "matmul": Builtin("matmul", ("M", "N", "K"), ("a", "b"), ("c",), "c = a @ b, a: [M, K], b: [K, N]"),
+}
+RMS_EPS, LN_EPS = 1e-6, 1e-5
+
+
+def parse_shape(op: str, shape: str) -> tuple[tuple[str, int], ...]:
+    """'4096x1024' -> (('M', 4096), ('N', 1024)) using the op's size names."""
+    b = BUILTINS[op]
+    parts = re.split(r"[x×,*]", shape.strip().lower())
+    try:
+        dims = [int(p) for p in parts]
+    except ValueError:
+        dims = []
+    if len(dims) != len(b.size_names) or any(d <= 0 for d in dims):
+        raise OpError(f"bad shape {shape!r} for {op}: expected {len(b.size_names)} positive integers "
+                      f"joined by 'x' ({'x'.join(b.size_names)}, e.g. "
+                      f"{'x'.join(['1024'] * len(b.size_names))}); {op}: {b.doc}")
+    return tuple(zip(b.size_names, dims))
+
+
+def builtin_spec(op: str, shape: str, dtype: str = "fp32") -> OpSpec:
+    if op not in BUILTINS:
+        raise OpError(f"unknown op {op!r}; built-in ops: {', '.join(BUILTINS)} "
+                      f"(or pass --op path/to/problem.py for a KernelBench-format file)")
+    if dtype not in DTYPES:
+        raise OpError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
+    return OpSpec(name=op, source=op, sizes=parse_shape(op, shape), dtype=dtype, kind="builtin")
+
+
+def _builtin_op(spec: OpSpec) -> Op:
+    import torch
+    import torch.nn.functional as F
+
+    b = BUILTINS[spec.name]
+    s = spec.size_dict()
+    dt = torch_dtype(spec.dtype)
+    M, N = s["M"], s["N"]
+    nbytes = DTYPE_BYTES[spec.dtype]
+    atol, rtol = TOLERANCE[spec.dtype]
+
+    def gen(seed: int) -> torch.Generator:
+        return torch.Generator().manual_seed(seed)
+
+    if spec.name == "softmax":
+        def make(seed):
+            return [torch.randn(M, N, generator=gen(seed), dtype=torch.float64).mul_(3).to(dt)]
+        ref = lambda xs: [torch.softmax(xs[0], -1)]  # noqa: E731
+        impl = ref
+        flops, moved = 5.0 * M * N, 2.0 * M * N * nbytes
+    elif spec.name == "rmsnorm":
+        def make(seed):
+            g = gen(seed)
+            return [torch.randn(M, N, generator=g, dtype=torch.float64).to(dt),
+                    (1 + 0.1 * torch.randn(N, generator=g, dtype=torch.float64)).to(dt)]
+
+        def ref(xs):
+            x, w = xs
+            return [x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + RMS_EPS) * w]
+        impl = lambda xs: [F.rms_norm(xs[0], (N,), xs[1], RMS_EPS)]  # noqa: E731
+        flops, moved = 4.0 * M * N, (2.0 * M * N + N) * nbytes
+    elif spec.name == "layernorm":
+        def make(seed):
+            g = gen(seed)
+            return [torch.randn(M, N, generator=g, dtype=torch.float64).add_(0.5).to(dt),
+                    (1 + 0.1 * torch.randn(N, generator=g, dtype=torch.float64)).to(dt),
+                    (0.1 * torch.randn(N, generator=g, dtype=torch.float64)).to(dt)]
+        ref = lambda xs: [F.layer_norm(xs[0], (N,), xs[1], xs[2], LN_EPS)]  # noqa: E731
+        impl = ref
+        flops, moved = 7.0 * M * N, (2.0 * M * N + 2 * N) * nbytes
+    elif spec.name == "matmul":
+        K = s["K"]
+
+        def make(seed):
+            g = gen(seed)
+            return [torch.randn(M, K, generator=g, dtype=torch.float64).to(dt),
+                    torch.randn(K, N, generator=g, dtype=torch.float64).to(dt)]
+        ref = lambda xs: [xs[0] @ xs[1]]  # noqa: E731
+        impl = ref
+        flops, moved = 2.0 * M * N * K, (M * K + K * N + M * N) * nbytes
+        # Accumulating K products: rounding grows like sqrt(K) in the absolute error.
+        atol = atol * math.sqrt(K) * 4
+        rtol = rtol * 10
+    else:  # pragma: no cover - BUILTINS and this chain are edited together
+        raise OpError(f"unreachable: builtin {spec.name!r} has no definition")
+    return Op(spec, b.inputs, b.outputs, make, ref, impl, flops, moved, (atol, rtol))
+
+
+# ---- KernelBench-format problem files ---------------------------------------------------
+
+def _import_problem(path: Path, overrides: dict[str, int]):
+    """Import a problem file under a private module name, then apply size overrides."""
+    name = "tuner_problem_" + re.sub(r"\W", "_", path.stem) + f"_{abs(hash(str(path)))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise OpError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:  # a user file may raise anything, SystemExit included
+        tb = traceback.format_exception(type(e), e, e.__traceback__)
+        excerpt = "".join(tb[-4:]).strip()
+        raise OpError(f"{path}: failed to import:\n{excerpt}") from None
+    for attr in ("Model", "get_inputs", "get_init_inputs"):
+        if not hasattr(module, attr):
+            raise OpError(f"{path}: a KernelBench-format problem defines class Model(nn.Module), "
+                          f"get_inputs() and get_init_inputs(); {attr} is missing")
+    sizes = _module_sizes(module)
+    for k, v in overrides.items():
+        if k not in sizes:
+            raise OpError(f"{path}: no module-level integer {k!r} to override; "
+                          f"it has {', '.join(sorted(sizes)) or 'none'}")
+        setattr(module, k, v)
+    return module
+
+
+def _module_sizes(module) -> dict[str, int]:
+    return {k: v for k, v in vars(module).items()
+            if isinstance(v, int) and not isinstance(v, bool) and not k.startswith("_")}
+
+
+def spec_from_problem_file(path: str | Path, dtype: str = "fp32",
+                           overrides: dict[str, int] | None = None) -> OpSpec:
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise OpError(f"problem file {path} does not exist")
+    if dtype not in DTYPES:
+        raise OpError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
+    module = _import_problem(path, overrides or {})
+    sizes = _module_sizes(module)
+    sys.modules.pop(module.__name__, None)
+    return OpSpec(name=path.stem, source=str(path), sizes=tuple(sorted(sizes.items())),
+                  dtype=dtype, kind="kernelbench")
+
+
+def _kernelbench_op(spec: OpSpec) -> Op:
+    import torch
+
+    module = _import_problem(Path(spec.source), spec.size_dict())
+    dt = torch_dtype(spec.dtype)
+    try:
+        torch.manual_seed(0)  # parameters are fixed for the run; inputs are fresh per seed
+        model = module.Model(*module.get_init_inputs()).eval()
+    except Exception as e:
+        raise OpError(f"{spec.source}: Model(*get_init_inputs()) failed: {type(e).__name__}: {e}") from None
+    params = [(n, t.detach()) for n, t in [*model.named_parameters(), *model.named_buffers()]]
+    model64 = copy.deepcopy(model).double()
+    model_dt = copy.deepcopy(model).to(dt) if dt is not torch.float64 else model64
+
+    def cast(t):
+        return t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+    def make(seed: int) -> list:
+        torch.manual_seed(seed)
+        xs = module.get_inputs()
+        return [cast(x) for x in xs] + [cast(t.clone()) for _, t in params]
+
+    n_in = len(module.get_inputs())
+
+    def as_list(out) -> list:
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    def ref(xs):  # parameters come from the model itself; the kernel receives them as inputs
+        with torch.no_grad():
+            return as_list(model64(*xs[:n_in]))
+
+    def impl(xs):
+        with torch.no_grad():
+            return as_list(model_dt(*xs[:n_in]))
+
+    sample = make(0)
+    outs = ref([x.double() if x.is_floating_point() else x for x in sample])
+    names = tuple(f"in{i}" for i in range(n_in)) + tuple(re.sub(r"\W", "_", n) for n, _ in params)
+    moved = sum(x.numel() * x.element_size() for x in sample) + sum(
+        o.numel() * DTYPE_BYTES[spec.dtype] for o in outs)
+    return Op(spec, names, tuple(f"out{i}" for i in range(len(outs))), make, ref, impl,
+              None, float(moved), TOLERANCE[spec.dtype])
+
+
+_CACHE: dict[str, Op] = {}
+
+
+def load_op(spec: OpSpec) -> Op:
+    """The live Op for a spec (cached per process)."""
+    key = spec.key + "|" + spec.source
+    if key not in _CACHE:
+        if spec.kind == "builtin":
+            if spec.name not in BUILTINS:
+                raise OpError(f"unknown op {spec.name!r}; built-in ops: {', '.join(BUILTINS)}")
+            _CACHE[key] = _builtin_op(spec)
+        elif spec.kind == "kernelbench":
+            _CACHE[key] = _kernelbench_op(spec)
+        else:
+            raise OpError(f"unknown op kind {spec.kind!r}")
+    return _CACHE[key]
+
+
+def output_shapes(op: Op) -> list[tuple[tuple[int, ...], Any]]:
+    """Shapes and dtypes of the outputs, from one reference call on seed-0 inputs."""
+    xs = op.make_inputs(0)
+    outs = op.reference([x.double() if x.is_floating_point() else x for x in xs])
+    return [(tuple(o.shape), o.dtype) for o in outs]
+
+
+def render_context(op: Op) -> dict[str, Any]:
+    """What a template and a space may read of the op: its sizes and dtype facts."""
+    ctx: dict[str, Any] = dict(op.sizes)
+    ctx["DTYPE_BYTES"] = DTYPE_BYTES[op.spec.dtype]
+    ctx["dtype"] = op.spec.dtype
+    return ctx

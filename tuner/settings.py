@@ -1,0 +1,61 @@
+"""One settings object. Defaults here; each can be set by a TUNER_<NAME> environment variable
+(e.g. TUNER_RUN_TIMEOUT_S=120) and most by a command-line flag."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+
+def _default_cache() -> str:
+    return str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tuner")
+
+
+@dataclass(frozen=True)
+class Settings:
+    runs_dir: str = "runs"
+    cache_dir: str = dataclasses.field(default_factory=_default_cache)
+    compile_timeout_s: float = 60.0
+    run_timeout_s: float = 60.0  # verify + time one candidate; a hang is killed after this
+    bench_budget_s: float = 0.25  # timed repetitions per candidate, sized from an estimate
+    warmup_s: float = 0.02
+    min_reps: int = 5
+    max_reps: int = 2000
+    early_stop_factor: float = 3.0  # stop timing a candidate once its median is this x the best
+    retime_top: int = 3  # the top few re-timed interleaved before the winner is named
+    suspect_speedup: float = 10.0  # faster than this x the reference: re-verify before trusting
+    compile_workers: int = 0  # 0: one per CPU core
+    worker_memory_gb: float = 0.0  # 0: three quarters of the machine's memory
+    worker_cpu_s: int = 24 * 3600
+
+    @classmethod
+    def from_env(cls, **overrides) -> "Settings":
+        values = {}
+        for f in fields(cls):
+            env = os.environ.get("TUNER_" + f.name.upper())
+            if env is not None:
+                kind = type(getattr(cls(), f.name))
+                try:
+                    values[f.name] = kind(env)
+                except ValueError:
+                    raise ValueError(f"TUNER_{f.name.upper()}={env!r} is not a valid {kind.__name__}") from None
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def replace(self, **changes) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def n_compile_workers(self) -> int:
+        return self.compile_workers or max(1, os.cpu_count() or 1)
+
+    def worker_memory_bytes(self) -> int:
+        if self.worker_memory_gb > 0:
+            return int(self.worker_memory_gb * 2**30)
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            total = 16 * 2**30
+        return int(total * 0.75)

@@ -1,0 +1,307 @@
+"""A space of tunables: named finite params, constraints and resource formulas.
+
+Written in YAML (see README, "Skeletons"). One file drives three things: the Optuna
+distributions, the pre-compile feasibility filter, and (on Ascend) the simulator. A space
+that cannot be used is rejected when it is loaded, with the file and line, before any trial.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from . import expr as _expr
+from .values import Config
+
+# Names a space may read besides its params, its declared sizes and its resources.
+CONTEXT_NAMES = frozenset({"DTYPE_BYTES", "CORES"})
+MAX_PARAM_VALUES = 4096
+MAX_SPACE_SIZE = 10**12
+
+
+class SpaceError(ValueError):
+    """A space that cannot be used. The message names the file and line where it can."""
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    values: tuple[Any, ...]
+    log: bool = False  # declared as a pow2 range: neighbours differ by a factor, not a step
+
+    @property
+    def ordered(self) -> bool:
+        """Numeric values with an order that means something (ints/floats, not bools)."""
+        return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in self.values)
+
+
+@dataclass(frozen=True)
+class Rule:
+    expr: _expr.Expr
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class Space:
+    params: tuple[Param, ...]
+    constraints: tuple[Rule, ...] = ()
+    resources: tuple[tuple[str, Rule], ...] = ()
+    sizes: tuple[str, ...] = ()
+    default: tuple[tuple[str, Any], ...] = ()
+    source: str = "<space>"
+    meta: tuple[tuple[str, Any], ...] = ()  # template, language, backend, ...
+
+    # ---- queries -------------------------------------------------------------------------
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(p.values) for p in self.params)
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        return dict(self.meta).get(key, default)
+
+    def configs(self) -> Iterator[Config]:
+        """Every config in declaration order (for grid search and exhaustive sweeps)."""
+        for combo in itertools.product(*(p.values for p in self.params)):
+            yield Config.of(dict(zip(self.names, combo)))
+
+    def default_config(self) -> Config:
+        """The declared default, or each param's middle value."""
+        chosen = dict(self.default)
+        for p in self.params:
+            chosen.setdefault(p.name, p.values[(len(p.values) - 1) // 2])
+        return Config.of(chosen)
+
+    def contains(self, config: Config) -> bool:
+        d = config.as_dict()
+        return set(d) == set(self.names) and all(d[p.name] in p.values for p in self.params)
+
+    def evaluate_resources(self, config: Config, context: dict[str, Any]) -> dict[str, float]:
+        env = {**context, **config.as_dict()}
+        out: dict[str, float] = {}
+        for name, rule in self.resources:
+            out[name] = rule.expr(env)
+            env[name] = out[name]
+        return out
+
+    def check(self, config: Config, context: dict[str, Any],
+              limits: dict[str, float] | None = None) -> str | None:
+        """Why `config` is INVALID under `context` (sizes, DTYPE_BYTES, CORES), or None.
+
+        A resource whose name the device lists in `limits` must not exceed it. An expression
+        that fails to evaluate (e.g. divides by zero) makes the config invalid, with the reason.
+        """
+        if not self.contains(config):
+            return f"config {config} is not a point of this space"
+        missing = [s for s in self.sizes if s not in context]
+        if missing:
+            raise SpaceError(f"{self.source}: the op provides no size(s) {missing}; "
+                             f"it has {sorted(k for k in context if k not in CONTEXT_NAMES)}")
+        try:
+            env = {**context, **config.as_dict()}
+            for name, value in self.evaluate_resources(config, context).items():
+                env[name] = value
+                limit = (limits or {}).get(name)
+                if limit is not None and value > limit:
+                    return f"resource {name} = {value:g} exceeds the device limit {limit:g}"
+            for rule in self.constraints:
+                if not rule.expr(env):
+                    return f"constraint failed: {rule.expr.text}"
+        except _expr.ExprError as e:
+            return f"expression error: {e}"
+        return None
+
+    # ---- serialisation -------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "params": {p.name: {"values": list(p.values), "log": p.log} for p in self.params},
+            "constraints": [r.expr.text for r in self.constraints],
+            "resources": {n: r.expr.text for n, r in self.resources},
+            "sizes": list(self.sizes), "default": dict(self.default),
+            "source": self.source, "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Space":
+        return cls(
+            params=tuple(Param(n, tuple(p["values"]), p.get("log", False))
+                         for n, p in data["params"].items()),
+            constraints=tuple(Rule(_expr.parse(t)) for t in data.get("constraints", [])),
+            resources=tuple((n, Rule(_expr.parse(t))) for n, t in data.get("resources", {}).items()),
+            sizes=tuple(data.get("sizes", [])), default=tuple(sorted(data.get("default", {}).items())),
+            source=data.get("source", "<space>"), meta=tuple(sorted(data.get("meta", {}).items())))
+
+
+# ---- loading from YAML ------------------------------------------------------------------
+
+_TOP_KEYS = {"params", "constraints", "resources", "sizes", "default",
+             "template", "language", "backend", "description"}
+
+
+def load_space(path: str | Path) -> Space:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpaceError(f"cannot read space file {path}: {e.strerror}") from None
+    return parse_space(text, str(path))
+
+
+def parse_space(text: str, source: str = "<space>") -> Space:
+    """Parse and validate a space. Raises SpaceError naming `source` and the line."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise SpaceError(f"{source}{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if root is None or not isinstance(root, yaml.MappingNode):
+        raise SpaceError(f"{source}: a space is a YAML mapping with at least a 'params' key")
+
+    def err(node: yaml.Node | None, msg: str) -> SpaceError:
+        line = f":{node.start_mark.line + 1}" if node is not None else ""
+        return SpaceError(f"{source}{line}: {msg}")
+
+    top = {k.value: (k, v) for k, v in root.value}
+    unknown = set(top) - _TOP_KEYS
+    if unknown:
+        k = top[sorted(unknown)[0]][0]
+        raise err(k, f"unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
+    if "params" not in top:
+        raise err(root, "no 'params': a space needs at least one tunable parameter")
+
+    pnode = top["params"][1]
+    if not isinstance(pnode, yaml.MappingNode) or not pnode.value:
+        raise err(pnode, "'params' must be a non-empty mapping of name -> values")
+    params = []
+    for knode, vnode in pnode.value:
+        name = knode.value
+        if not str(name).isidentifier():
+            raise err(knode, f"param name {name!r} is not an identifier")
+        if name in {p.name for p in params}:
+            raise err(knode, f"param {name!r} declared twice")
+        params.append(_param(name, _data(vnode), lambda m, n=vnode: err(n, m)))
+
+    sizes: list[str] = []
+    if "sizes" in top:
+        snode = top["sizes"][1]
+        sizes = _data(snode)
+        if not isinstance(sizes, list) or not all(isinstance(s, str) and s.isidentifier() for s in sizes):
+            raise err(snode, "'sizes' must be a list of problem-size names, e.g. [M, N]")
+
+    known = {p.name for p in params} | set(sizes) | CONTEXT_NAMES
+    resources: list[tuple[str, Rule]] = []
+    if "resources" in top:
+        rnode = top["resources"][1]
+        if not isinstance(rnode, yaml.MappingNode):
+            raise err(rnode, "'resources' must be a mapping of name -> formula")
+        for knode, vnode in rnode.value:
+            rule = _rule(vnode, known, err)
+            resources.append((knode.value, rule))
+            known.add(knode.value)  # later formulas and constraints may use earlier resources
+
+    constraints: list[Rule] = []
+    if "constraints" in top:
+        cnode = top["constraints"][1]
+        if not isinstance(cnode, yaml.SequenceNode):
+            raise err(cnode, "'constraints' must be a list of boolean expressions")
+        constraints = [_rule(n, known, err) for n in cnode.value]
+
+    default: dict[str, Any] = {}
+    if "default" in top:
+        dnode = top["default"][1]
+        default = _data(dnode) or {}
+        if not isinstance(default, dict):
+            raise err(dnode, "'default' must be a mapping of param -> value")
+        byname = {p.name: p for p in params}
+        for k, v in default.items():
+            if k not in byname:
+                raise err(dnode, f"default names unknown param {k!r}")
+            if v not in byname[k].values:
+                raise err(dnode, f"default {k}={v!r} is not one of {list(byname[k].values)}")
+
+    meta = {k: _data(top[k][1]) for k in ("template", "language", "backend", "description") if k in top}
+    space = Space(tuple(params), tuple(constraints), tuple(resources), tuple(sizes),
+                  tuple(sorted(default.items())), source, tuple(sorted(meta.items())))
+    if space.size > MAX_SPACE_SIZE:
+        raise err(pnode, f"space has {space.size:.3g} points; at most {MAX_SPACE_SIZE:.0g}")
+    return space
+
+
+def _data(node: yaml.Node) -> Any:
+    return yaml.safe_load(yaml.serialize(node))
+
+
+def _rule(node: yaml.Node, known: set[str], err) -> Rule:
+    text = _data(node)
+    try:
+        e = _expr.parse(text)
+    except _expr.ExprError as x:
+        raise err(node, str(x)) from None
+    unknown = e.names - known
+    if unknown:
+        raise err(node, f"unknown name(s) {sorted(unknown)} in {e.text!r}; known: params, "
+                        f"sizes (declare them under 'sizes:'), resources, {sorted(CONTEXT_NAMES)}")
+    return Rule(e, node.start_mark.line + 1)
+
+
+def _param(name: str, spec: Any, err) -> Param:
+    """Value lists, {pow2: [lo, hi]}, {range: [lo, hi], step: s}, or `bool`."""
+    if spec == "bool" or spec == {"bool": True}:
+        return Param(name, (False, True))
+    if isinstance(spec, list):
+        if not spec:
+            raise err(f"param {name!r} has no values")
+        for v in spec:
+            if not isinstance(v, (int, float, str, bool)):
+                raise err(f"param {name!r}: value {v!r} must be a number, string or boolean")
+        if len(set(map(repr, spec))) != len(spec):
+            raise err(f"param {name!r} lists a value twice")
+        return _sized(name, tuple(spec), False, err)
+    if isinstance(spec, dict) and "pow2" in spec:
+        lo, hi = _bounds(name, spec["pow2"], err)
+        if lo <= 0 or lo & (lo - 1) or hi & (hi - 1):
+            raise err(f"param {name!r}: pow2 bounds must be powers of two, got [{lo}, {hi}]")
+        vals = tuple(2**i for i in range(lo.bit_length() - 1, hi.bit_length()))
+        return _sized(name, vals, True, err)
+    if isinstance(spec, dict) and "range" in spec:
+        lo, hi = _bounds(name, spec["range"], err)
+        step = spec.get("step", 1)
+        if not isinstance(step, int) or isinstance(step, bool) or step <= 0:
+            raise err(f"param {name!r}: step must be a positive integer")
+        return _sized(name, tuple(range(lo, hi + 1, step)), False, err)
+    raise err(f"param {name!r}: expected a list of values, {{pow2: [lo, hi]}}, "
+              f"{{range: [lo, hi], step: s}} or 'bool', got {spec!r}")
+
+
+def _bounds(name: str, b: Any, err) -> tuple[int, int]:
+    if (not isinstance(b, list) or len(b) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in b)):
+        raise err(f"param {name!r}: bounds must be [lo, hi] integers, got {b!r}")
+    if b[0] > b[1]:
+        raise err(f"param {name!r}: empty range [{b[0]}, {b[1]}]")
+    return b[0], b[1]
+
+
+def _sized(name: str, vals: tuple, log: bool, err) -> Param:
+    if not vals:
+        raise err(f"param {name!r} has no values")
+    if len(vals) > MAX_PARAM_VALUES:
+        raise err(f"param {name!r} has {len(vals)} values; at most {MAX_PARAM_VALUES}")
+    return Param(name, vals, log)

@@ -1,0 +1,220 @@
+"""One tuning run: search a skeleton's space for an op on a backend, keep everything, name a winner.
+
+The loop keeps `parallel` evaluations in flight (threads driving worker processes), asks
+the Searcher for configs, answers repeats from the record cache, filters invalid configs
+without compiling them, writes each Record before telling Optuna, and stops on the budget
+(evaluations or wall time) or when the sampler has nothing new left to offer. At the end
+the top few are re-timed interleaved, the winner is re-checked on fresh inputs, and the
+run directory gets best/ and summary.json.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .evaluate import Evaluator
+from .ops import load_op
+from .search import Searcher
+from .settings import Settings
+from .skeleton import Skeleton
+from .store import Store
+from .values import Config, Measurement, OpSpec, Record, Status
+
+STALL_ASKS = 300  # consecutive asks that bring nothing new: the sampler has run dry
+
+
+@dataclass
+class Progress:
+    """What a progress view shows, updated after every record."""
+
+    budget: int
+    evaluations: int = 0
+    invalid: int = 0
+    repeats: int = 0
+    best_s: float | None = None
+    best_config: Config | None = None
+    failures: dict[str, int] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    phase: str = "searching"
+
+
+def _count(progress: Progress, record: Record) -> None:
+    status = record.status
+    if status is Status.INVALID:
+        progress.invalid += 1
+        return
+    progress.evaluations += 1
+    if status is Status.OK:
+        if progress.best_s is None or record.seconds < progress.best_s:
+            progress.best_s, progress.best_config = record.seconds, record.config
+    else:
+        progress.failures[status.value] = progress.failures.get(status.value, 0) + 1
+
+
+def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: int,
+               time_budget_s: float | None, parallel: int,
+               on_progress: Callable[[Progress], None] = lambda p: None) -> Progress:
+    space = searcher.space
+    known: dict[str, Record] = {}
+    progress = Progress(budget=budget)
+    for r in store.records():
+        known[r.config.key] = r
+        _count(progress, r)
+
+    # A killed run leaves trials RUNNING: tell those that have a record, drop the rest.
+    for number, config in searcher.running_trials():
+        if config.key in known:
+            searcher.tell(number, known[config.key])
+        else:
+            searcher.abandon(number)
+
+    inflight: dict[cf.Future, tuple[object, Config]] = {}
+    waiting: dict[str, list] = {}  # config key -> trials asking for a config already in flight
+    stall = 0
+    deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
+    on_progress(progress)
+
+    def finish(trial, record: Record) -> None:
+        store.append(record)  # on disk before Optuna hears of it: a kill loses nothing
+        known[record.config.key] = record
+        searcher.tell(trial, record)
+        for other in waiting.pop(record.config.key, []):
+            searcher.tell(other, record)
+        _count(progress, record)
+        on_progress(progress)
+
+    with cf.ThreadPoolExecutor(max_workers=parallel) as pool:
+        while True:
+            while (len(inflight) < parallel and progress.evaluations + len(inflight) < budget
+                   and (deadline is None or time.monotonic() < deadline) and stall < STALL_ASKS
+                   and len(known) < space.size):
+                trial, config = searcher.ask()
+                if config.key in known:
+                    searcher.tell(trial, known[config.key])
+                    progress.repeats += 1
+                    stall += 1
+                    continue
+                if any(c.key == config.key for _, c in inflight.values()):
+                    waiting.setdefault(config.key, []).append(trial)
+                    stall += 1
+                    continue
+                why = evaluator.check(config)
+                if why is not None:
+                    finish(trial, evaluator.evaluate(config, trial=trial.number))
+                    stall += 1
+                    continue
+                stall = 0
+                fut = pool.submit(evaluator.evaluate, config, progress.best_s, trial.number)
+                inflight[fut] = (trial, config)
+            if not inflight:
+                break
+            done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                trial, _config = inflight.pop(fut)
+                finish(trial, fut.result())
+    # Trials still waiting on a config that finished are told above; any left are abandoned.
+    for trials in waiting.values():
+        for t in trials:
+            searcher.abandon(t.number)
+    return progress
+
+
+def pick_winner(store: Store, evaluator: Evaluator, settings: Settings,
+                on_progress: Callable[[Progress], None] | None = None) -> Record | None:
+    """Re-time the top few interleaved, re-check the fastest on fresh inputs, and return it."""
+    ok = sorted((r for r in store.records() if r.status is Status.OK), key=lambda r: r.seconds)
+    top, seen = [], set()
+    for r in ok:
+        if r.build.binary_hash not in seen:
+            seen.add(r.build.binary_hash)
+            top.append(r)
+        if len(top) >= max(1, settings.retime_top):
+            break
+    if not top:
+        return None
+    if len(top) > 1:
+        samples = evaluator.retime(top)
+        top = [Record(r.op_key, r.skeleton_hash, r.config, r.build,
+                      Measurement(Status.OK, tuple(s), r.measurement.max_abs_err,
+                                  r.measurement.max_rel_err, "re-timed interleaved with the top "
+                                  f"{len(top)}"), r.device, r.toolchain, time.time(), r.trial)
+               for r, s in zip(top, samples)]
+        top.sort(key=lambda r: r.seconds)
+    for r in top:
+        why = evaluator.recheck(r)
+        if why is None:
+            return r
+        store.append(Record(r.op_key, r.skeleton_hash, r.config, r.build,
+                            Measurement(Status.WRONG_RESULT, detail=f"winner re-check: {why}"),
+                            r.device, r.toolchain, time.time(), r.trial))
+    return None
+
+
+def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s: float) -> dict:
+    meta = store.meta()
+    op = load_op(OpSpec.from_json(meta["op"]))
+    records = store.records()
+    failures: dict[str, dict] = {}
+    for r in records:
+        if r.status not in (Status.OK,):
+            f = failures.setdefault(r.status.value, {"count": 0, "example": "", "config": ""})
+            f["count"] += 1
+            if not f["example"]:
+                f["example"], f["config"] = r.reason.splitlines()[0][:200] if r.reason else "", str(r.config)
+    info = evaluator.device_info
+    ref_s = evaluator.reference_s
+    summary = {
+        "op": meta["op"], "backend": meta["backend"], "device": info.to_json() if info else None,
+        "skeleton": meta.get("skeleton"), "space_size": evaluator.skeleton.space.size,
+        "evaluations": sum(1 for r in records if r.status is not Status.INVALID),
+        "invalid": sum(1 for r in records if r.status is Status.INVALID),
+        "failures": failures, "wall_s": round(wall_s, 2),
+        "reference": {"what": "torch " + ("eager" if meta["op"]["kind"] == "builtin" else "Model.forward"),
+                      "median_s": ref_s, "samples": evaluator.reference_samples[:200]},
+        "flops": op.flops, "bytes": op.bytes, "best": None,
+    }
+    if winner is not None:
+        t = winner.seconds
+        best = {"config": winner.config.to_json(), "median_s": t, "iqr_s": winner.measurement.iqr,
+                "samples": len(winner.measurement.samples), "gbps": op.bytes / t / 1e9,
+                "gflops": (op.flops / t / 1e9) if op.flops else None,
+                "speedup_vs_reference": (ref_s / t) if ref_s else None,
+                "max_abs_err": winner.measurement.max_abs_err, "trial": winner.trial}
+        peaks = dict(info.peaks) if info else {}
+        # Compute-bound when the op does more than ~20 flops per byte moved (a matmul).
+        if op.flops and op.flops / op.bytes > 20 and peaks.get("fp32_gflops"):
+            best["ceiling"] = {"what": "fp32 matmul rate (torch, measured)", "value": peaks["fp32_gflops"],
+                               "unit": "GFLOP/s", "percent": 100 * best["gflops"] / peaks["fp32_gflops"]}
+        elif peaks.get("copy_gbps"):
+            best["ceiling"] = {"what": "copy bandwidth (measured)", "value": peaks["copy_gbps"],
+                               "unit": "GB/s", "percent": 100 * best["gbps"] / peaks["copy_gbps"]}
+        summary["best"] = best
+    store.write_json("summary.json", summary)
+    return summary
+
+
+def write_best(store: Store, skeleton: Skeleton, evaluator: Evaluator, winner: Record) -> None:
+    """best/: the kernel source with the config baked in, and the config as JSON."""
+    source = skeleton.render(winner.config, evaluator.context)
+    from .skeleton import EXTENSIONS
+    store.write_text(f"best/kernel.{EXTENSIONS.get(skeleton.language, 'txt')}", source)
+    store.write_json("best/config.json", {"config": winner.config.to_json(), "median_s": winner.seconds,
+                                          "op": store.meta()["op"], "skeleton_hash": skeleton.hash})
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def median(xs) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, indent=1, default=str)

@@ -1,0 +1,225 @@
+"""Killable worker processes that run candidate code.
+
+A `Worker` is a child Python process (`python -m tuner.worker`) that holds one backend and
+answers requests over a pipe: compile, measure, device info. Candidate code runs only in
+workers, with a scrubbed environment (no keys, tokens or secrets), no core dumps, a memory
+cap and a CPU-time cap. When a request outlives its timeout the parent kills the worker;
+when the worker dies (a segfault, an abort), the parent sees the signal. Either way the
+request becomes `WorkerFailure` with the reason, and the next call starts a fresh worker.
+
+Wire format: 8-byte big-endian length, then a pickle. The child moves its real stdout away
+first, so a kernel that prints cannot corrupt the protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
+
+
+class WorkerFailure(Exception):
+    """The worker died or timed out while serving a request. `kind` is 'timeout' or 'crash'."""
+
+    def __init__(self, kind: str, reason: str):
+        super().__init__(reason)
+        self.kind, self.reason = kind, reason
+
+
+class WorkerError(RuntimeError):
+    """A fault of the tool itself, raised inside the worker (its traceback is the message)."""
+
+
+def scrubbed_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not _SECRET.search(k)}
+    pkg_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _send(fd: int, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    view = memoryview(struct.pack(">Q", len(data)) + data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _recv_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                raise TimeoutError
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def _recv(fd: int, deadline: float | None = None) -> Any:
+    head = _recv_exact(fd, 8, deadline)
+    if head is None:
+        raise EOFError
+    body = _recv_exact(fd, struct.unpack(">Q", head)[0], deadline)
+    if body is None:
+        raise EOFError
+    return pickle.loads(body)
+
+
+class Worker:
+    """Parent-side handle. Not thread-safe: one caller at a time (the executor pools them)."""
+
+    def __init__(self, backend: str, device: int = 0, options: dict | None = None,
+                 settings=None, log_path: str | None = None, limit_memory: bool = True):
+        self.backend, self.device, self.options = backend, device, options or {}
+        self.settings, self.log_path, self.limit_memory = settings, log_path, limit_memory
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    def _start(self) -> None:
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tuner.worker"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=log, env=scrubbed_env(), start_new_session=True)
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()
+        mem = self.settings.worker_memory_bytes() if (self.settings and self.limit_memory) else 0
+        cpu = self.settings.worker_cpu_s if self.settings else 0
+        _send(self.proc.stdin.fileno(), ("init", {
+            "backend": self.backend, "device": self.device, "options": self.options,
+            "memory_bytes": mem, "cpu_s": cpu}))
+
+    def call(self, method: str, timeout: float | None, **kwargs) -> Any:
+        if self.proc is None or self.proc.poll() is not None:
+            if self.proc is not None:
+                self.restarts += 1
+            self._start()
+        assert self.proc is not None and self.proc.stdin and self.proc.stdout
+        try:
+            _send(self.proc.stdin.fileno(), (method, kwargs))
+            deadline = None if timeout is None else time.monotonic() + timeout
+            status, value = _recv(self.proc.stdout.fileno(), deadline)
+        except TimeoutError:
+            self.kill()
+            raise WorkerFailure("timeout", f"no answer after {timeout:g} s; worker killed") from None
+        except (EOFError, BrokenPipeError, OSError):
+            raise WorkerFailure("crash", self._death()) from None
+        if status == "error":
+            raise WorkerError(value)
+        return value
+
+    def _death(self) -> str:
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return "worker stopped answering; killed"
+        self.proc = None
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"worker died with {name}"
+        return f"worker exited with code {code}"
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            self.proc = None
+
+    close = kill
+
+
+# ---- child side --------------------------------------------------------------------------
+
+def _limit(memory_bytes: int, cpu_s: int) -> None:
+    import resource
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a segfaulting kernel leaves no core file
+    if memory_bytes:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    if cpu_s:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+
+
+def main() -> None:
+    # Keep the protocol's pipes private; anything the kernel prints goes to stderr (the log).
+    out_fd = os.dup(1)
+    in_fd = os.dup(0)
+    os.dup2(2, 1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+
+    method, init = _recv(in_fd)
+    assert method == "init"
+    _limit(init["memory_bytes"], init["cpu_s"])
+    from . import measure as m
+    from .backends import get_backend
+    try:
+        backend = get_backend(init["backend"], init["device"], **init["options"])
+    except Exception:
+        backend_error = traceback.format_exc()
+        backend = None
+
+    while True:
+        try:
+            method, kw = _recv(in_fd)
+        except EOFError:
+            return
+        try:
+            if backend is None:
+                raise RuntimeError(backend_error)
+            if method == "compile":
+                value = backend.compile(kw["source"], kw["workdir"], kw["timeout_s"])
+            elif method == "measure":
+                value = m.measure(backend, kw["artifact"], kw["spec"], kw["settings"],
+                                  kw.get("best_s"), kw.get("reference_s"))
+            elif method == "device_info":
+                value = backend.device_info()
+            elif method == "time_reference":
+                value = m.time_reference(backend, kw["spec"], kw["settings"])
+            elif method == "recheck":
+                value = m.recheck(backend, kw["artifact"], kw["spec"])
+            elif method == "time_many":
+                value = m.time_many(backend, kw["artifacts"], kw["spec"], kw["settings"])
+            elif method == "ping":
+                value = os.getpid()
+            else:
+                raise ValueError(f"unknown worker method {method!r}")
+            reply = ("ok", value)
+        except Exception:
+            reply = ("error", traceback.format_exc())
+        _send(out_fd, reply)
+
+
+if __name__ == "__main__":
+    main()
