@@ -14,10 +14,16 @@ def fixtures() -> Path:
     return FIXTURES
 
 
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    # One per session: the cpu backend measures the machine's ceilings once and caches them.
+    return str(tmp_path_factory.mktemp("cache"))
+
+
 @pytest.fixture
-def fast_settings(tmp_path):
+def fast_settings(tmp_path, cache_dir):
     """Settings that keep timing short: tests check behaviour, never speed."""
     from tuner.settings import Settings
-    return Settings(runs_dir=str(tmp_path / "runs"), cache_dir=str(tmp_path / "cache"),
+    return Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir,
                     bench_budget_s=0.01, warmup_s=0.0, min_reps=3, max_reps=20,
                     run_timeout_s=20.0, compile_timeout_s=30.0, compile_workers=2)

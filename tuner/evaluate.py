@@ -122,12 +122,16 @@ class Evaluator:
                     return Measurement(Status.RUN_TIMEOUT, detail=f"kernel hung: {e.reason}")
                 return Measurement(Status.RUNTIME_ERROR, detail=f"kernel crashed: {e.reason}")
 
-    def retime(self, records: list[Record]) -> list[list[float]]:
-        """The top few, re-timed interleaved in one worker so that drift hits all alike."""
+    def retime(self, records: list[Record]) -> list[list[float]] | None:
+        """The top few, re-timed interleaved in one worker so that drift hits all alike.
+        None when that fails (a kernel that passed once and then hung): keep the first times."""
         artifacts = [r.build.artifact for r in records]
         with self._bench_lock, self._quiet or nullcontext():
-            return self.bench_worker.call("time_many", timeout=self.settings.run_timeout_s * len(records),
-                                          artifacts=artifacts, spec=self.spec, settings=self.settings)
+            try:
+                return self.bench_worker.call("time_many", timeout=self.settings.run_timeout_s * len(records),
+                                              artifacts=artifacts, spec=self.spec, settings=self.settings)
+            except WorkerFailure:
+                return None
 
     def recheck(self, record: Record) -> str | None:
         with self._bench_lock, self._quiet or nullcontext():

@@ -11,7 +11,8 @@ from rich.table import Table
 
 from .tune import Progress
 
-console = Console(stderr=False)
+# Off a terminal (a log, a pipe) rich would wrap at 80 columns; logs read better unwrapped.
+console = Console(stderr=False, width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True)
 
 
@@ -116,8 +117,9 @@ def summary_table(s: dict[str, Any], run_dir: str = "") -> Table:
 
 
 def runs_table(rows) -> Table:
-    t = Table(title="runs")
-    for c in ("run", "op", "sizes", "dtype", "backend", "best", "speedup", "evals", "state"):
+    t = Table(title="runs", title_justify="left")
+    t.add_column("run", no_wrap=True)
+    for c in ("op", "sizes", "dtype", "backend", "best", "speedup", "evals", "state"):
         t.add_column(c)
     for path, meta, summary in rows:
         op = meta.get("op", {})

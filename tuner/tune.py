@@ -138,8 +138,8 @@ def pick_winner(store: Store, evaluator: Evaluator, settings: Settings,
             break
     if not top:
         return None
-    if len(top) > 1:
-        samples = evaluator.retime(top)
+    samples = evaluator.retime(top) if len(top) > 1 else None
+    if samples is not None:
         top = [Record(r.op_key, r.skeleton_hash, r.config, r.build,
                       Measurement(Status.OK, tuple(s), r.measurement.max_abs_err,
                                   r.measurement.max_rel_err, "re-timed interleaved with the top "

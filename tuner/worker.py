@@ -92,7 +92,7 @@ class Worker:
         self.backend, self.device, self.options = backend, device, options or {}
         self.settings, self.log_path, self.limit_memory = settings, log_path, limit_memory
         self.proc: subprocess.Popen | None = None
-        self.restarts = 0
+        self.started = 0  # processes started; restarts = started - 1
 
     def _start(self) -> None:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
@@ -111,9 +111,8 @@ class Worker:
 
     def call(self, method: str, timeout: float | None, **kwargs) -> Any:
         if self.proc is None or self.proc.poll() is not None:
-            if self.proc is not None:
-                self.restarts += 1
             self._start()
+            self.started += 1
         assert self.proc is not None and self.proc.stdin and self.proc.stdout
         try:
             _send(self.proc.stdin.fileno(), (method, kwargs))
@@ -158,8 +157,27 @@ class Worker:
 
     close = kill
 
+    @property
+    def restarts(self) -> int:
+        return max(0, self.started - 1)
+
 
 # ---- child side --------------------------------------------------------------------------
+
+def _die_with_parent() -> None:
+    """If the parent is killed (SIGKILL gives it no chance to clean up), exit too, even while
+    a hung kernel holds the main thread. A watchdog thread rather than PR_SET_PDEATHSIG,
+    which fires when the parent *thread* that started us exits, not the parent process."""
+    import threading
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(1)
+    threading.Thread(target=watch, daemon=True).start()
+
 
 def _limit(memory_bytes: int, cpu_s: int) -> None:
     import resource
@@ -179,6 +197,7 @@ def main() -> None:
     os.dup2(devnull, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
+    _die_with_parent()
     method, init = _recv(in_fd)
     assert method == "init"
     _limit(init["memory_bytes"], init["cpu_s"])

@@ -27,7 +27,9 @@ CTYPES = {"fp32": "float", "fp64": "double"}
 
 
 def compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if os.environ.get("CC"):
+        return shutil.which(os.environ["CC"])  # a CC that does not exist means no compiler
+    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
 def _llc_bytes() -> int:
@@ -61,8 +63,10 @@ class CpuBackend(Backend):
     @classmethod
     def check_available(cls) -> None:
         if compiler() is None:
+            cc = os.environ.get("CC")
             raise BackendUnavailable(
-                "the cpu backend needs a C compiler with OpenMP: install gcc (e.g. "
+                (f"CC={cc} is not an executable C compiler. " if cc else "no C compiler found. ")
+                + "The cpu backend needs a C compiler with OpenMP: install gcc (e.g. "
                 "`apt-get install gcc`) or set CC to one")
 
     def render_context(self, op) -> dict[str, Any]:

@@ -26,12 +26,16 @@ FAULTS = {"compile_error", "compile_hang", "crash", "hang", "wrong", "nan", "non
 
 
 def parse_script(source: str) -> dict[str, str]:
+    """The `key: value` lines; a line that is neither, or an unknown key, is a compile error."""
     out = {}
-    for line in source.splitlines():
+    for n, line in enumerate(source.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
-        if ":" in line:
-            k, v = line.split(":", 1)
-            out[k.strip()] = v.strip()
+        if not line:
+            continue
+        k, sep, v = line.partition(":")
+        if not sep or k.strip() not in ("time", "fault"):
+            raise ValueError(f"line {n}: expected 'time: <seconds>' or 'fault: <kind>', got {line!r}")
+        out[k.strip()] = v.strip()
     return out
 
 
@@ -50,7 +54,10 @@ class NullBackend(Backend):
         return {"smem_bytes": 49152}
 
     def compile(self, source: str, workdir: str, timeout_s: float) -> Build:
-        script = parse_script(source)
+        try:
+            script = parse_script(source)
+        except ValueError as e:
+            return Build(Status.COMPILE_ERROR, error=f"null: error: {e}")
         fault = script.get("fault", "none")
         if fault not in FAULTS:
             return Build(Status.COMPILE_ERROR, error=f"unknown fault {fault!r}; one of {sorted(FAULTS)}")

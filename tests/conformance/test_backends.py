@@ -1,0 +1,108 @@
+"""The conformance suite: every backend passes it. A new backend adds itself to CASES with
+a skeleton that works and one for each kind of fault (crash, hang, no compile, wrong answer),
+and a small problem it runs on. Accelerator backends are marked so CI skips them."""
+
+import json
+
+import pytest
+
+from tuner.backends import get_backend
+from tuner.evaluate import Evaluator
+from tuner.ops import builtin_spec
+from tuner.skeleton import library_skeleton, load_skeleton
+from tuner.values import DeviceInfo, Status
+from tests.conftest import FIXTURES
+
+
+def _fixture(name):
+    return lambda: load_skeleton(FIXTURES / f"{name}.{'txt' if name.startswith('null') else 'c'}.j2",
+                                 FIXTURES / f"{name}.yaml")
+
+
+CASES = {
+    "null": {"good": _fixture("null/good"), "crash": _fixture("null/crash"), "hang": _fixture("null/hang"),
+             "nocompile": _fixture("null/nocompile"), "wrong": _fixture("null/wrong"),
+             "mixed": _fixture("null/mixed"), "op": ("softmax", "64x128")},
+    "cpu": {"good": lambda: library_skeleton("softmax", "c"), "crash": _fixture("faulty/segfault"),
+            "hang": _fixture("faulty/hang"), "nocompile": _fixture("faulty/nocompile"),
+            "wrong": _fixture("faulty/wrong"), "mixed": _fixture("faulty/mixed"), "op": ("softmax", "37x1000")},
+}
+BACKENDS = [pytest.param(name, marks=getattr(pytest.mark, name)) if name in ("cuda", "npu") else name
+            for name in CASES]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+def evaluator(backend, kind, settings, tmp_path):
+    op, shape = CASES[backend]["op"]
+    ev = Evaluator(backend, builtin_spec(op, shape, "fp32"), CASES[backend][kind](), settings, tmp_path / kind)
+    ev.start()
+    return ev
+
+
+def test_device_info(backend, fast_settings):
+    ev = get_backend(backend, 0, cache_dir=fast_settings.cache_dir)
+    info = ev.device_info()
+    assert isinstance(info, DeviceInfo) and info.name and info.cores >= 1 and info.toolchain
+    assert DeviceInfo.from_json(json.loads(json.dumps(info.to_json()))) == info
+
+
+def test_compile_never_raises_on_garbage(backend, tmp_path):
+    b = get_backend(backend)
+    build = b.compile("this is not a kernel {{{ ; fault: compile_error", str(tmp_path), 30)
+    assert build.status is Status.COMPILE_ERROR and build.error
+
+
+def test_good_skeleton_verifies_and_times(backend, fast_settings, tmp_path):
+    ev = evaluator(backend, "good", fast_settings, tmp_path)
+    try:
+        rec = ev.evaluate(ev.skeleton.space.default_config())
+        assert rec.status is Status.OK, rec.reason
+        assert rec.measurement.samples and all(s > 0 for s in rec.measurement.samples)
+        assert rec.build.binary_hash and rec.device == ev.device_info.name
+        assert ev.reference_s and ev.reference_s > 0
+    finally:
+        ev.close()
+
+
+@pytest.mark.parametrize("kind, status, words", [
+    ("crash", Status.RUNTIME_ERROR, "SIGSEGV"),
+    ("nocompile", Status.COMPILE_ERROR, "error"),
+    ("wrong", Status.WRONG_RESULT, "off"),
+])
+def test_faults_are_records(backend, kind, status, words, fast_settings, tmp_path):
+    ev = evaluator(backend, kind, fast_settings, tmp_path)
+    try:
+        rec = ev.evaluate(ev.skeleton.space.default_config())
+        assert rec.status is status, rec.reason
+        assert words in rec.reason
+    finally:
+        ev.close()
+
+
+def test_hang_is_killed(backend, fast_settings, tmp_path):
+    ev = evaluator(backend, "hang", fast_settings.replace(run_timeout_s=3.0), tmp_path)
+    try:
+        rec = ev.evaluate(ev.skeleton.space.default_config())
+        assert rec.status is Status.RUN_TIMEOUT, rec.reason
+        assert "hung" in rec.reason
+    finally:
+        ev.close()
+
+
+def test_worker_is_replaced_after_a_crash(backend, fast_settings, tmp_path):
+    """A crashing config must not take the good configs of the same run down with it."""
+    ev = evaluator(backend, "mixed", fast_settings, tmp_path)
+    try:
+        space = ev.skeleton.space
+        results = {}
+        for config in space.configs():
+            results[config.key] = (config["BUG"], ev.evaluate(config).status)
+        assert {s for bug, s in results.values() if bug} == {Status.RUNTIME_ERROR}
+        assert {s for bug, s in results.values() if not bug} == {Status.OK}
+        assert ev.bench_worker.restarts >= 1
+    finally:
+        ev.close()

@@ -1,0 +1,156 @@
+"""End to end through the CLI on the null backend (and the cpu backend where it is cheap)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tuner.cli import main
+from tuner.store import Store
+from tuner.values import Status
+from tests.conftest import FIXTURES, ROOT
+
+NULL = ["--backend", "null", "--template", str(FIXTURES / "null/landscape.txt.j2"),
+        "--space", str(FIXTURES / "null/landscape.yaml")]
+
+
+def fast_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("TUNER_BENCH_BUDGET_S", "0.005")
+    monkeypatch.setenv("TUNER_MAX_REPS", "20")
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def only_run(runs: Path) -> Path:
+    dirs = [p for p in runs.iterdir() if p.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def test_null_run_end_to_end(tmp_path, monkeypatch, capsys):
+    fast_env(monkeypatch, tmp_path)
+    runs = tmp_path / "runs"
+    rc = main(["tune", "softmax", "--shape", "256x512", *NULL, "--budget", "40", "--seed", "3",
+               "--runs-dir", str(runs), "--quiet"])
+    assert rc == 0
+    run = only_run(runs)
+    records = Store.open(run).records()
+    keys = [r.config.key for r in records]
+    assert len(keys) == len(set(keys)), "a config was evaluated twice"
+    evaluated = [r for r in records if r.status is not Status.INVALID]
+    assert len(evaluated) == 40
+    # The scripted faults happen and become records; the run still completes.
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best"]["config"] and summary["best"]["median_s"] > 0
+    assert summary["evaluations"] == 40
+    for status, f in summary["failures"].items():
+        assert f["count"] == sum(1 for r in records if r.status.value == status)
+    assert (run / "best" / "kernel.txt").is_file() and (run / "best" / "config.json").is_file()
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["op"]["name"] == "softmax" and meta["device"]["name"] and meta["command"]
+    out = capsys.readouterr().out
+    assert "best config" in out and "% of ceiling" in out
+
+    assert main(["show", str(run)]) == 0
+    assert "best config" in capsys.readouterr().out
+    assert main(["list", "--runs-dir", str(runs)]) == 0
+    assert run.name in capsys.readouterr().out
+    assert main(["export", str(run), "--out", str(tmp_path / "exp")]) == 0
+    exported = sorted(p.name for p in (tmp_path / "exp").iterdir())
+    assert exported == ["softmax_best.json", "softmax_best.txt"]
+    assert json.loads((tmp_path / "exp" / "softmax_best.json").read_text())["config"] == summary["best"]["config"]
+
+
+def test_every_sampler_runs(tmp_path, monkeypatch):
+    fast_env(monkeypatch, tmp_path)
+    for sampler in ("random", "cmaes", "grid"):
+        runs = tmp_path / sampler
+        assert main(["tune", "softmax", "--shape", "256x512", *NULL, "--budget", "8", "--seed", "1",
+                     "--sampler", sampler, "--runs-dir", str(runs), "--quiet"]) == 0
+        assert json.loads((only_run(runs) / "summary.json").read_text())["evaluations"] == 8
+
+
+def test_time_budget_stops_the_search(tmp_path, monkeypatch):
+    fast_env(monkeypatch, tmp_path)
+    runs = tmp_path / "runs"
+    t0 = time.monotonic()
+    assert main(["tune", "softmax", "--shape", "256x512", *NULL, "--budget", "100000",
+                 "--time-budget", "3", "--runs-dir", str(runs), "--quiet"]) == 0
+    assert time.monotonic() - t0 < 60
+    assert 0 < json.loads((only_run(runs) / "summary.json").read_text())["evaluations"] < 480
+
+
+def test_small_space_is_exhausted_not_looped(tmp_path, monkeypatch):
+    fast_env(monkeypatch, tmp_path)
+    runs = tmp_path / "runs"
+    assert main(["tune", "softmax", "--shape", "64x128", "--backend", "null",
+                 "--template", str(FIXTURES / "null/mixed.txt.j2"), "--space", str(FIXTURES / "null/mixed.yaml"),
+                 "--budget", "100", "--runs-dir", str(runs), "--quiet"]) == 0
+    records = Store.open(only_run(runs)).records()
+    assert len(records) == 8  # the whole space, each config once
+    assert sum(r.status is Status.RUNTIME_ERROR for r in records) == 4
+
+
+def test_resume_after_sigkill(tmp_path):
+    """SIGKILL a real `tuner tune` mid-search, resume it: nothing lost, nothing evaluated twice."""
+    runs = tmp_path / "runs"
+    env = {**os.environ, "TUNER_BENCH_BUDGET_S": "0.02", "TUNER_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "tuner", "tune", "softmax", "--shape", "256x512", *NULL,
+           "--budget", "60", "--seed", "7", "--runs-dir", str(runs), "--quiet", "--parallel", "2"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    run = None
+    while time.monotonic() < deadline:
+        dirs = [p for p in runs.iterdir() if p.is_dir()] if runs.exists() else []
+        if dirs and (dirs[0] / "records.jsonl").exists():
+            run = dirs[0]
+            if len((run / "records.jsonl").read_text().splitlines()) >= 12:
+                break
+        if proc.poll() is not None:
+            pytest.fail(f"tuner exited before it could be killed: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.05)
+    assert run is not None, "no run directory appeared"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = Store(run).records()
+    assert not (run / "summary.json").exists()
+
+    resumed = subprocess.run([sys.executable, "-m", "tuner", "tune", "--resume", str(run), "--budget", "60",
+                              "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = Store(run).records()
+    assert [r.to_json() for r in after[:len(before)]] == [r.to_json() for r in before], "a record was lost"
+    keys = [r.config.key for r in after if r.status is not Status.INVALID]
+    assert len(keys) == len(set(keys)), "a config was evaluated twice"
+    assert len(keys) == 60
+    assert json.loads((run / "summary.json").read_text())["evaluations"] == 60
+
+
+def test_kernelbench_problem_file_on_null(tmp_path, monkeypatch, capsys):
+    fast_env(monkeypatch, tmp_path)
+    runs = tmp_path / "runs"
+    rc = main(["tune", "--op", str(FIXTURES / "kernelbench/relu.py"), "--size", "batch_size=4",
+               "--size", "dim=256", "--backend", "null",
+               "--template", str(FIXTURES / "kernelbench/relu_null.txt.j2"),
+               "--space", str(FIXTURES / "kernelbench/relu_null.yaml"), "--runs-dir", str(runs), "--quiet"])
+    assert rc == 0
+    summary = json.loads((only_run(runs) / "summary.json").read_text())
+    assert summary["op"]["sizes"] == {"batch_size": 4, "dim": 256}
+    assert summary["best"]["config"] == {"V": 1}
+
+
+def test_kernelbench_problem_file_on_cpu(tmp_path, monkeypatch):
+    fast_env(monkeypatch, tmp_path)
+    runs = tmp_path / "runs"
+    rc = main(["tune", "--op", str(FIXTURES / "kernelbench/relu.py"), "--size", "dim=1024",
+               "--backend", "cpu", "--template", str(FIXTURES / "kernelbench/relu.c.j2"),
+               "--space", str(FIXTURES / "kernelbench/relu.yaml"), "--budget", "4", "--runs-dir", str(runs),
+               "--quiet"])
+    assert rc == 0
+    summary = json.loads((only_run(runs) / "summary.json").read_text())
+    assert summary["best"] is not None and summary["evaluations"] == 4
