@@ -5,22 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shlex
 import sys
-import time
 from pathlib import Path
 
 from . import __version__
 from .backends import BACKENDS, BackendUnavailable, default_backend, get_backend
-from .evaluate import Evaluator
 from .ops import BUILTINS, OpError, builtin_spec, load_op, spec_from_problem_file
-from .search import SAMPLERS, SearchError, Searcher
+from .search import SAMPLERS, SearchError
 from .settings import Settings
-from .skeleton import EXTENSIONS, Skeleton, SkeletonError, library_skeleton, load_skeleton
+from .skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
 from .space import SpaceError
 from .store import Store, StoreError, list_runs
-from .tune import pick_winner, run_search, summarize, write_best
+from .tune import create_run, execute
 from .values import OpSpec, Status
 from .worker import WorkerError
 
@@ -89,57 +86,18 @@ def cmd_tune(args) -> int:
 
     settings = Settings.from_env(runs_dir=args.runs_dir, run_timeout_s=args.run_timeout,
                                  compile_timeout_s=args.compile_timeout)
-    started = time.monotonic()
     if args.resume:
         store = Store.open(args.resume)
-        meta = store.meta()
-        spec = OpSpec.from_json(meta["op"])
-        backend = meta["backend"]
-        skeleton = Skeleton.from_json(store.read_json("skeleton/skeleton.json"))
-        seed, sampler, storage = meta["seed"], meta["sampler"], meta["storage"]
         store.repair()
         print(f"resuming {store.path}: {len(store.records())} records on disk", file=sys.stderr)
     else:
         spec = build_spec(args)
         backend = args.backend or default_backend()
         skeleton = choose_skeleton(args, spec, backend)
-        seed = args.seed if args.seed is not None else random.randrange(2**31)
-        sampler = args.sampler
-        shape = "x".join(str(v) for _, v in spec.sizes) if spec.kind == "builtin" else "file"
-        store = Store.create(settings.runs_dir, f"{spec.name}-{shape}-{spec.dtype}-{backend}")
-        storage = args.storage or store.storage_url
-        store.write_text(f"skeleton/template.{EXTENSIONS.get(skeleton.language, 'txt')}.j2", skeleton.template)
-        store.write_json("skeleton/space.json", skeleton.space.to_json())
-        store.write_json("skeleton/skeleton.json", skeleton.to_json())
-        store.write_meta({"id": store.path.name, "op": spec.to_json(), "backend": backend,
-                          "skeleton": {"name": skeleton.name, "hash": skeleton.hash,
-                                       "template": skeleton.template_path, "space": skeleton.space.source},
-                          "sampler": sampler, "seed": seed, "storage": storage,
-                          "command": shlex.join(sys.argv), "tuner": __version__,
-                          "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    budget = args.budget
-    evaluator = Evaluator(backend, spec, skeleton, settings, store.path)
-    searcher = Searcher(skeleton.space, sampler, seed, storage, study_name="tuner")
-    if not args.resume:
-        searcher.enqueue(skeleton.space.default_config())
-    parallel = args.parallel or settings.n_compile_workers
-    try:
-        with ProgressView(not args.quiet) as view:
-            view.note(f"measuring the device and the reference on {backend}…")
-            info = evaluator.start()
-            meta = store.meta()
-            if "device" not in meta:
-                meta["device"] = info.to_json()
-                store.write_meta(meta)
-            progress = run_search(store, evaluator, searcher, budget, args.time_budget, parallel, view)
-            progress.phase = "re-timing the top configs"
-            view(progress)
-            winner = pick_winner(store, evaluator, settings)
-        if winner is not None:
-            write_best(store, skeleton, evaluator, winner)
-        summary = summarize(store, winner, evaluator, time.monotonic() - started)
-    finally:
-        evaluator.close()
+        store = create_run(settings, spec, backend, skeleton, args.sampler, args.seed, args.storage,
+                           command=shlex.join(sys.argv))
+    with ProgressView(not args.quiet) as view:
+        summary = execute(store, settings, args.budget, args.time_budget, args.parallel, view)
     if args.json:
         print(json.dumps(summary, indent=1, default=str))
     else:

@@ -86,7 +86,7 @@ class Evaluator:
             seen = self._by_source.get(digest)
         if seen is not None:  # another config rendered to the very same source
             build, meas = seen
-            return self._record(config, build, meas, trial, note=f"same source as an earlier config")
+            return self._record(config, build, meas, trial, note="same source as an earlier config")
         build = self.compile(source, digest)
         if build.status is not Status.OK:
             meas = Measurement(build.status)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import statistics
 import traceback
-from typing import Any, Callable
+from typing import Callable
 
 from .ops import Op, load_op
 from .settings import Settings
@@ -171,6 +171,3 @@ def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
             out[i].extend(s)
     return out
 
-
-def describe(obj: Any) -> str:
-    return f"{type(obj).__name__}: {obj}"

@@ -11,9 +11,7 @@ run directory gets best/ and summary.json.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
-import statistics
-import sys
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -208,13 +206,66 @@ def write_best(store: Store, skeleton: Skeleton, evaluator: Evaluator, winner: R
                                           "op": store.meta()["op"], "skeleton_hash": skeleton.hash})
 
 
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+class QuietView:
+    """The progress view's interface, showing nothing (library use, tests, sweeps)."""
+
+    def __call__(self, progress: Progress) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
 
 
-def median(xs) -> float:
-    return statistics.median(xs) if xs else float("nan")
+def create_run(settings: Settings, spec: OpSpec, backend: str, skeleton: Skeleton,
+               sampler: str = "tpe", seed: int | None = None, storage: str | None = None,
+               command: str = "") -> Store:
+    """A new run directory holding everything `execute` needs, so that it can also resume it."""
+    from . import __version__
+    from .skeleton import EXTENSIONS
+    seed = seed if seed is not None else random.randrange(2**31)
+    shape = "x".join(str(v) for _, v in spec.sizes) if spec.kind == "builtin" else "file"
+    store = Store.create(settings.runs_dir, f"{spec.name}-{shape}-{spec.dtype}-{backend}")
+    store.write_text(f"skeleton/template.{EXTENSIONS.get(skeleton.language, 'txt')}.j2", skeleton.template)
+    store.write_json("skeleton/space.json", skeleton.space.to_json())
+    store.write_json("skeleton/skeleton.json", skeleton.to_json())
+    store.write_meta({"id": store.path.name, "op": spec.to_json(), "backend": backend,
+                      "skeleton": {"name": skeleton.name, "hash": skeleton.hash,
+                                   "template": skeleton.template_path, "space": skeleton.space.source},
+                      "sampler": sampler, "seed": seed, "storage": storage or store.storage_url,
+                      "command": command, "tuner": __version__,
+                      "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    return store
 
 
-def dumps(obj) -> str:
-    return json.dumps(obj, indent=1, default=str)
+def execute(store: Store, settings: Settings, budget: int, time_budget_s: float | None = None,
+            parallel: int | None = None, view=None, seeds: tuple[Config, ...] = ()) -> dict:
+    """Search (or continue searching) a run until its budget, name the winner, write the summary.
+
+    `seeds` are configs to try first (warm starts, a proposer's picks) after the skeleton's
+    default. Calling it again on the same store resumes: records on disk are never redone.
+    """
+    view = view or QuietView()
+    started = time.monotonic()
+    meta = store.meta()
+    spec = OpSpec.from_json(meta["op"])
+    skeleton = Skeleton.from_json(store.read_json("skeleton/skeleton.json"))
+    evaluator = Evaluator(meta["backend"], spec, skeleton, settings, store.path)
+    try:
+        searcher = Searcher(skeleton.space, meta["sampler"], meta["seed"], meta["storage"], study_name="tuner")
+        for config in (skeleton.space.default_config(), *seeds):
+            if skeleton.space.contains(config):
+                searcher.enqueue(config)
+        view.note(f"measuring the device and the reference on {meta['backend']}…")
+        info = evaluator.start()
+        if "device" not in meta:
+            store.write_meta({**meta, "device": info.to_json()})
+        progress = run_search(store, evaluator, searcher, budget, time_budget_s,
+                              parallel or settings.n_compile_workers, view)
+        progress.phase = "re-timing the top configs"
+        view(progress)
+        winner = pick_winner(store, evaluator, settings)
+        if winner is not None:
+            write_best(store, skeleton, evaluator, winner)
+        return summarize(store, winner, evaluator, time.monotonic() - started)
+    finally:
+        evaluator.close()

@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
@@ -28,12 +28,6 @@ class Status(str, enum.Enum):
     SUSPECT = "SUSPECT"  # passed, but tripped an anti-cheat check
 
 
-def _canon(value: Any) -> Any:
-    # Param values are ints, floats, bools or strings; floats that are whole stay floats so
-    # that 1.0 and 1 keep distinct keys only when the space itself declares them distinctly.
-    return value
-
-
 @dataclass(frozen=True)
 class Config:
     """An immutable param -> value mapping. `key` is canonical: sorted, JSON-encoded."""
@@ -42,7 +36,7 @@ class Config:
 
     @staticmethod
     def of(mapping: dict[str, Any]) -> "Config":
-        return Config(tuple(sorted((str(k), _canon(v)) for k, v in mapping.items())))
+        return Config(tuple(sorted((str(k), v) for k, v in mapping.items())))
 
     @property
     def key(self) -> str:
