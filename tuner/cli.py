@@ -177,7 +177,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--sampler", choices=SAMPLERS, default="tpe")
     t.add_argument("--seed", type=int)
     t.add_argument("--parallel", type=int, help="evaluations in flight (default: one per core)")
-    t.add_argument("--storage", help="an Optuna storage URL (default: SQLite in the run directory)")
+    t.add_argument("--storage", help="keep the Optuna study in this storage too: an RDB URL (sqlite:///study.db) "
+                        "or a .journal file path (default: in memory, rebuilt from records.jsonl)")
     t.add_argument("--runs-dir", help="where runs go (default: runs/)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run that was stopped or killed")
     t.add_argument("--run-timeout", type=float, help="seconds to verify and time one config")

@@ -77,8 +77,11 @@ def make_sampler(name: str, space: Space, seed: int | None, n_startup: int):
 
 
 def open_storage(storage: str | None):
-    """None: in memory. A path ending in .journal: Optuna's append-only journal file (the
-    run directory's default: ~9 ms per trial where SQLite takes ~70 ms). Else an RDB URL."""
+    """None: in memory (the default: records.jsonl is the durable log and the study is rebuilt
+    from it on resume). A path ending in .journal: Optuna's append-only journal file. Else an
+    RDB URL (sqlite:///study.db, postgresql://...). Persistent storages cost an fsync or a
+    commit per write, several per trial (measured ~10-60 ms a trial for a journal, ~70 ms for
+    SQLite on this class of machine), against ~3 ms in memory."""
     if storage is None or "://" in storage:
         return storage
     if storage.endswith(".journal"):
@@ -103,6 +106,26 @@ class Searcher:
             if isinstance(e, SearchError):
                 raise
             raise SearchError(f"cannot open the Optuna storage {storage!r}: {e}") from None
+
+    @property
+    def persistent(self) -> bool:
+        """Whether the study lives in an Optuna storage that outlives this process."""
+        return not isinstance(self.study._storage, optuna.storages.InMemoryStorage)  # noqa: SLF001
+
+    def replay(self, records: list[Record]) -> None:
+        """Teach a fresh in-memory study what the records say, without asking the sampler.
+        records.jsonl is the run's durable log; an in-memory study rebuilt from it is as good as
+        a persistent Optuna storage, and far cheaper per trial."""
+        trials = []
+        for r in records:
+            if not self.space.contains(r.config):
+                continue
+            ok = r.status is Status.OK
+            trials.append(optuna.trial.create_trial(
+                params=encode(self.space, r.config), distributions=self.dists,
+                value=math.log10(max(r.seconds, 1e-12)) if ok else PENALTY,
+                constraints={"failed": 0.0 if ok else 1.0}))
+        self.study.add_trials(trials)
 
     def enqueue(self, config: Config) -> None:
         """Propose `config` next (the skeleton's default, warm starts, a proposer's picks)."""

@@ -3,7 +3,6 @@
     runs/<id>/
       run.json        op, backend, device, toolchain, command line, settings, format version
       records.jsonl   one Record per line, flushed and fsynced as each one finishes
-      study.journal   the Optuna storage (an append-only journal) unless --storage names another
       skeleton/       the skeleton as used (template, space, skeleton.json)
       best/           the winner: kernel source with its config baked in, config.json
       summary.json    the final summary (`tuner show` reprints it)
@@ -112,10 +111,6 @@ class Store:
         target.parent.mkdir(parents=True, exist_ok=True)
         _atomic_write(target, text)
         return target
-
-    @property
-    def storage_url(self) -> str:
-        return str((self.path / "study.journal").resolve())
 
     # ---- records -------------------------------------------------------------------------
 

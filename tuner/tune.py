@@ -65,12 +65,15 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
         known[r.config.key] = r
         _count(progress, r)
 
-    # A killed run leaves trials RUNNING: tell those that have a record, drop the rest.
-    for number, config in searcher.running_trials():
-        if config.key in known:
-            searcher.tell(number, known[config.key])
-        else:
-            searcher.abandon(number)
+    if searcher.persistent:
+        # A killed run leaves trials RUNNING: tell those that have a record, drop the rest.
+        for number, config in searcher.running_trials():
+            if config.key in known:
+                searcher.tell(number, known[config.key])
+            else:
+                searcher.abandon(number)
+    else:
+        searcher.replay(list(known.values()))
 
     inflight: dict[cf.Future, tuple[object, Config]] = {}
     waiting: dict[str, list] = {}  # config key -> trials asking for a config already in flight
@@ -231,7 +234,7 @@ def create_run(settings: Settings, spec: OpSpec, backend: str, skeleton: Skeleto
     store.write_meta({"id": store.path.name, "op": spec.to_json(), "backend": backend,
                       "skeleton": {"name": skeleton.name, "hash": skeleton.hash,
                                    "template": skeleton.template_path, "space": skeleton.space.source},
-                      "sampler": sampler, "seed": seed, "storage": storage or store.storage_url,
+                      "sampler": sampler, "seed": seed, "storage": storage,
                       "command": command, "tuner": __version__,
                       "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     return store

@@ -1,0 +1,57 @@
+"""The engine's own cost per evaluation, on the null backend (no compiler, scripted times).
+
+Everything but the kernel is real: Optuna ask/tell with its journal storage, the
+constraint filter, rendering, the compile and benchmark worker processes, verification
+against the reference, records fsynced to disk.
+
+    python bench/engine_overhead.py [--budget 200] [--sampler tpe]
+"""
+
+import argparse
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tuner.evaluate import Evaluator  # noqa: E402
+from tuner.ops import builtin_spec  # noqa: E402
+from tuner.search import Searcher  # noqa: E402
+from tuner.settings import Settings  # noqa: E402
+from tuner.skeleton import load_skeleton  # noqa: E402
+from tuner.tune import create_run, run_search  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget", type=int, default=200)
+    ap.add_argument("--sampler", default="tpe")
+    args = ap.parse_args()
+    fx = ROOT / "tests" / "fixtures" / "null"
+    skeleton = load_skeleton(fx / "landscape.txt.j2", fx / "landscape.yaml")
+    # A wide landscape so the budget is reached before the space runs dry.
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings(runs_dir=tmp, cache_dir=tmp, bench_budget_s=0.002, min_reps=3, max_reps=10)
+        spec = builtin_spec("softmax", "64x256")
+        store = create_run(settings, spec, "null", skeleton, args.sampler, seed=0)
+        ev = Evaluator("null", spec, skeleton, settings, store.path)
+        try:
+            ev.start()
+            searcher = Searcher(skeleton.space, args.sampler, 0, store.meta()["storage"])
+            t0 = time.perf_counter()
+            p = run_search(store, ev, searcher, args.budget, None, settings.n_compile_workers)
+            dt = time.perf_counter() - t0
+        finally:
+            ev.close()
+    asks = p.evaluations + p.invalid + p.repeats
+    print(f"| machine | sampler | evaluated | invalid (filtered) | repeats | seconds | evaluations/s | asks/s |")
+    print(f"| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"| {platform.machine()} {settings.n_compile_workers} cores | {args.sampler} | {p.evaluations} | "
+          f"{p.invalid} | {p.repeats} | {dt:.1f} | {p.evaluations / dt:.1f} | {asks / dt:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
