@@ -94,6 +94,8 @@ def cmd_tune(args) -> int:
         spec = build_spec(args)
         backend = args.backend or default_backend()
         skeleton = choose_skeleton(args, spec, backend)
+        # Fail on an unsupported dtype or a missing toolchain before a run directory exists.
+        get_backend(backend).render_context(load_op(spec))
         store = create_run(settings, spec, backend, skeleton, args.sampler, args.seed, args.storage,
                            command=shlex.join(sys.argv))
     with ProgressView(not args.quiet) as view:

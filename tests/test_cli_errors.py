@@ -1,0 +1,119 @@
+"""Bad input gets a clear error that says what to fix (exit code 2), and no traceback."""
+
+import os
+import stat
+
+import pytest
+
+from tuner.cli import main
+from tests.conftest import FIXTURES
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return rc, err
+
+
+def test_unknown_op_lists_known(capsys):
+    rc, err = run(capsys, "tune", "sofmax", "--shape", "4x4")
+    assert rc == 2 and "unknown op 'sofmax'" in err and "softmax" in err and "rmsnorm" in err
+
+
+@pytest.mark.parametrize("shape", ["4096", "4096x", "axb", "0x5", "1x2x3"])
+def test_bad_shape(capsys, shape):
+    rc, err = run(capsys, "tune", "softmax", "--shape", shape)
+    assert rc == 2 and "bad shape" in err and "MxN" in err
+
+
+def test_missing_shape(capsys):
+    rc, err = run(capsys, "tune", "matmul")
+    assert rc == 2 and "--shape is required" in err and "MxNxK" in err
+
+
+def test_malformed_space_names_file_and_line(capsys, tmp_path):
+    space = tmp_path / "s.yaml"
+    space.write_text("language: c\nparams:\n  A: [1, 2]\nconstraints:\n  - A < undefined_thing\n")
+    tpl = tmp_path / "t.c.j2"
+    tpl.write_text("void tuner_kernel(void) {}\n")
+    rc, err = run(capsys, "tune", "softmax", "--shape", "4x4", "--template", str(tpl), "--space", str(space),
+                  "--runs-dir", str(tmp_path / "runs"))
+    assert rc == 2 and f"{space}:5" in err and "undefined_thing" in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_malformed_template_names_file_and_line(capsys, tmp_path):
+    space = tmp_path / "s.yaml"
+    space.write_text("language: c\nparams:\n  A: [1, 2]\n")
+    tpl = tmp_path / "t.c.j2"
+    tpl.write_text("int x;\n{% if A %}\nvoid f(void) {}\n")
+    rc, err = run(capsys, "tune", "softmax", "--shape", "4x4", "--template", str(tpl), "--space", str(space))
+    assert rc == 2 and f"{tpl}:" in err and "syntax" in err
+
+
+def test_problem_file_that_fails_to_import(capsys):
+    rc, err = run(capsys, "tune", "--op", str(FIXTURES / "kernelbench/broken.py"))
+    assert rc == 2 and "failed to import" in err and "broken on purpose" in err
+
+
+def test_problem_file_without_skeleton_says_what_to_provide(capsys):
+    rc, err = run(capsys, "tune", "--op", str(FIXTURES / "kernelbench/linear.py"), "--backend", "cpu")
+    assert rc == 2 and "--template FILE --space FILE" in err
+    # the exact entry the template must define: input, then the Linear's weight and bias, then the output
+    assert "void tuner_kernel(const {{ ctype }} *in0, const {{ ctype }} *fc_weight, " \
+           "const {{ ctype }} *fc_bias, {{ ctype }} *out0)" in err
+
+
+def test_problem_file_unknown_size_override(capsys):
+    rc, err = run(capsys, "tune", "--op", str(FIXTURES / "kernelbench/relu.py"), "--size", "nope=3")
+    assert rc == 2 and "nope" in err and "batch_size" in err
+
+
+def test_no_c_compiler(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    rc, err = run(capsys, "tune", "softmax", "--shape", "4x4", "--backend", "cpu", "--runs-dir", str(tmp_path))
+    assert rc == 2 and "C compiler" in err and "gcc" in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_runs_dir(capsys, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    rc, err = run(capsys, "tune", "softmax", "--shape", "4x4", "--backend", "null", "--template",
+                  str(FIXTURES / "null/good.txt.j2"), "--space", str(FIXTURES / "null/good.yaml"),
+                  "--runs-dir", str(ro / "runs"))
+    assert rc == 2 and "cannot write" in err
+
+
+def test_unwritable_runs_dir_as_file(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    rc, err = run(capsys, "tune", "softmax", "--shape", "4x4", "--backend", "null", "--template",
+                  str(FIXTURES / "null/good.txt.j2"), "--space", str(FIXTURES / "null/good.yaml"),
+                  "--runs-dir", str(blocker / "runs"))
+    assert rc == 2 and "cannot write to the runs directory" in err
+
+
+def test_not_a_run_directory(capsys, tmp_path):
+    rc, err = run(capsys, "show", str(tmp_path))
+    assert rc == 2 and "not a run directory" in err
+
+
+def test_run_from_another_format_version(capsys, tmp_path):
+    (tmp_path / "run.json").write_text('{"format_version": 0}')
+    rc, err = run(capsys, "tune", "--resume", str(tmp_path))
+    assert rc == 2 and "format version 0" in err
+
+
+def test_unknown_dtype(capsys):
+    rc, err = run(capsys, "tune", "softmax", "--shape", "4x4", "--dtype", "fp8")
+    assert rc == 2 and "unknown dtype" in err
+
+
+def test_dtype_the_backend_cannot_run(capsys, tmp_path):
+    rc, err = run(capsys, "tune", "softmax", "--shape", "4x4", "--dtype", "bf16", "--backend", "cpu",
+                  "--runs-dir", str(tmp_path / "runs"))
+    assert rc == 2 and "bf16" in err and "--dtype fp32" in err
+    assert not (tmp_path / "runs").exists()
