@@ -28,7 +28,7 @@ class Settings:
     suspect_speedup: float = 10.0  # faster than this x the reference: re-verify before trusting
     compile_workers: int = 0  # 0: one per CPU core
     worker_memory_gb: float = 0.0  # 0: three quarters of the machine's memory
-    worker_cpu_s: int = 24 * 3600
+    worker_cpu_s: int = 600  # CPU seconds (all threads) one compile or measure request may use
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":

@@ -123,7 +123,9 @@ class Worker:
             raise WorkerFailure("timeout", f"no answer after {timeout:g} s; worker killed") from None
         except (EOFError, BrokenPipeError, OSError):
             raise WorkerFailure("crash", self._death()) from None
-        if status == "error":
+        if status == "last":  # the worker's device context is gone: replace it before reuse
+            self.kill()
+        elif status == "error":
             raise WorkerError(value)
         return value
 
@@ -179,13 +181,22 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _limit(memory_bytes: int, cpu_s: int) -> None:
+def _limit(memory_bytes: int) -> None:
     import resource
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a segfaulting kernel leaves no core file
     if memory_bytes:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+
+
+def _cpu_budget(cpu_s: int) -> None:
+    """Allow each request `cpu_s` more seconds of CPU (all threads together); past that the
+    kernel gets SIGXCPU and the parent records it. The worker lives on, so the soft limit
+    moves with the CPU time already spent."""
+    import resource
     if cpu_s:
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        spent = int(used.ru_utime + used.ru_stime)
+        resource.setrlimit(resource.RLIMIT_CPU, (spent + cpu_s, resource.RLIM_INFINITY))
 
 
 def main() -> None:
@@ -200,7 +211,7 @@ def main() -> None:
     _die_with_parent()
     method, init = _recv(in_fd)
     assert method == "init"
-    _limit(init["memory_bytes"], init["cpu_s"])
+    _limit(init["memory_bytes"])
     from . import measure as m
     from .backends import get_backend
     try:
@@ -214,6 +225,7 @@ def main() -> None:
             method, kw = _recv(in_fd)
         except EOFError:
             return
+        _cpu_budget(init["cpu_s"])
         try:
             if backend is None:
                 raise RuntimeError(backend_error)
@@ -237,7 +249,11 @@ def main() -> None:
             reply = ("ok", value)
         except Exception:
             reply = ("error", traceback.format_exc())
+        if reply[0] == "ok" and getattr(backend, "context_lost", False):
+            reply = ("last", reply[1])  # a kernel fault poisoned the device context
         _send(out_fd, reply)
+        if reply[0] == "last":
+            return
 
 
 if __name__ == "__main__":
