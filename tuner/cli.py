@@ -19,7 +19,7 @@ from .space import SpaceError
 from .store import Store, StoreError, list_runs
 from .tune import create_run, execute
 from .values import OpSpec, Status
-from .worker import WorkerError
+from .worker import WorkerError, WorkerFailure
 
 USER_ERRORS = (OpError, SpaceError, SkeletonError, BackendUnavailable, StoreError, SearchError)
 
@@ -218,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     except WorkerError as e:
         last = str(e).strip().splitlines()[-1] if str(e).strip() else "worker error"
         print(f"error: a worker failed: {last}\n(full traceback in the run's workers.log and below)\n{e}",
+              file=sys.stderr)
+        return 1
+    except WorkerFailure as e:
+        print(f"error: a worker failed outside any candidate ({e.reason}); see the run's workers.log",
               file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,0 +1,56 @@
+"""Real failures of real C kernels, pinned: each must become a record while the run completes."""
+
+import json
+
+from tuner.cli import main
+from tuner.evaluate import Evaluator
+from tuner.ops import builtin_spec
+from tuner.skeleton import load_skeleton
+from tuner.store import Store
+from tuner.values import Status
+from tests.conftest import FIXTURES
+
+
+def test_spinning_kernel_hits_the_cpu_limit(fast_settings, tmp_path):
+    """A kernel that burns CPU is stopped by the per-request CPU limit (SIGXCPU) even when
+    the wall-clock timeout is far away."""
+    skel = load_skeleton(FIXTURES / "faulty/hang.c.j2", FIXTURES / "faulty/hang.yaml")
+    ev = Evaluator("cpu", builtin_spec("softmax", "8x16"), skel, fast_settings.replace(
+        worker_cpu_s=2, run_timeout_s=120.0), tmp_path)
+    try:
+        ev.start()
+        rec = ev.evaluate(skel.space.default_config())
+        assert rec.status is Status.RUNTIME_ERROR and "SIGXCPU" in rec.reason
+    finally:
+        ev.close()
+
+
+def test_cpu_run_with_crashing_configs_completes(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_BENCH_BUDGET_S", "0.005")
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    runs = tmp_path / "runs"
+    rc = main(["tune", "softmax", "--shape", "16x64", "--backend", "cpu",
+               "--template", str(FIXTURES / "faulty/mixed.c.j2"), "--space", str(FIXTURES / "faulty/mixed.yaml"),
+               "--budget", "10", "--runs-dir", str(runs), "--quiet"])
+    assert rc == 0
+    run = next(runs.iterdir())
+    statuses = sorted(r.status.value for r in Store.open(run).records())
+    assert statuses == ["OK", "OK", "RUNTIME_ERROR", "RUNTIME_ERROR"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best"]["config"]["BUG"] == 0
+    assert summary["failures"]["RUNTIME_ERROR"]["count"] == 2
+    assert "SIGSEGV" in summary["failures"]["RUNTIME_ERROR"]["example"]
+
+
+def test_run_where_nothing_compiles_reports_no_winner(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    runs = tmp_path / "runs"
+    rc = main(["tune", "softmax", "--shape", "16x64", "--backend", "cpu",
+               "--template", str(FIXTURES / "faulty/nocompile.c.j2"),
+               "--space", str(FIXTURES / "faulty/nocompile.yaml"), "--runs-dir", str(runs), "--quiet"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "no config passed verification" in out and "COMPILE_ERROR" in out
+    run = next(runs.iterdir())
+    assert json.loads((run / "summary.json").read_text())["best"] is None
+    assert main(["export", str(run)]) == 2
