@@ -14,7 +14,7 @@ import hashlib
 import queue
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from .backends import get_backend
@@ -27,11 +27,13 @@ from .worker import Worker, WorkerFailure
 
 class Evaluator:
     def __init__(self, backend: str, spec: OpSpec, skeleton: Skeleton, settings: Settings,
-                 workdir: str | Path, device: int = 0, options: dict | None = None):
+                 workdir: str | Path, devices: tuple[int, ...] = (0,), options: dict | None = None):
         self.backend_name, self.spec, self.skeleton, self.settings = backend, spec, skeleton, settings
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.options = {"cache_dir": settings.cache_dir, **(options or {})}
+        # The op goes to every worker: a backend that compiles ahead needs its argument shapes.
+        self.options = {"cache_dir": settings.cache_dir, "op": spec.to_json(), **(options or {})}
+        device = devices[0]
         self.backend = get_backend(backend, device, **self.options)  # parent side: context, limits
         self.op = load_op(spec)
         self.context = {**render_context(self.op), **self.backend.render_context(self.op)}
@@ -41,8 +43,11 @@ class Evaluator:
         self._compilers: queue.Queue[Worker] = queue.Queue()
         for _ in range(settings.n_compile_workers):
             self._compilers.put(Worker(backend, device, self.options, settings, log, limit_mem))
-        self.bench_worker = Worker(backend, device, self.options, settings, log, limit_mem)
-        self._bench_lock = threading.Lock()
+        # One benchmark worker per device; a measurement takes whichever is free.
+        self.bench_workers = [Worker(backend, d, self.options, settings, log, limit_mem) for d in devices]
+        self._benchers: queue.Queue[Worker] = queue.Queue()
+        for w in self.bench_workers:
+            self._benchers.put(w)
         self._quiet = threading.Lock() if self.backend.exclusive_timing else None
         self._by_source: dict[str, tuple[Build, Measurement]] = {}
         self._source_lock = threading.Lock()
@@ -54,16 +59,17 @@ class Evaluator:
 
     def start(self) -> DeviceInfo:
         """Device facts (measured ceilings included) and the reference's time, once per run."""
-        with self._bench_lock:
-            self.device_info = self.bench_worker.call("device_info", timeout=600)
-            self.reference_samples = self.bench_worker.call(
+        with self._bencher() as worker:
+            self.device_info = worker.call("device_info", timeout=600)
+            self.reference_samples = worker.call(
                 "time_reference", timeout=max(600, self.settings.run_timeout_s),
                 spec=self.spec, settings=self.settings)
         self.reference_s = sorted(self.reference_samples)[len(self.reference_samples) // 2]
         return self.device_info
 
     def close(self) -> None:
-        self.bench_worker.close()
+        for w in self.bench_workers:
+            w.close()
         while not self._compilers.empty():
             self._compilers.get().close()
 
@@ -111,9 +117,9 @@ class Evaluator:
             self._compilers.put(worker)
 
     def measure(self, build: Build, best_s: float | None = None) -> Measurement:
-        with self._bench_lock, self._quiet or nullcontext():
+        with self._bencher() as worker, self._quiet or nullcontext():
             try:
-                return self.bench_worker.call(
+                return worker.call(
                     "measure", timeout=self.settings.run_timeout_s, artifact=build.artifact,
                     spec=self.spec, settings=self.settings, best_s=best_s,
                     reference_s=self.reference_s)
@@ -126,20 +132,32 @@ class Evaluator:
         """The top few, re-timed interleaved in one worker so that drift hits all alike.
         None when that fails (a kernel that passed once and then hung): keep the first times."""
         artifacts = [r.build.artifact for r in records]
-        with self._bench_lock, self._quiet or nullcontext():
+        with self._bencher() as worker, self._quiet or nullcontext():
             try:
-                return self.bench_worker.call("time_many", timeout=self.settings.run_timeout_s * len(records),
+                return worker.call("time_many", timeout=self.settings.run_timeout_s * len(records),
                                               artifacts=artifacts, spec=self.spec, settings=self.settings)
             except WorkerFailure:
                 return None
 
     def recheck(self, record: Record) -> str | None:
-        with self._bench_lock, self._quiet or nullcontext():
+        with self._bencher() as worker, self._quiet or nullcontext():
             try:
-                return self.bench_worker.call("recheck", timeout=self.settings.run_timeout_s,
+                return worker.call("recheck", timeout=self.settings.run_timeout_s,
                                               artifact=record.build.artifact, spec=self.spec)
             except WorkerFailure as e:
                 return f"re-check failed: {e.reason}"
+
+    @contextmanager
+    def _bencher(self):
+        worker = self._benchers.get()
+        try:
+            yield worker
+        finally:
+            self._benchers.put(worker)
+
+    @property
+    def bench_worker(self) -> Worker:
+        return self.bench_workers[0]
 
     def _record(self, config: Config, build: Build, meas: Measurement, trial: int,
                 note: str = "") -> Record:
