@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.sandbox
 
 from .space import Space, SpaceError, load_space
 from .values import Config, content_hash
@@ -64,8 +65,10 @@ class Skeleton:
 
 
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                              trim_blocks=True, lstrip_blocks=True)
+    # Sandboxed: templates may come from a language model, and a plain Environment lets a
+    # template reach Python internals (`''.__class__...`) in the tool's own process.
+    return jinja2.sandbox.SandboxedEnvironment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                                               trim_blocks=True, lstrip_blocks=True)
 
 
 def _check_template(text: str, path: str) -> None:
