@@ -17,11 +17,40 @@ from .settings import Settings
 from .skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
 from .space import SpaceError
 from .store import Store, StoreError, list_runs
-from .tune import create_run, execute
+from .llm import LLMConfig, LLMError
+from .proposer import ProposerError, make_proposer, openai_meta
+from .tune import create_rounds_run, create_run, execute, execute_rounds
 from .values import OpSpec, Status
 from .worker import WorkerError, WorkerFailure
 
-USER_ERRORS = (OpError, SpaceError, SkeletonError, BackendUnavailable, StoreError, SearchError)
+USER_ERRORS = (OpError, SpaceError, SkeletonError, BackendUnavailable, StoreError, SearchError,
+               LLMError, ProposerError)
+SECRET_FLAGS = ("--llm-api-key",)
+
+
+def _redacted_argv(argv: list[str]) -> str:
+    """The command line as a run keeps it: the value of a key flag never reaches the disk."""
+    out, hide = [], False
+    for a in argv:
+        if hide:
+            out.append("***")
+            hide = False
+            continue
+        flag, eq, _ = a.partition("=")
+        if flag in SECRET_FLAGS:
+            out.append(f"{flag}=***" if eq else a)
+            hide = not eq
+        else:
+            out.append(a)
+    return shlex.join(out)
+
+
+def _llm_overrides(args) -> dict:
+    """The model flags that were given (None: not given, the environment or run.json decides)."""
+    return {"model": args.llm, "base_url": args.llm_base_url, "timeout_s": args.llm_timeout,
+            "retries": args.llm_retries, "temperature": args.llm_temperature,
+            "max_reply_tokens": args.llm_max_tokens, "token_budget": args.token_budget,
+            "price": args.llm_price, "cost_budget": args.cost_budget}
 
 
 def _sizes(items: list[str]) -> dict[str, int]:
@@ -90,14 +119,26 @@ def cmd_tune(args) -> int:
         store = Store.open(args.resume)
         store.repair()
         print(f"resuming {store.path}: {len(store.records())} records on disk", file=sys.stderr)
+        if "rounds" in store.meta():
+            return _tune_rounds(args, settings, store)
     else:
         spec = build_spec(args)
         backend = args.backend or default_backend()
+        llm = None
+        if args.proposer != "library":
+            llm = LLMConfig.from_env(api_key=args.llm_api_key, **_llm_overrides(args))
+            if llm is None and args.proposer == "openai":
+                raise LLMError("--proposer openai needs a model: --llm MODEL or TUNER_LLM_MODEL")
+        if llm is not None:
+            return _tune_rounds(args, settings, None, spec, backend, llm)
+        if (args.rounds or 1) > 1:
+            print("note: no model is configured (--llm MODEL or TUNER_LLM_MODEL), so the library "
+                  "skeleton is searched in one round", file=sys.stderr)
         skeleton = choose_skeleton(args, spec, backend)
         # Fail on an unsupported dtype or a missing toolchain before a run directory exists.
         get_backend(backend).render_context(load_op(spec))
         store = create_run(settings, spec, backend, skeleton, args.sampler, args.seed, args.storage,
-                           command=shlex.join(sys.argv))
+                           command=_redacted_argv(sys.argv))
     with ProgressView(not args.quiet) as view:
         summary = execute(store, settings, args.budget, args.time_budget, args.parallel, view)
     if args.json:
@@ -107,10 +148,78 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def _tune_rounds(args, settings: Settings, store: Store | None, spec: OpSpec | None = None,
+                 backend: str | None = None, llm: LLMConfig | None = None) -> int:
+    """A multi-round run with a model proposer: a new one (spec, backend, llm) or a resumed one."""
+    from .report import ProgressView, console, summary_table
+    if store is None:
+        assert spec is not None and backend is not None and llm is not None
+        start = choose_skeleton(args, spec, backend) if (args.template or args.space) else None
+        get_backend(backend).render_context(load_op(spec))
+        try:
+            meta = openai_meta(llm, args.candidates, args.repairs, args.validate_configs, args.llm_prompts)
+        except FileNotFoundError as e:
+            raise LLMError(f"--llm-prompts: {e}") from None
+        rounds = args.rounds or 3
+        store = create_rounds_run(settings, spec, backend, meta, rounds, start, args.sampler, args.seed,
+                                  args.storage, command=_redacted_argv(sys.argv))
+        print(f"run {store.path}: {rounds} round(s) with {llm.model} at "
+              f"{llm.base_url or 'the default endpoint'}", file=sys.stderr)
+    meta = store.meta()
+    overrides = {k: v for k, v in _llm_overrides(args).items() if k != "model"}
+    proposer = make_proposer(meta["proposer"], store.path, api_key=args.llm_api_key, **overrides)
+    with ProgressView(not args.quiet) as view:
+        summary = execute_rounds(store, settings, proposer, args.budget, args.time_budget, args.parallel, view)
+    if args.json:
+        print(json.dumps(summary, indent=1, default=str))
+    else:
+        console.print(summary_table(summary, str(store.path)))
+        console.print(rounds_table(summary))
+        if summary.get("stopped"):
+            print(f"note: {summary['stopped']}", file=sys.stderr)
+    return 0
+
+
+def rounds_table(summary: dict):
+    """One row per round: where its skeleton came from, what the search found, what it cost."""
+    from rich.table import Table
+
+    from .report import fmt_time
+    t = Table(title="rounds", title_justify="left")
+    for c in ("round", "skeleton", "from", "attempts", "space", "evaluated", "best", "tokens"):
+        t.add_column(c)
+    win = summary.get("winner_round")
+    for r in summary.get("rounds", []):
+        tok = r.get("tokens") or {}
+        t.add_row(f"{r['round']}{' *' if r['round'] == win else ''}", r["hash"][:10],
+                  (r["parent"][:10] if r.get("parent") else r.get("source") or "-"),
+                  str(r.get("attempts") or "-"), str(r.get("space_size")), str(r.get("evaluations")),
+                  fmt_time(r.get("best_s")), str(tok.get("total_tokens") or "-"))
+    llm = summary.get("llm") or {}
+    if llm.get("calls"):
+        cost = f", ${llm['cost_usd']:.4f}" if llm.get("cost_usd") else ""
+        t.caption = (f"* winner. {llm['calls']} model calls, {llm['prompt_tokens']} prompt + "
+                     f"{llm['completion_tokens']} completion tokens{cost}"
+                     + (" (some estimated)" if llm.get("estimated") else ""))
+    return t
+
+
 def cmd_show(args) -> int:
     from .report import console, summary_table
     store = Store.open(args.run)
     summary = store.read_json("summary.json")
+    if args.feedback:
+        return _show_feedback(store)
+    if summary is None and "rounds" in store.meta():
+        print(f"{store.path}: incomplete {store.meta()['rounds']}-round run")
+        for rdir in sorted((store.path / "rounds").glob("[0-9]*")) if (store.path / "rounds").is_dir() else []:
+            r = Store(rdir)
+            state = ("searched" if (rdir / "feedback.json").is_file() else
+                     f"searching, {len(r.records())} records" if (rdir / "run.json").is_file() else
+                     (r.read_json("proposal.json") or {}).get("status", "proposing"))
+            print(f"  round {rdir.name}: {state}")
+        print(f"Continue it with: tuner tune --resume {store.path}")
+        return 0
     if summary is None:
         records = store.records()
         ok = [r for r in records if r.status is Status.OK]
@@ -123,6 +232,25 @@ def cmd_show(args) -> int:
         print(json.dumps(summary, indent=1))
     else:
         console.print(summary_table(summary, str(store.path)))
+        if summary.get("rounds"):
+            console.print(rounds_table(summary))
+            if summary.get("stopped"):
+                print(f"stopped early: {summary['stopped']}")
+    return 0
+
+
+def _show_feedback(store: Store) -> int:
+    """Each round's feedback (a single run's is computed from its records)."""
+    from .feedback import feedback_for_run, render
+    if "rounds" in store.meta():
+        for rdir in sorted((store.path / "rounds").glob("[0-9]*")):
+            text = (rdir / "feedback.txt").read_text() if (rdir / "feedback.txt").is_file() else "(not searched yet)"
+            print(f"== round {rdir.name}\n{text.rstrip()}\n")
+        return 0
+    if not store.records():
+        print(f"{store.path}: no records yet")
+        return 0
+    print(render(feedback_for_run(store)))
     return 0
 
 
@@ -187,11 +315,37 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--compile-timeout", type=float, help="seconds to compile one config")
     t.add_argument("--json", action="store_true", help="print the summary as JSON")
     t.add_argument("--quiet", action="store_true", help="no progress output")
+    m = t.add_argument_group("model proposer (any OpenAI-compatible endpoint: a hosted API, vLLM, vllm-ascend)")
+    m.add_argument("--proposer", choices=("library", "openai"),
+                   help="library: the shipped skeletons, one round, offline; openai: a model writes "
+                        "and revises the skeleton (default: openai when a model is configured)")
+    m.add_argument("--llm", metavar="MODEL", help="the model name (env TUNER_LLM_MODEL)")
+    m.add_argument("--llm-base-url", metavar="URL", help="the endpoint, e.g. http://host:8000/v1 "
+                   "(env TUNER_LLM_BASE_URL; default: the openai client's)")
+    m.add_argument("--llm-api-key", metavar="KEY", help="the key (env OPENAI_API_KEY, preferred: "
+                   "a flag is visible to other users of the machine); never written to the run")
+    m.add_argument("--rounds", type=int, help="propose/search/revise rounds (default 3 with a model, 1 without)")
+    m.add_argument("--candidates", type=int, default=1, help="skeletons asked per round; all are "
+                   "checked, the fastest verified one is searched (default 1)")
+    m.add_argument("--repairs", type=int, default=3, help="repair requests per candidate before "
+                   "giving up (default 3)")
+    m.add_argument("--validate-configs", type=int, default=2, help="random configs compiled and "
+                   "verified besides the default before a skeleton is accepted (default 2)")
+    m.add_argument("--llm-timeout", type=float, metavar="SECONDS", help="per request (default 600)")
+    m.add_argument("--llm-retries", type=int, help="retries on 429/5xx/timeouts, with backoff (default 5)")
+    m.add_argument("--llm-temperature", type=float)
+    m.add_argument("--llm-max-tokens", type=int, help="reply token limit per request (default 16384)")
+    m.add_argument("--token-budget", type=int, help="prompt+completion tokens per run (default 2000000)")
+    m.add_argument("--llm-price", metavar="IN,OUT", help="USD per million prompt,completion tokens: "
+                   "enables cost accounting")
+    m.add_argument("--cost-budget", type=float, metavar="USD", help="stop asking past this cost (needs --llm-price)")
+    m.add_argument("--llm-prompts", metavar="DIR", help="prompt texts to use instead of tuner/prompts/v1")
     t.set_defaults(fn=cmd_tune)
 
     s = sub.add_parser("show", help="reprint a run's summary")
     s.add_argument("run")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--feedback", action="store_true", help="print what the search learned (each round's)")
     s.set_defaults(fn=cmd_show)
 
     ls = sub.add_parser("list", help="list runs")

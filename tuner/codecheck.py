@@ -247,14 +247,27 @@ def check_c(source: str) -> list[Finding]:
 
 def check_template(template: str) -> list[Finding]:
     """Underscore attributes (`x.__class__`, `x['_y']`) and the `attr` filter in a Jinja
-    template: the ways a template reaches Python internals."""
-    out: list[Finding] = []
-    for i, ln in enumerate(template.splitlines(), 1):
-        for m in re.finditer(r"({{|{%)(.*?)(}}|%})", ln):
-            expr = m.group(2)
-            if re.search(r"\.\s*_|\[\s*['\"]_|\|\s*attr\b|__", expr):
-                out.append(Finding(i, ln, "underscore attribute access in a template expression"))
-    return out
+    template: the ways template code reaches Python internals. (Templates also render in a
+    sandbox; this names the line before anything renders.)"""
+    import jinja2
+    from jinja2 import nodes
+    try:
+        tree = jinja2.Environment().parse(template)
+    except jinja2.TemplateSyntaxError as e:
+        return [Finding(e.lineno or 0, _line(template, e.lineno or 0), f"template syntax error: {e.message}")]
+    out = []
+    for node in tree.find_all((nodes.Getattr, nodes.Getitem, nodes.Filter)):
+        name = None
+        if isinstance(node, nodes.Getattr):
+            name = node.attr
+        elif isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and isinstance(node.arg.value, str):
+            name = node.arg.value
+        if isinstance(node, nodes.Filter) and node.name == "attr":
+            out.append(Finding(node.lineno, _line(template, node.lineno), "the attr filter"))
+        elif name is not None and name.startswith("_"):
+            out.append(Finding(node.lineno, _line(template, node.lineno),
+                               f"underscore name {name!r} in a template expression"))
+    return sorted(out, key=lambda f: f.line)
 
 
 def check_source(language: str, source: str) -> list[Finding]:

@@ -170,16 +170,7 @@ class ChatClient:
     # ---- budget ----------------------------------------------------------------------------
 
     def usage(self, prefix: str = "") -> Usage:
-        """What the transcripts in the folder (those whose id starts with `prefix`) spent."""
-        total = Usage()
-        for p in sorted(self.dir.glob(f"{prefix}*.json")):
-            try:
-                data = json.loads(p.read_text())
-            except (OSError, ValueError):
-                continue
-            if "usage" in data:
-                total.add(data["usage"])
-        return total
+        return transcript_usage(self.dir, prefix)
 
     def check_budget(self) -> None:
         used, c = self.usage(), self.config
@@ -299,6 +290,16 @@ class ChatClient:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, path)
+
+
+def transcript_usage(directory: str | Path, prefix: str = "") -> Usage:
+    """What the transcripts in a folder (those whose call id starts with `prefix`) spent."""
+    total = Usage()
+    for p in sorted(Path(directory).glob(f"{prefix}*.json")):
+        data = _read(p)
+        if data is not None and "usage" in data:
+            total.add(data["usage"])
+    return total
 
 
 class _Retry(Exception):

@@ -34,12 +34,11 @@ from .backends import get_backend
 from .evaluate import Evaluator
 from .feedback import Feedback, render as render_feedback
 from .llm import ChatClient, LLMBudgetExhausted, LLMConfig
-from .ops import load_op, render_context
 from .prompt import PROMPT_VERSION, PromptKit, prompts_dir, prompts_hash, space_yaml
 from .settings import Settings
 from .skeleton import Skeleton, SkeletonError, library_skeleton
-from .space import SpaceError, parse_space
-from .values import Config, DeviceInfo, OpSpec, Record, Status
+from .space import Param, Space, SpaceError, parse_space
+from .values import Config, OpSpec, Record, Status
 
 MAX_COVER = 48  # configs rendered and checked statically per candidate
 _FAIL = {Status.COMPILE_ERROR, Status.RUNTIME_ERROR, Status.WRONG_RESULT, Status.SUSPECT}
@@ -68,12 +67,10 @@ class RoundContext:
     spec: OpSpec
     backend: str
     settings: Settings
-    device: DeviceInfo
-    workdir: Path  # the round's directory
+    rundir: Path  # the run's directory (validation builds go under validate/)
     round: int = 1
     budget: int = 40  # the round's search budget (the prompt mentions it)
     seed: int = 0
-    reference_s: float | None = None
 
 
 @dataclass
@@ -98,6 +95,9 @@ class Proposer:
 
     def meta(self) -> dict[str, Any]:
         return {"kind": self.kind}
+
+    def close(self) -> None:
+        """Stop any worker processes the proposer holds."""
 
 
 class LibraryProposer(Proposer):
@@ -241,20 +241,32 @@ class LLMProposer(Proposer):
         self.config, self.client = config, ChatClient(config, transcripts)
         self.candidates, self.repairs, self.validate_configs = candidates, repairs, validate_configs
         self.prompts = prompts
+        self.validator: Evaluator | None = None
+
+    def close(self) -> None:
+        if self.validator is not None:
+            self.validator.close()
+            self.validator = None
+
+    def _validator(self, ctx: RoundContext) -> Evaluator:
+        """One Evaluator for the whole run (one compile worker: checks run one at a time). It
+        also measures the device and the reference that the prompts describe."""
+        if self.validator is None:
+            language = get_backend(ctx.backend).language
+            placeholder = Skeleton("", Space((Param("unset", (0,)),)), language, name="(none yet)")
+            self.validator = Evaluator(ctx.backend, ctx.spec, placeholder,
+                                       ctx.settings.replace(compile_workers=1), ctx.rundir / "validate")
+            self.validator.start()
+        return self.validator
 
     def meta(self) -> dict[str, Any]:
-        d = prompts_dir(self.prompts)
-        return {"kind": self.kind, "llm": self.config.public(), "candidates": self.candidates,
-                "repairs": self.repairs, "validate_configs": self.validate_configs,
-                "prompts": self.prompts, "prompt_version": PROMPT_VERSION if not self.prompts else "custom",
-                "prompt_hash": prompts_hash(d)}
+        return openai_meta(self.config, self.candidates, self.repairs, self.validate_configs, self.prompts)
 
     def kit(self, ctx: RoundContext) -> PromptKit:
-        op = load_op(ctx.spec)
-        backend = get_backend(ctx.backend, 0, cache_dir=ctx.settings.cache_dir, op=ctx.spec.to_json())
-        context = {**render_context(op), **backend.render_context(op)}
-        return PromptKit(ctx.spec, op, ctx.backend, backend.language, ctx.device, context,
-                         backend.limits(), ctx.reference_s, ctx.budget, self.prompts)
+        v = self._validator(ctx)
+        assert v.device_info is not None
+        return PromptKit(ctx.spec, v.op, ctx.backend, v.backend.language, v.device_info, v.context,
+                         v.limits, v.reference_s, ctx.budget, self.prompts)
 
     def propose(self, ctx: RoundContext) -> Proposal:
         kit = self.kit(ctx)
@@ -273,7 +285,7 @@ class LLMProposer(Proposer):
         meta = {"round": r, "kind": kind, "prompt_version": PROMPT_VERSION}
         report: dict[str, Any] = {"round": r, "kind": kind, "candidates": []}
         accepted: list[tuple[float, int, Skeleton, str, list[Record]]] = []
-        validator: Evaluator | None = None
+        validator = self._validator(ctx)
         name = f"{ctx.spec.name}/{kit.language}"
         try:
             first = self.client.chat(f"r{r:02d}-{kind}", messages, n=self.candidates, meta=meta)
@@ -286,10 +298,6 @@ class LLMProposer(Proposer):
                         space_text, template = extract(text, finish)
                         sk, configs = check_candidate(space_text, template, kit, rng, name)
                         sk = dataclasses.replace(sk, round=r, parent=parent)
-                        if validator is None:
-                            validator = Evaluator(ctx.backend, ctx.spec, sk, ctx.settings.replace(compile_workers=1),
-                                                  ctx.workdir / "validate")
-                            validator.start()
                         validator.skeleton = sk
                         records = verify(sk, validator, configs, self.validate_configs, rng)
                     except Rejection as rej:
@@ -313,9 +321,6 @@ class LLMProposer(Proposer):
             if not accepted:
                 raise
             report["note"] = f"stopped asking: {e}"
-        finally:
-            if validator is not None:
-                validator.close()
         if not accepted:
             errors = [c.get("error", "") for c in report["candidates"]]
             report["status"] = "failed"
@@ -324,6 +329,15 @@ class LLMProposer(Proposer):
         score, i, sk, space_text, records = min(accepted, key=lambda a: (a[0], a[1]))
         report.update(status="accepted", chosen=i, hash=sk.hash, score_s=score)
         return Proposal(sk, space_text, records, report)
+
+
+def openai_meta(config: LLMConfig, candidates: int = 1, repairs: int = 3, validate_configs: int = 2,
+                prompts: str | None = None) -> dict[str, Any]:
+    """What a run keeps of the model proposer (never the key); `make_proposer` reads it back."""
+    return {"kind": "openai", "llm": config.public(), "candidates": candidates, "repairs": repairs,
+            "validate_configs": validate_configs, "prompts": str(Path(prompts).resolve()) if prompts else None,
+            "prompt_version": "custom" if prompts else PROMPT_VERSION,
+            "prompt_hash": prompts_hash(prompts_dir(prompts))}
 
 
 def make_proposer(meta: dict[str, Any], run_dir: str | Path, api_key: str | None = None,
@@ -335,3 +349,7 @@ def make_proposer(meta: dict[str, Any], run_dir: str | Path, api_key: str | None
     config = LLMConfig.from_public(meta["llm"], api_key=key, **overrides)
     return LLMProposer(config, Path(run_dir) / "llm", meta.get("candidates", 1), meta.get("repairs", 3),
                        meta.get("validate_configs", 2), meta.get("prompts"))
+
+
+class ProposerError(RuntimeError):
+    """No usable skeleton came out of the proposer (all candidates and repairs rejected)."""
