@@ -73,6 +73,17 @@ BUILTINS = {
     "layernorm": Builtin("layernorm", ("M", "N"), ("x", "w", "b"), ("y",),
                          "y = (x - mean) / sqrt(var + 1e-5) * w + b over the last dim, x: [M, N]"),
     "matmul": Builtin("matmul", ("M", "N", "K"), ("a", "b"), ("c",), "c = a @ b, a: [M, K], b: [K, N]"),
+    "add_rmsnorm": Builtin("add_rmsnorm", ("M", "N"), ("x", "r", "w"), ("y", "h"),
+                           "h = x + r; y = rmsnorm(h) * w (eps 1e-6), x, r: [M, N], w: [N]"),
+    "swiglu": Builtin("swiglu", ("M", "N"), ("a", "b"), ("y",), "y = silu(a) * b, a, b: [M, N]"),
+    "rope": Builtin("rope", ("T", "H", "D"), ("x", "cos", "sin"), ("y",),
+                    "rotary embedding (rotate-half): x: [T, H, D], cos, sin: [T, D/2]"),
+    "cross_entropy": Builtin("cross_entropy", ("M", "V"), ("logits", "target"), ("loss",),
+                             "loss = logsumexp(logits) - logits[target] per row, logits: [M, V], target: [M] int64"),
+    "attention": Builtin("attention", ("B", "H", "S", "D"), ("q", "k", "v"), ("o",),
+                         "o = softmax(q k^T / sqrt(D)) v, q, k, v: [B, H, S, D]"),
+    "attention_causal": Builtin("attention_causal", ("B", "H", "S", "D"), ("q", "k", "v"), ("o",),
+                                "attention with a causal mask, q, k, v: [B, H, S, D]"),
 }
 RMS_EPS, LN_EPS = 1e-6, 1e-5
 
@@ -108,7 +119,7 @@ def _builtin_op(spec: OpSpec) -> Op:
     b = BUILTINS[spec.name]
     s = spec.size_dict()
     dt = torch_dtype(spec.dtype)
-    M, N = s["M"], s["N"]
+    M, N = s.get("M", 0), s.get("N", 0)
     nbytes = DTYPE_BYTES[spec.dtype]
     atol, rtol = TOLERANCE[spec.dtype]
 
@@ -154,9 +165,120 @@ def _builtin_op(spec: OpSpec) -> Op:
         # Accumulating K products: rounding grows like sqrt(K) in the absolute error.
         atol = atol * math.sqrt(K) * 4
         rtol = rtol * 10
+    elif spec.name in _MORE:
+        make, ref, impl, flops, moved = _MORE[spec.name](s, dt, nbytes, gen)
     else:  # pragma: no cover - BUILTINS and this chain are edited together
         raise OpError(f"unreachable: builtin {spec.name!r} has no definition")
     return Op(spec, b.inputs, b.outputs, make, ref, impl, flops, moved, (atol, rtol))
+
+
+def _compute_device(xs: list):
+    """Where a costly float64 reference runs: the GPU when there is one (meta stays meta)."""
+    import torch
+    if xs[0].device.type != "cpu" or not torch.cuda.is_available():
+        return xs[0].device
+    return torch.device("cuda")
+
+
+def _add_rmsnorm(s, dt, nbytes, gen):
+    import torch
+    import torch.nn.functional as F
+    M, N = s["M"], s["N"]
+
+    def make(seed):
+        g = gen(seed)
+        return [torch.randn(M, N, generator=g).to(dt), torch.randn(M, N, generator=g).to(dt),
+                (1 + 0.1 * torch.randn(N, generator=g)).to(dt)]
+
+    def ref(xs):
+        x, r, w = xs
+        h = x + r
+        return [h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + RMS_EPS) * w, h]
+
+    def impl(xs):
+        h = xs[0] + xs[1]
+        return [F.rms_norm(h, (N,), xs[2], RMS_EPS), h]
+    return make, ref, impl, 5.0 * M * N, (4.0 * M * N + N) * nbytes
+
+
+def _swiglu(s, dt, nbytes, gen):
+    import torch
+    import torch.nn.functional as F
+    M, N = s["M"], s["N"]
+
+    def make(seed):
+        g = gen(seed)
+        return [torch.randn(M, N, generator=g).mul_(2).to(dt), torch.randn(M, N, generator=g).to(dt)]
+    ref = lambda xs: [xs[0] * torch.sigmoid(xs[0]) * xs[1]]  # noqa: E731
+    impl = lambda xs: [F.silu(xs[0]) * xs[1]]  # noqa: E731
+    return make, ref, impl, 6.0 * M * N, 3.0 * M * N * nbytes
+
+
+def _rope(s, dt, nbytes, gen):
+    import torch
+    T, H, D = s["T"], s["H"], s["D"]
+    if D % 2:
+        raise OpError(f"rope needs an even head dim D, got {D}")
+
+    def make(seed):
+        g = gen(seed)
+        theta = torch.rand(T, D // 2, generator=g) * (2 * math.pi)
+        return [torch.randn(T, H, D, generator=g).to(dt), theta.cos().to(dt), theta.sin().to(dt)]
+
+    def rope(xs):
+        x, c, sn = xs
+        x1, x2 = x[..., : D // 2], x[..., D // 2:]
+        c, sn = c[:, None, :], sn[:, None, :]
+        return [torch.cat([x1 * c - x2 * sn, x2 * c + x1 * sn], -1)]
+    return make, rope, rope, 3.0 * T * H * D, (2.0 * T * H * D + T * D) * nbytes
+
+
+def _cross_entropy(s, dt, nbytes, gen):
+    import torch
+    import torch.nn.functional as F
+    M, V = s["M"], s["V"]
+
+    def make(seed):
+        g = gen(seed)
+        return [torch.randn(M, V, generator=g).mul_(2).to(dt), torch.randint(0, V, (M,), generator=g)]
+
+    def ref(xs):
+        dev = _compute_device(xs)
+        x, t = xs[0].to(dev), xs[1].to(dev)
+        loss = torch.logsumexp(x, -1) - x.gather(1, t[:, None]).squeeze(1)
+        return [loss.to(xs[0].device)]
+    impl = lambda xs: [F.cross_entropy(xs[0], xs[1], reduction="none")]  # noqa: E731
+    return make, ref, impl, 4.0 * M * V, M * V * nbytes + M * (8 + nbytes)
+
+
+def _attention(causal):
+    def build(s, dt, nbytes, gen):
+        import torch
+        import torch.nn.functional as F
+        B, H, S, D = s["B"], s["H"], s["S"], s["D"]
+
+        def make(seed):
+            g = gen(seed)
+            return [torch.randn(B, H, S, D, generator=g).to(dt) for _ in range(3)]
+
+        def ref(xs):
+            dev = _compute_device(xs)
+            outs = []
+            for b in range(B):  # one batch at a time bounds the float64 score matrix
+                q, k, v = (x[b].to(dev) for x in xs)
+                att = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+                if causal:
+                    att = att.masked_fill(torch.ones(S, S, dtype=torch.bool, device=dev).triu(1), -math.inf)
+                outs.append((torch.softmax(att, -1) @ v).to(xs[0].device))
+            return [torch.stack(outs)]
+        impl = lambda xs: [F.scaled_dot_product_attention(*xs, is_causal=causal)]  # noqa: E731
+        flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
+        return make, ref, impl, flops, 4.0 * B * H * S * D * nbytes
+    return build
+
+
+_MORE = {"add_rmsnorm": _add_rmsnorm, "swiglu": _swiglu, "rope": _rope, "cross_entropy": _cross_entropy,
+         "attention": _attention(False), "attention_causal": _attention(True)}
 
 
 # ---- KernelBench-format problem files ---------------------------------------------------
@@ -280,4 +402,5 @@ def render_context(op: Op) -> dict[str, Any]:
     ctx: dict[str, Any] = dict(op.sizes)
     ctx["DTYPE_BYTES"] = DTYPE_BYTES[op.spec.dtype]
     ctx["dtype"] = op.spec.dtype
+    ctx["op"] = op.spec.name
     return ctx

@@ -1,0 +1,133 @@
+"""Every Triton skeleton of the library, without a GPU: a few configs of each (the default and one
+per value of every structural choice) run through Triton's interpreter (TRITON_INTERPRET=1) on
+small shapes and must match the float64 reference; and one config of each compiles ahead for
+sm_90 at a realistic shape, within the H100/H200's shared memory. A broken template fails here."""
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+from tuner.backends.cuda import CudaBackend  # noqa: E402
+from tuner.measure import _reference, check  # noqa: E402
+from tuner.ops import builtin_spec, load_op, render_context  # noqa: E402
+from tuner.skeleton import library_skeleton, library_skeletons  # noqa: E402
+from tuner.values import Status  # noqa: E402
+
+# Small shapes with ragged edges, so that masked paths run too.
+SMALL = {
+    "softmax": ("37x300", ["fp32", "bf16"]),
+    "rmsnorm": ("19x200", ["fp32", "bf16"]),
+    "layernorm": ("19x200", ["fp32", "fp16"]),
+    "add_rmsnorm": ("19x200", ["fp32", "bf16"]),
+    "swiglu": ("13x300", ["fp32", "bf16"]),
+    "rope": ("7x3x32", ["fp32", "bf16"]),
+    "cross_entropy": ("9x1000", ["fp32", "bf16"]),
+    "matmul": ("40x72x256", ["fp32", "fp16"]),  # the interpreter mishandles bf16 tl.dot
+    "attention": ("1x2x96x32", ["fp16"]),
+    "attention_causal": ("1x2x96x32", ["fp16"]),
+}
+# Realistic shapes for the ahead-of-time compile.
+LARGE = {
+    "softmax": "8192x8192", "rmsnorm": "8192x8192", "layernorm": "8192x8192",
+    "add_rmsnorm": "16384x4096", "swiglu": "8192x14336", "rope": "4096x32x128",
+    "cross_entropy": "4096x32000", "matmul": "4096x4096x4096", "attention": "4x32x4096x128",
+    "attention_causal": "4x32x4096x128",
+}
+ROOT = Path(__file__).resolve().parent.parent
+TRITON_OPS = sorted(op for op, langs in library_skeletons().items() if "triton" in langs)
+
+
+def test_every_triton_skeleton_has_shapes_here():
+    assert TRITON_OPS and set(TRITON_OPS) <= set(SMALL) and set(TRITON_OPS) <= set(LARGE)
+
+
+def _context(backend, op):
+    return {**render_context(op), **backend.render_context(op)}
+
+
+def sample_configs(skeleton, context, limits, seed=0, tries=20000, extra=2):
+    """The default (when valid), for each value of each structural (non-numeric) param one
+    valid config that takes it, and `extra` more valid configs at random."""
+    space = skeleton.space
+    rng = random.Random(seed)
+    picked = {}
+    default = space.default_config()
+    if space.check(default, context, limits) is None:
+        picked[default.key] = default
+    wanted = {(p.name, v) for p in space.params if not p.ordered for v in p.values}
+    # Also try (without insisting: some are invalid at small shapes) each numeric param's ends.
+    hoped = {(p.name, v) for p in space.params if p.ordered for v in (p.values[0], p.values[-1])}
+    names = [p.name for p in space.params]
+    for i in range(tries):
+        if not wanted and (not hoped or i > tries // 2) and len(picked) >= extra + 1:
+            break
+        cfg = {p.name: rng.choice(p.values) for p in space.params}
+        if wanted or hoped:
+            name, value = rng.choice(sorted(wanted or hoped, key=repr))
+            cfg[name] = value
+        from tuner.values import Config
+        config = Config.of(cfg)
+        if space.check(config, context, limits) is None:
+            took = {(n, config[n]) for n in names}
+            if took & (wanted | hoped) or len(picked) < extra + 1:
+                picked.setdefault(config.key, config)
+            wanted -= took
+            hoped -= took
+    assert picked, f"{skeleton.name}: no valid config at this shape"
+    return list(picked.values()), wanted
+
+
+def interpret_op(op_name: str, workdir: str) -> None:
+    """Run the sampled configs of one op through the interpreter; raise on the first failure.
+    Runs in a child process: TRITON_INTERPRET must be set before triton is first imported."""
+    shape, dtypes = SMALL[op_name]
+    skeleton = library_skeleton(op_name, "triton")
+    never = None  # structural choices that no dtype could take
+    for dtype in dtypes:
+        spec = builtin_spec(op_name, shape, dtype)
+        backend = CudaBackend(0, interpret=True, op=spec.to_json())
+        op = load_op(spec)
+        context = _context(backend, op)
+        configs, missing = sample_configs(skeleton, context, backend.limits())
+        never = missing if never is None else never & missing
+        for i, config in enumerate(configs):
+            source = skeleton.render(config, context)
+            build = backend.compile(source, f"{workdir}/{dtype}-{i}/k", 60)
+            assert build.status is Status.OK, (str(config), build.error)
+            kernel = backend.load(build.artifact, op)
+            why, _, _ = check(backend, kernel, op, 7 + i, _reference(op, 7 + i))
+            assert why is None, f"{op_name} {dtype} {config}: {why}"
+            print(f"ok {op_name} {dtype} {config}")
+    assert not never, f"{op_name} {shape}: no valid config takes {sorted(never)}"
+
+
+@pytest.mark.parametrize("op_name", TRITON_OPS)
+def test_interpreter_matches_reference(op_name, tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, __file__, op_name, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op_name", TRITON_OPS)
+def test_compiles_ahead_for_sm90(op_name, tmp_path):
+    spec = builtin_spec(op_name, LARGE[op_name], "bf16")
+    backend = CudaBackend(0, arch=90, cores=132, op=spec.to_json())
+    op = load_op(spec)
+    skeleton = library_skeleton(op_name, "triton")
+    context = _context(backend, op)
+    configs, _ = sample_configs(skeleton, context, backend.limits(), seed=1)
+    build = backend.compile(skeleton.render(configs[0], context), str(tmp_path / "b" / "k"), 300)
+    assert build.status is Status.OK, (configs[0], build.error)
+    assert build.binary_hash
+
+
+if __name__ == "__main__":
+    interpret_op(sys.argv[1], sys.argv[2])

@@ -1,0 +1,364 @@
+"""The `cuda` backend: Triton kernels on torch CUDA tensors.
+
+Skeleton contract (language `triton`): the template renders a Python module that defines its
+@triton.jit kernel(s) and `def launch(<inputs>, <outputs>)` with the op's names (softmax:
+`launch(x, y)`), which computes the grid and launches into the outputs the harness allocated
+and poisoned. The module's AST is checked before anything in it runs (`triton_source`): a
+violation is a COMPILE_ERROR "forbidden: ...".
+
+Compile (in the compile pool, on the CPU cores, no GPU context): the module is imported and
+`launch` is called on meta tensors of the op's real shapes with every kernel launch turned
+into a Triton warm-up, so Triton compiles exactly the specializations the benchmark worker
+will launch. The cubins land in a Triton cache shared by the run (`<run>/build/triton_cache`),
+so the benchmark worker's first launch is a disk-cache hit. Kernels whose shared memory
+exceeds the device's per-block limit become COMPILE_ERROR "out of resource: shared memory".
+
+Timing (in the one benchmark worker per GPU): CUDA events around one call, after zeroing a
+buffer larger than the L2 (enqueued before the start event, so it also hides the host's launch
+latency, as `triton.testing.do_bench` does). An illegal memory access poisons the CUDA
+context: the measurement says RUNTIME_ERROR with the reason and `context_lost` tells the
+worker to hand its reply back and be replaced.
+
+Options: `arch` (e.g. 90) compiles for that target without asking the device; `interpret`
+runs kernels through Triton's interpreter on CPU tensors (`TRITON_INTERPRET=1`), for CI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import re
+import subprocess
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from ..values import Build, DeviceInfo, OpSpec, Status
+from .base import Backend, BackendUnavailable
+from .triton_source import Forbidden, check_source, load_module
+
+# Shared memory per block (opt-in maximum) by compute capability, for when no device is asked.
+SMEM_OPTIN = {70: 98304, 75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 101376,
+              90: 232448, 100: 232448, 103: 232448, 120: 101376}
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    language = "triton"
+    limit_memory = False  # CUDA reserves far more virtual memory than RLIMIT_AS would allow
+
+    def __init__(self, device: int = 0, **options: Any) -> None:
+        super().__init__(device, **options)
+        self.interpret = bool(options.get("interpret"))
+        self._props = None
+        self._flush_buf = None
+        self._events = None
+        self._arg_specs = None
+        self._used_cuda = False
+
+    # ---- availability and facts -------------------------------------------------------
+
+    @classmethod
+    def check_available(cls) -> None:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            raise BackendUnavailable("the cuda backend needs Triton: pip install 'tuner[cuda]' "
+                                     "(or pip install triton)") from None
+        import torch
+        if not torch.cuda.is_available():
+            raise BackendUnavailable(
+                "no CUDA device: torch.cuda.is_available() is False (a CPU build of torch, "
+                "no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides the GPUs)")
+
+    def _properties(self):
+        if self._props is None:
+            import torch
+            self._props = torch.cuda.get_device_properties(self.device)
+        return self._props
+
+    def _arch(self) -> int:
+        if self.options.get("arch"):
+            return int(self.options["arch"])
+        if self.interpret:
+            return 90
+        p = self._properties()
+        return p.major * 10 + p.minor
+
+    def render_context(self, op) -> dict[str, Any]:
+        cores = self.options.get("cores") or (4 if self.interpret else
+                                               self._properties().multi_processor_count)
+        return {"CORES": int(cores)}
+
+    def limits(self) -> dict[str, float]:
+        if self.interpret or self.options.get("arch"):
+            return {"smem_bytes": float(SMEM_OPTIN.get(self._arch(), 101376))}
+        p = self._properties()
+        smem = getattr(p, "shared_memory_per_block_optin", 0) or SMEM_OPTIN.get(self._arch(), 49152)
+        return {"smem_bytes": float(smem)}
+
+    def device_info(self) -> DeviceInfo:
+        import torch
+        import triton
+        tools = (("python", platform.python_version()), ("torch", torch.__version__),
+                 ("triton", triton.__version__))
+        if self.interpret:
+            return DeviceInfo(backend="cuda", name="Triton interpreter (CPU)", cores=4,
+                              limits=tuple(sorted(self.limits().items())), toolchain=tools,
+                              simulated=True)
+        torch.cuda.set_device(self.device)
+        self._used_cuda = True
+        p = self._properties()
+        smi = _nvidia_smi(self.device)
+        limits = {**self.limits(), "l2_bytes": float(p.L2_cache_size)}
+        peaks = _cached_peaks(f"{p.name}|{p.multi_processor_count}|{smi.get('driver', '')}",
+                              self.options.get("cache_dir"), self)
+        tools += (("cuda", str(torch.version.cuda)), ("driver", smi.get("driver", "?")),
+                  ("sm_clock_max_mhz", smi.get("clock", "?")), ("arch", f"sm_{self._arch()}"))
+        return DeviceInfo(backend="cuda", name=p.name, cores=p.multi_processor_count,
+                          limits=tuple(sorted(limits.items())), peaks=tuple(sorted(peaks.items())),
+                          toolchain=tuple(sorted(tools)))
+
+    # ---- compile ------------------------------------------------------------------------
+
+    def compile(self, source: str, workdir: str, timeout_s: float) -> Build:
+        t0 = time.monotonic()
+        try:
+            check_source(source)
+        except SyntaxError as e:
+            return Build(Status.COMPILE_ERROR, error=f"SyntaxError: {e.msg} (line {e.lineno})",
+                         compile_s=time.monotonic() - t0)
+        except Forbidden as e:
+            return Build(Status.COMPILE_ERROR, error=str(e), compile_s=time.monotonic() - t0)
+        wd = Path(workdir)
+        wd.mkdir(parents=True, exist_ok=True)
+        path = wd / "kernel.py"
+        path.write_text(source)
+        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+        if self.interpret:  # nothing to compile ahead: the interpreter runs the Python
+            return Build(Status.OK, artifact=str(path), compile_s=time.monotonic() - t0,
+                         binary_hash=digest)
+        _use_cache(path)
+        try:
+            module = load_module(path, f"tuner_triton_{digest}")
+            kernels = self._warm(module)
+        except Exception as e:
+            return Build(Status.COMPILE_ERROR, error=_excerpt(e), compile_s=time.monotonic() - t0)
+        dt = time.monotonic() - t0
+        if not kernels:
+            return Build(Status.COMPILE_ERROR, compile_s=dt,
+                         error="launch() launched no @triton.jit kernel")
+        limit = int(self.limits()["smem_bytes"])
+        h = hashlib.sha256()
+        for k in kernels:
+            shared = int(getattr(k.metadata, "shared", 0))
+            if shared > limit:
+                return Build(Status.COMPILE_ERROR, compile_s=dt,
+                             error=f"out of resource: shared memory, Required: {shared}, "
+                                   f"Hardware limit: {limit}")
+            h.update(k.asm.get("cubin", b"") if isinstance(k.asm.get("cubin"), bytes)
+                     else str(k.asm.get("ptx", "")).encode())
+        return Build(Status.OK, artifact=str(path), compile_s=dt, binary_hash=h.hexdigest()[:16])
+
+    def _warm(self, module) -> list:
+        """Call `launch` on meta tensors with every launch turned into a compile-only warm-up."""
+        import torch
+        from triton.runtime import jit
+        inputs, outputs = self._meta_args()
+        compiled: list = []
+        original = jit.JITFunction.run
+
+        def run(fn, *args, grid, warmup, **kwargs):
+            kernel = original(fn, *args, grid=grid, warmup=True, **kwargs)
+            compiled.append(kernel)
+            return kernel
+
+        with _compile_only(self._arch()):
+            jit.JITFunction.run = run
+            try:
+                with torch.no_grad():
+                    module.launch(*inputs, *outputs)
+            finally:
+                jit.JITFunction.run = original
+        return compiled
+
+    def _meta_args(self):
+        """Meta tensors with the shapes and dtypes the harness passes (inputs, then outputs)."""
+        if self._arg_specs is None:
+            import torch
+            from ..ops import load_op
+            if "op" not in self.options:
+                raise BackendUnavailable("the cuda backend compiles ahead for one op: create it "
+                                         "with options op=<OpSpec JSON> (the Evaluator does)")
+            op = load_op(OpSpec.from_json(self.options["op"]))
+            xs = op.make_inputs(0)
+            outs = None
+            with contextlib.suppress(Exception):
+                outs = op.reference([x.to("meta", torch.float64) if x.is_floating_point()
+                                     else x.to("meta") for x in xs])
+            if outs is None:  # a reference that cannot run on meta tensors: run it once for real
+                outs = op.reference([x.double() if x.is_floating_point() else x for x in xs])
+            dt = xs[0].dtype if xs and xs[0].is_floating_point() else torch.float32
+            self._arg_specs = ([(tuple(x.shape), x.dtype) for x in xs],
+                               [(tuple(o.shape), dt if o.is_floating_point() else o.dtype) for o in outs])
+        import torch
+        ins, outs = self._arg_specs
+        return ([torch.empty(s, dtype=d, device="meta") for s, d in ins],
+                [torch.empty(s, dtype=d, device="meta") for s, d in outs])
+
+    # ---- run ----------------------------------------------------------------------------
+
+    def load(self, artifact: str, op) -> Any:
+        if self.interpret:
+            os.environ["TRITON_INTERPRET"] = "1"
+        else:
+            import torch
+            torch.cuda.set_device(self.device)
+            self._used_cuda = True
+        _use_cache(Path(artifact))
+        digest = hashlib.sha256(Path(artifact).read_bytes()).hexdigest()[:16]
+        return load_module(artifact, f"tuner_triton_{digest}").launch
+
+    def to_device(self, tensor):
+        return tensor if self.interpret else tensor.to(f"cuda:{self.device}")
+
+    def to_host(self, tensor):
+        return tensor.cpu()
+
+    def launch(self, kernel: Any, args: list) -> None:
+        kernel(*args)
+
+    def sync(self) -> None:
+        if not self.interpret:
+            import torch
+            torch.cuda.synchronize(self.device)
+
+    def time_call(self, fn: Callable[[], None]) -> float:
+        if self.interpret:
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+        import torch
+        if self._flush_buf is None:
+            l2 = self._properties().L2_cache_size
+            self._flush_buf = torch.empty(max(256 * 2**20, 4 * l2), dtype=torch.int8,
+                                          device=f"cuda:{self.device}")
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        start, end = self._events
+        self._flush_buf.zero_()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e-3
+
+    @property
+    def context_lost(self) -> bool:
+        """True once a kernel fault (illegal address, ...) has poisoned this process's context."""
+        if self.interpret or not self._used_cuda:
+            return False
+        import torch
+        try:
+            torch.cuda.synchronize(self.device)
+            return False
+        except Exception:  # noqa: BLE001 - any error here is a sticky one: the context is gone
+            return True
+
+
+@contextlib.contextmanager
+def _compile_only(arch: int):
+    """Point Triton at a stand-in driver that names the target but owns no GPU context."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    class CompileOnly:
+        def get_current_target(self):
+            return GPUTarget("cuda", arch, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+    previous = getattr(driver, "_active", None)
+    driver.set_active(CompileOnly())
+    try:
+        yield
+    finally:
+        if hasattr(driver, "_active"):
+            driver._active = previous  # leave no real driver behind: it would want a GPU
+        else:
+            driver.reset_active()
+
+
+def _use_cache(kernel_path: Path) -> None:
+    """One Triton cache per run, shared by the compile pool and the benchmark worker."""
+    cache = kernel_path.resolve().parent.parent / "triton_cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    os.environ["TRITON_CACHE_DIR"] = str(cache)
+
+
+def _excerpt(e: BaseException) -> str:
+    text = "".join(traceback.format_exception_only(type(e), e)).strip()
+    m = re.search(r"out of resource: \w+.*", text)
+    if m:
+        return m.group(0)[:2000]
+    lines = text.splitlines()
+    # Triton's CompilationError shows the source around the error; keep it, it helps most.
+    return "\n".join(lines[:30])[:2000]
+
+
+def _nvidia_smi(device: int) -> dict[str, str]:
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", str(device), "--query-gpu=driver_version,clocks.max.sm",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        driver, clock = [s.strip() for s in out.split(",")[:2]]
+        return {"driver": driver, "clock": clock}
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return {}
+
+
+def _cached_peaks(key: str, cache_dir: str | None, backend: CudaBackend) -> dict[str, float]:
+    """Copy bandwidth and bf16 matmul rate of this GPU, measured once and cached."""
+    path = Path(cache_dir or Path.home() / ".cache" / "tuner") / "cuda_peaks.json"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key not in cache:
+        cache[key] = measure_peaks(backend)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(cache, indent=1))
+        except OSError:
+            pass
+    return cache[key]
+
+
+def measure_peaks(backend: CudaBackend) -> dict[str, float]:
+    """Device-to-device copy (bytes read + written per second) and the bf16 cuBLAS rate on
+    random data, timed like candidates (events, L2 flushed), median of several."""
+    import statistics
+
+    import torch
+    dev = f"cuda:{backend.device}"
+    n = 2**29  # 1 GiB of bf16 per buffer
+    src = torch.randn(n, device=dev, dtype=torch.float32).to(torch.bfloat16)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    t = statistics.median(backend.time_call(lambda: dst.copy_(src)) for _ in range(15))
+    copy_gbps = 2 * n * 2 / t / 1e9
+    del src, dst
+    s = 8192
+    a = torch.randn(s, s, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(s, s, device=dev, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    t = statistics.median(backend.time_call(lambda: a @ b) for _ in range(10))
+    return {"copy_gbps": round(copy_gbps, 1), "bf16_gflops": round(2 * s**3 / t / 1e9, 1)}
