@@ -248,7 +248,8 @@ def create_run(settings: Settings, spec: OpSpec, backend: str, skeleton: Skeleto
 
 
 def execute(store: Store, settings: Settings, budget: int, time_budget_s: float | None = None,
-            parallel: int | None = None, view=None, seeds: tuple[Config, ...] = ()) -> dict:
+            parallel: int | None = None, view=None, seeds: tuple[Config, ...] = (),
+            make_evaluator: Callable[..., Evaluator] | None = None) -> dict:
     """Search (or continue searching) a run until its budget, name the winner, write the summary.
 
     `seeds` are configs to try first (warm starts, a proposer's picks) after the skeleton's
@@ -259,7 +260,9 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
     meta = store.meta()
     spec = OpSpec.from_json(meta["op"])
     skeleton = Skeleton.from_json(store.read_json("skeleton/skeleton.json"))
-    evaluator = Evaluator(meta["backend"], spec, skeleton, settings, store.path)
+    # make_evaluator: where evaluations run (the Evaluator signature; default local workers,
+    # `executor_ray.RayExecutor.evaluator` for a Ray cluster).
+    evaluator = (make_evaluator or Evaluator)(meta["backend"], spec, skeleton, settings, store.path)
     try:
         searcher = Searcher(skeleton.space, meta["sampler"], meta["seed"], meta["storage"],
                             study_name=meta.get("study_name", "tuner"))
@@ -271,7 +274,8 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         if "device" not in meta:
             store.write_meta({**meta, "device": info.to_json()})
         progress = run_search(store, evaluator, searcher, budget, time_budget_s,
-                              parallel or settings.n_compile_workers, view)
+                              parallel or getattr(evaluator, "default_parallel", None)
+                              or settings.n_compile_workers, view)
         progress.phase = "re-timing the top configs"
         view(progress)
         winner = pick_winner(store, evaluator, settings)
