@@ -199,6 +199,10 @@ def fmt_s(s: float | None) -> str:
     return f"{s * 1e3:.4g} ms" if s >= 1e-4 else f"{s * 1e6:.4g} us"
 
 
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
 def _cfg(d: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in d.items())
 
@@ -232,8 +236,8 @@ def render(fb: Feedback, max_groups: int = 8) -> str:
             out.append(f"    e.g. {_cfg(f['config'])}")
             if "required" in f:
                 lo, hi = f["required"]
-                req = f"{lo:g}" if lo == hi else f"{lo:g} to {hi:g}"
-                out.append(f"    {f['resource']}: required {req}, available {f['available']:g}")
+                req = _num(lo) if lo == hi else f"{_num(lo)} to {_num(hi)}"
+                out.append(f"    {f['resource']}: required {req}, available {_num(f['available'])}")
             excerpt = f["excerpt"].strip()
             if excerpt and excerpt != f["signature"]:
                 out.extend("    | " + ln for ln in excerpt.splitlines()[:6])
@@ -245,8 +249,9 @@ def render(fb: Feedback, max_groups: int = 8) -> str:
             line = f"  x{f['count']}: {f['signature']}"
             if "required" in f:
                 lo, hi = f["required"]
-                line = (f"  x{f['count']}: {f['resource']} over the limit: required {lo:g} to {hi:g}, "
-                        f"available {f['available']:g}")
+                req = _num(lo) if lo == hi else f"{_num(lo)} to {_num(hi)}"
+                line = (f"  x{f['count']}: {f['resource']} over the limit: required {req}, "
+                        f"available {_num(f['available'])}")
             out.append(line)
     if fb.edges:
         out.append("Params whose best value sits on an edge of their range (consider widening):")

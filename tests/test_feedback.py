@@ -1,0 +1,93 @@
+"""Feedback from records: best-k with roofline %, failures by signature, edges, importance."""
+
+import json
+
+from tuner.feedback import Feedback, build_feedback, render, signature
+from tuner.space import parse_space
+from tuner.values import Build, Config, Measurement, Record, Status
+
+SPACE = parse_space("""
+sizes: [M, N]
+params:
+  BM: {pow2: [16, 256]}
+  W: [1, 2, 4, 8]
+  ONLINE: bool
+resources:
+  smem_bytes: BM * 1024
+""")
+
+
+def rec(cfg, status=Status.OK, seconds=1e-3, error="", detail=""):
+    build_status = status if status in (Status.INVALID, Status.COMPILE_ERROR, Status.COMPILE_TIMEOUT) else Status.OK
+    build = Build(build_status, error=error)
+    meas = Measurement(status, (seconds,) * 5 if status is Status.OK else (), detail=detail)
+    return Record("op", "h", Config.of(cfg), build, meas, "dev")
+
+
+def landscape():
+    out = []
+    for bm in (16, 32, 64, 128, 256):
+        for w in (1, 2, 4, 8):
+            out.append(rec({"BM": bm, "W": w, "ONLINE": False}, seconds=1e-3 * (300 / bm) * (1 + 0.01 * w)))
+    out.append(rec({"BM": 256, "W": 8, "ONLINE": True}, Status.COMPILE_ERROR,
+                   error="/tmp/run/build/ab12cd34ef56ab78/kernel.c:12:5: error: 'acc' undeclared\n  acc += 1;"))
+    out.append(rec({"BM": 128, "W": 8, "ONLINE": True}, Status.COMPILE_ERROR,
+                   error="/tmp/run/build/ffffeeeeddddcccc/kernel.c:40:9: error: 'acc' undeclared\n  acc += 2;"))
+    out.append(rec({"BM": 64, "W": 4, "ONLINE": True}, Status.WRONG_RESULT, detail="max abs err 0.5 > tol"))
+    for bm in (256, 128):
+        out.append(rec({"BM": bm, "W": 1, "ONLINE": True}, Status.INVALID,
+                       error=f"resource smem_bytes = {bm * 1024} exceeds the device limit 49152"))
+    out.append(rec({"BM": 16, "W": 2, "ONLINE": True}, Status.COMPILE_ERROR,
+                   error="ub overflow, requires 3145728 bits while 1572864 bits available"))
+    return out
+
+
+def test_feedback_contents():
+    fb = build_feedback(landscape(), SPACE, flops=None, nbytes=1e6, peaks={"copy_gbps": 10.0},
+                        reference_s=2e-3, round=2, skeleton_hash="abc", k=3)
+    assert [b["config"]["BM"] for b in fb.best] == [256, 256, 256]
+    assert [b["config"]["W"] for b in fb.best] == [1, 2, 4]
+    first = fb.best[0]
+    assert abs(first["percent"] - 100 * (1e6 / first["median_s"] / 1e9) / 10.0) < 0.01
+    assert first["speedup"] > 1
+    # Two compile errors on different lines and paths are one failure kind.
+    ce = [f for f in fb.failures if f["status"] == "COMPILE_ERROR" and "undeclared" in f["signature"]]
+    assert len(ce) == 1 and ce[0]["count"] == 2 and "kernel.c:N:N: error: 'acc' undeclared" == ce[0]["signature"]
+    assert ce[0]["config"] == {"BM": 256, "W": 8, "ONLINE": True} and "acc += 1" in ce[0]["excerpt"]
+    ub = next(f for f in fb.failures if "ub overflow" in f["signature"])
+    assert ub["required"] == [3145728, 3145728] and ub["available"] == 1572864
+    inv = next(f for f in fb.failures if f["status"] == "INVALID")
+    assert inv["count"] == 2 and inv["required"] == [131072, 262144] and inv["available"] == 49152
+    assert fb.invalid == 2 and fb.evaluated == 24 and abs(fb.invalid_share - 2 / 26) < 1e-9
+    assert {"param": "BM", "value": 256, "side": "high", "low": 16, "high": 256} in fb.edges
+    assert {e["param"] for e in fb.edges} == {"BM", "W"}  # W=1 is the low edge; ONLINE is not ordered
+    imp = dict(fb.importance)
+    assert set(imp) == {"BM", "W"} and imp["BM"] > imp["W"]  # ONLINE never varied among passing configs
+
+    text = render(fb)
+    for needle in ("Round 2 (skeleton abc)", "24 configs compiled", "8% of 26 sampled",
+                   "Best configs", "% of copy bandwidth", "COMPILE_ERROR x2: kernel.c:N:N: error: 'acc' undeclared",
+                   "UB bits: required 3145728, available 1572864", "smem_bytes over the limit: required 131072 to 262144",
+                   "WRONG_RESULT x1", "BM=256 is the largest value of [16 .. 256]", "Parameter importance", "BM "):
+        assert needle in text, needle
+
+    again = Feedback.from_json(json.loads(json.dumps(fb.to_json())))
+    assert again == fb
+
+
+def test_few_passing_configs_skip_importance_and_say_so():
+    fb = build_feedback(landscape()[:3], SPACE)
+    assert fb.importance == () and "importance not computed" in fb.notes[0]
+    assert "No config passed" in render(build_feedback([rec({"BM": 16, "W": 1, "ONLINE": False}, Status.RUNTIME_ERROR,
+                                                             detail="kernel crashed: worker died with SIGSEGV")], SPACE))
+
+
+def test_later_record_of_a_config_supersedes():
+    cfg = {"BM": 64, "W": 1, "ONLINE": False}
+    fb = build_feedback([rec(cfg, seconds=1e-6), rec(cfg, Status.WRONG_RESULT, detail="winner re-check: off")], SPACE)
+    assert fb.best == () and fb.failures[0]["status"] == "WRONG_RESULT"
+
+
+def test_signature_blanks_incidentals():
+    assert signature("x.c:1:2: error: foo 12 at /a/b/c.c") == signature("x.c:9:7: error: foo 13 at /d/c.c")
+    assert signature("note: x\nkernel.c:3:1: error: bar") == "kernel.c:N:N: error: bar"
