@@ -232,12 +232,13 @@ def check_c(source: str) -> list[Finding]:
         # A call or a declaration names the function with "(" after it; a macro may alias it.
         named = (_IDENT.findall(code) if s.startswith("#")
                  else [m.group(1) for m in _CALL.finditer(code)] + _ASM.findall(code))
-        for name in named:
+        for name in dict.fromkeys(named):
             if name in FORBIDDEN_C:
                 bad(i, f"{name!r}: a kernel may not do I/O, start processes, read the clock or "
                        f"the environment, or use inline asm")
-            elif name in ("constructor", "destructor") and "__attribute__" in code:
-                bad(i, f"__attribute__(({name})) runs code when the library loads")
+        m = re.search(r"__attribute__\s*\(\(.*\b(constructor|destructor)\b", code)
+        if m:
+            bad(i, f"__attribute__(({m.group(1)})) runs code when the library loads")
         if "_Pragma" in code:
             bad(i, "_Pragma: write #pragma instead")
     return sorted(out, key=lambda f: f.line)
