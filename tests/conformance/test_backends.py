@@ -15,7 +15,8 @@ from tests.conftest import FIXTURES
 
 
 def _fixture(name):
-    return lambda: load_skeleton(FIXTURES / f"{name}.{'txt' if name.startswith('null') else 'c'}.j2",
+    ext = {"null": "txt", "triton": "py"}.get(name.split("/")[0], "c")
+    return lambda: load_skeleton(FIXTURES / f"{name}.{ext}.j2",
                                  FIXTURES / f"{name}.yaml")
 
 
@@ -26,6 +27,10 @@ CASES = {
     "cpu": {"good": lambda: library_skeleton("softmax", "c"), "crash": _fixture("faulty/segfault"),
             "hang": _fixture("faulty/hang"), "nocompile": _fixture("faulty/nocompile"),
             "wrong": _fixture("faulty/wrong"), "mixed": _fixture("faulty/mixed"), "op": ("softmax", "37x1000")},
+    "cuda": {"good": lambda: library_skeleton("softmax", "triton"), "crash": _fixture("triton/crash"),
+             "hang": _fixture("triton/hang"), "nocompile": _fixture("triton/nocompile"),
+             "wrong": _fixture("triton/wrong"), "mixed": _fixture("triton/mixed"), "op": ("softmax", "37x1000"),
+             "words": {"crash": "illegal memory access"}},  # a GPU fault is no signal
 }
 BACKENDS = [pytest.param(name, marks=getattr(pytest.mark, name)) if name in ("cuda", "npu") else name
             for name in CASES]
@@ -74,6 +79,7 @@ def test_good_skeleton_verifies_and_times(backend, fast_settings, tmp_path):
     ("wrong", Status.WRONG_RESULT, "off"),
 ])
 def test_faults_are_records(backend, kind, status, words, fast_settings, tmp_path):
+    words = CASES[backend].get("words", {}).get(kind, words)
     ev = evaluator(backend, kind, fast_settings, tmp_path)
     try:
         rec = ev.evaluate(ev.skeleton.space.default_config())

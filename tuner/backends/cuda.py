@@ -304,13 +304,15 @@ def _use_cache(kernel_path: Path) -> None:
 
 
 def _excerpt(e: BaseException) -> str:
+    """The reason first (Triton chains it as the cause), then the source around the error."""
     text = "".join(traceback.format_exception_only(type(e), e)).strip()
     m = re.search(r"out of resource: \w+.*", text)
     if m:
         return m.group(0)[:2000]
-    lines = text.splitlines()
-    # Triton's CompilationError shows the source around the error; keep it, it helps most.
-    return "\n".join(lines[:30])[:2000]
+    cause = e.__cause__ or e.__context__
+    reason = "".join(traceback.format_exception_only(type(cause), cause)).strip() if cause else ""
+    head = f"compile error: {reason.splitlines()[-1] if reason else text.splitlines()[0]}"
+    return "\n".join([head, *text.splitlines()[:30]])[:2000]
 
 
 def _nvidia_smi(device: int) -> dict[str, str]:

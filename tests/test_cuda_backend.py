@@ -1,0 +1,129 @@
+"""The cuda backend: the rendered-module contract (no GPU needed), and on a GPU (marked cuda)
+the compile-ahead cache hit, an end-to-end tuning run, and the library on realistic shapes."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tuner.backends.cuda import CudaBackend
+from tuner.backends.triton_source import Forbidden, check_source
+from tuner.values import Status
+
+GOOD = '''
+import math
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+SCALE = 2.0
+
+
+@triton.jit
+def k(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * SCALE, mask=offs < n)
+
+
+def launch(x, y):
+    n = x.numel()
+    ws = torch.empty((n,), dtype=torch.float32, device=x.device)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
+    k[grid](x.view(-1), y, n, BLOCK=min(1024, triton.next_power_of_2(n)), num_warps=4)
+'''
+
+
+def test_a_plain_module_passes():
+    check_source(GOOD)
+
+
+@pytest.mark.parametrize("change, words", [
+    (("import math", "import os"), "import os"),
+    (("import math", "import torch.nn.functional as F"), "import torch.nn.functional"),
+    (("import math", "from torch import softmax"), "from torch import softmax"),
+    (("    n = x.numel()", "    n = x.numel()\n    y.copy_(x * 2)"), ".copy_()"),
+    (("    n = x.numel()", "    n = torch.softmax(x, -1)"), "torch.softmax"),
+    (("    n = x.numel()", "    n = x.sum()"), ".sum()"),
+    (("    n = x.numel()", "    n = x @ x"), "`@`"),
+    (("    n = x.numel()", "    y[:] = x"), "subscript"),
+    (("    n = x.numel()", "    y += 1"), "augmented"),
+    (("    n = x.numel()", "    n = eval('1')"), "'eval'"),
+    (("    n = x.numel()", "    n = open('/etc/passwd')"), "'open'"),
+    (("    n = x.numel()", "    n = x.__class__"), "__class__"),
+    (("    n = x.numel()", "    n = torch.cuda.synchronize()"), "torch.cuda"),
+    (("    n = x.numel()", "    n = triton.runtime.driver"), "triton.runtime"),
+    (("    n = x.numel()", "    n = {'f': x.sum}['f']()"), "call of"),
+    (("SCALE = 2.0", "SCALE = print('imported')"), "module-level"),
+    (("SCALE = 2.0", "x = torch.ones(3)"), "module-level"),
+    (("def launch(x, y):", "def run(x, y):"), "no `def launch"),
+    (("@triton.jit", "@staticmethod"), "decorator"),
+    (("def launch(x, y):", "def launch(x, y=open('f')):"), "non-constant default"),
+    (("def launch(x, y):", "def launch(x, y: open('f')):"), "annotations"),
+    (("    n = x.numel()", "    global SCALE"), "global"),
+])
+def test_forbidden_modules_are_rejected(change, words):
+    old, new = change
+    assert old in GOOD
+    with pytest.raises(Forbidden) as e:
+        check_source(GOOD.replace(old, new))
+    assert str(e.value).startswith("forbidden:") and words in str(e.value), str(e.value)
+
+
+def test_a_forbidden_module_is_a_compile_error_and_never_runs(tmp_path):
+    marker = tmp_path / "ran"
+    source = GOOD.replace("SCALE = 2.0", f"SCALE = open({str(marker)!r}, 'w')")
+    build = CudaBackend(0, interpret=True).compile(source, str(tmp_path / "b" / "k"), 30)
+    assert build.status is Status.COMPILE_ERROR and build.error.startswith("forbidden:")
+    assert not marker.exists()
+    garbage = CudaBackend(0, interpret=True).compile("def launch(:", str(tmp_path / "c" / "k"), 30)
+    assert garbage.status is Status.COMPILE_ERROR and "SyntaxError" in garbage.error
+
+
+# ---- on a GPU --------------------------------------------------------------------------
+
+def _cubins(cache: Path) -> set[str]:
+    return {str(p.relative_to(cache)) for p in cache.rglob("*.cubin")}
+
+
+@pytest.mark.cuda
+def test_the_benchmark_worker_reuses_the_compile_pools_cubins(fast_settings, tmp_path):
+    """Compiled in a compile worker (no GPU context), launched in the benchmark worker: the
+    launch must find every cubin in the run's Triton cache and compile nothing itself."""
+    from tuner.evaluate import Evaluator
+    from tuner.ops import builtin_spec
+    from tuner.skeleton import library_skeleton
+    ev = Evaluator("cuda", builtin_spec("softmax", "1024x4096", "bf16"), library_skeleton("softmax", "triton"),
+                   fast_settings, tmp_path / "run")
+    try:
+        ev.start()
+        config = next(c for c in ev.skeleton.space.configs() if ev.check(c) is None)
+        source = ev.skeleton.render(config, ev.context)
+        build = ev.compile(source, "probe")
+        assert build.status is Status.OK, build.error
+        cache = Path(build.artifact).parent.parent / "triton_cache"
+        before = _cubins(cache)
+        assert before, "the compile worker wrote no cubin"
+        t0 = time.monotonic()
+        meas = ev.measure(build)
+        assert meas.status is Status.OK, meas.detail
+        assert _cubins(cache) == before, "the benchmark worker compiled again"
+        assert time.monotonic() - t0 < 30
+    finally:
+        ev.close()
+
+
+@pytest.mark.cuda
+def test_tune_softmax_end_to_end(fast_settings):
+    from tuner.ops import builtin_spec
+    from tuner.skeleton import library_skeleton
+    from tuner.tune import create_run, execute
+    settings = fast_settings.replace(bench_budget_s=0.05, max_reps=200, compile_workers=8)
+    store = create_run(settings, builtin_spec("softmax", "4096x4096", "bf16"), "cuda",
+                       library_skeleton("softmax", "triton"), seed=1)
+    summary = execute(store, settings, budget=16)
+    assert summary["best"] is not None, json.dumps(summary["failures"])
+    assert summary["device"]["peaks"]["copy_gbps"] > 100
+    assert summary["best"]["speedup_vs_reference"] > 1.0
+    assert (store.path / "best" / "kernel.py").is_file()
