@@ -1,0 +1,245 @@
+"""The Triton library on one NVIDIA GPU, in one run.
+
+`ops`: for each op at two shapes (bf16), a tuning run of the library skeleton, then, in this
+process and timed the same way (CUDA events, L2 flushed before each call, median of many,
+contenders interleaved): the tuned kernel, torch eager, torch.compile(mode=
+"max-autotune-no-cudagraphs"), against the ceiling the run measured (copy bandwidth for
+memory-bound ops, the cuBLAS bf16 rate for matmul and attention).
+
+`autotune`: tuning wall time on the 202-config matmul space of bench/triton_matmul202.yaml at
+4096^3 bf16: the tuner (every config, grid; and TPE with a budget) against @triton.autotune
+over the same config list (serial compile, then do_bench per config), each with a cold cache.
+
+    python bench/gpu_bench.py ops [--ops softmax,matmul] [--budget 40] [--out DIR]
+    python bench/gpu_bench.py autotune [--out DIR]
+
+Writes <out>/gpu_<what>.json (rows appended as they finish) and prints a markdown table.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tuner.ops import builtin_spec, load_op  # noqa: E402
+from tuner.settings import Settings  # noqa: E402
+from tuner.skeleton import library_skeleton, load_skeleton  # noqa: E402
+from tuner.tune import create_run, execute  # noqa: E402
+from tuner.values import Status  # noqa: E402
+
+CASES = [
+    ("softmax", "8192x8192"), ("softmax", "32768x4096"),
+    ("rmsnorm", "8192x8192"), ("rmsnorm", "32768x4096"),
+    ("layernorm", "8192x8192"), ("layernorm", "32768x4096"),
+    ("add_rmsnorm", "16384x4096"), ("add_rmsnorm", "4096x8192"),
+    ("swiglu", "8192x14336"), ("swiglu", "4096x28672"),
+    ("rope", "4096x32x128"), ("rope", "16384x8x128"),
+    ("cross_entropy", "4096x32000"), ("cross_entropy", "2048x128256"),
+    ("matmul", "4096x4096x4096"), ("matmul", "16x14336x4096"),
+    ("attention", "4x32x4096x128"), ("attention_causal", "4x32x4096x128"),
+]
+COMPUTE_BOUND = {"matmul:4096x4096x4096", "attention:4x32x4096x128", "attention_causal:4x32x4096x128"}
+
+
+def settings_for(out: Path, **kw) -> Settings:
+    return Settings.from_env(runs_dir=str(out / "runs"), cache_dir=str(out / "cache"),
+                             compile_workers=max(1, (os.cpu_count() or 2) - 1), bench_budget_s=0.05,
+                             **kw)
+
+
+def interleaved(backend, fns: dict, rounds: int = 10, per_round: int = 10) -> dict:
+    samples = {k: [] for k in fns}
+    for f in fns.values():  # warm-up: first-touch, lazy init
+        for _ in range(3):
+            f()
+    backend.sync()
+    for _ in range(rounds):
+        for k, f in fns.items():
+            samples[k].extend(backend.time_call(f) for _ in range(per_round))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def bench_op(op_name: str, shape: str, budget: int, out: Path, with_compile: bool = True) -> dict:
+    import torch
+
+    from tuner.backends.cuda import CudaBackend
+    settings = settings_for(out)
+    spec = builtin_spec(op_name, shape, "bf16")
+    store = create_run(settings, spec, "cuda", library_skeleton(op_name, "triton"), seed=0,
+                       command=f"bench/gpu_bench.py ops {op_name} {shape}")
+    t0 = time.monotonic()
+    summary = execute(store, settings, budget)
+    wall = time.monotonic() - t0
+    row = {"op": op_name, "shape": shape, "tune_wall_s": round(wall, 1),
+           "trials": summary["evaluations"], "invalid": summary["invalid"],
+           "failures": {k: v["count"] for k, v in summary["failures"].items() if k != "INVALID"},
+           "device": summary["device"]["name"], "peaks": summary["device"]["peaks"]}
+    best = summary["best"]
+    if best is None:
+        row["error"] = "no config passed: " + json.dumps(summary["failures"])[:500]
+        return row
+    winner = next(r for r in store.records() if r.status is Status.OK
+                  and r.config.to_json() == best["config"])
+    row["config"] = best["config"]
+    op = load_op(spec)
+    backend = CudaBackend(0, cache_dir=settings.cache_dir)
+    kernel = backend.load(winner.build.artifact, op)
+    host = op.make_inputs(12345)
+    xs = [backend.to_device(x) for x in host]
+    outs = [torch.empty(o.shape, dtype=xs[0].dtype, device="cuda") for o in
+            op.reference([x.to("meta", torch.float64) if x.is_floating_point() else x.to("meta")
+                          for x in host])]
+    fns = {"tuned": lambda: kernel(*xs, *outs), "eager": lambda: op.torch_impl(xs)}
+    if with_compile:
+        t1 = time.monotonic()
+        compiled_fn = torch.compile(lambda *a: op.torch_impl(list(a)), mode="max-autotune-no-cudagraphs")
+        compiled_fn(*xs)
+        torch.cuda.synchronize()
+        row["compile_s"] = round(time.monotonic() - t1, 1)
+        fns["compile"] = lambda: compiled_fn(*xs)
+    kernel(*xs, *outs)
+    ref = op.torch_impl(xs)
+    row["max_diff_vs_eager"] = max(float((o.float() - r.float()).abs().max()) for o, r in zip(outs, ref))
+    t = interleaved(backend, fns)
+    row.update({f"{k}_ms": round(v * 1e3, 4) for k, v in t.items()})
+    key = f"{op_name}:{shape}"
+    if key in COMPUTE_BOUND:
+        tf = {k: op.flops / v / 1e12 for k, v in t.items()}
+        row.update({f"{k}_tflops": round(v, 1) for k, v in tf.items()})
+        row["ceiling"] = {"what": "cuBLAS bf16 8192^3", "tflops": summary["device"]["peaks"]["bf16_gflops"] / 1e3}
+        row["pct_ceiling"] = round(100 * tf["tuned"] / row["ceiling"]["tflops"], 1)
+    else:
+        bw = {k: op.bytes / v / 1e12 for k, v in t.items()}
+        row.update({f"{k}_tbps": round(v, 3) for k, v in bw.items()})
+        row["ceiling"] = {"what": "device copy", "tbps": summary["device"]["peaks"]["copy_gbps"] / 1e3}
+        row["pct_ceiling"] = round(100 * bw["tuned"] / row["ceiling"]["tbps"], 1)
+    row["vs_eager"] = round(t["eager"] / t["tuned"], 3)
+    if with_compile:
+        row["vs_compile"] = round(t["compile"] / t["tuned"], 3)
+    return row
+
+
+def cmd_ops(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    wanted = set(args.ops.split(",")) if args.ops else None
+    rows, seen = [], set()
+    for op_name, shape in CASES:
+        if (wanted and op_name not in wanted) or (args.first and op_name in seen):
+            continue
+        seen.add(op_name)
+        budget = args.budget * (2 if op_name in ("matmul", "attention", "attention_causal") else 1)
+        try:
+            row = bench_op(op_name, shape, budget, out, not args.no_compile)
+        except Exception as e:  # one op's failure must not lose the others' rows
+            row = {"op": op_name, "shape": shape, "error": f"{type(e).__name__}: {e}"[:800]}
+        rows.append(row)
+        (out / "gpu_ops.json").write_text(json.dumps(rows, indent=1))
+        print(json.dumps(row), flush=True)
+    print_ops_table(rows)
+
+
+def print_ops_table(rows: list) -> None:
+    print("\n| op | shape | tuned | eager | torch.compile | ceiling | % ceiling | vs compile | vs eager | tune s | trials |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['op']} | {r['shape']} | error: {r['error'][:120]} |")
+            continue
+        unit = "tflops" if "tuned_tflops" in r else "tbps"
+        u = "TFLOP/s" if unit == "tflops" else "TB/s"
+        ceil = r["ceiling"][unit]
+        comp = f"{r['compile_ms']:.4f} ms" if "compile_ms" in r else "-"
+        vsc = f"{r['vs_compile']:.2f}x" if "vs_compile" in r else "-"
+        print(f"| {r['op']} | {r['shape']} | {r['tuned_ms']:.4f} ms ({r['tuned_' + unit]:.2f} {u}) | "
+              f"{r['eager_ms']:.4f} ms | {comp} | {ceil:.2f} {u} | {r['pct_ceiling']} | "
+              f"{vsc} | {r['vs_eager']:.2f}x | {r['tune_wall_s']} | {r['trials']} |")
+
+
+# ---- tuning wall time against @triton.autotune ------------------------------------------
+
+def cmd_autotune(args) -> None:
+    import torch
+    import triton
+
+    from tuner.backends.triton_source import load_module
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shape = "4096x4096x4096"
+    spec = builtin_spec("matmul", shape, "bf16")
+    op = load_op(spec)
+    skeleton = load_skeleton(ROOT / "kernel_templates/matmul/triton.py.j2", ROOT / "bench/triton_matmul202.yaml")
+    ctx = {**{k: v for k, v in spec.sizes}, "DTYPE_BYTES": 2, "dtype": "bf16", "op": "matmul", "CORES": 132}
+    configs = [c for c in skeleton.space.configs()
+               if skeleton.space.check(c, ctx, {"smem_bytes": 232448}) is None]
+    result = {"configs": len(configs), "shape": shape}
+
+    # @triton.autotune over the same list, cold cache, in this process.
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotune_cache_", dir=out)
+    mod_path = out / "autotune_kernel.py"
+    mod_path.write_text(skeleton.render(configs[0], ctx))
+    module = load_module(mod_path, "bench_autotune_matmul")
+    tuned = triton.autotune(
+        configs=[triton.Config({k: c[k] for k in ("BM", "BN", "BK", "GROUP_M")},
+                               num_warps=c["num_warps"], num_stages=c["num_stages"]) for c in configs],
+        key=["M", "N", "K"])(module.matmul_kernel)
+    a, b = (x.cuda() for x in op.make_inputs(1))
+    c_out = torch.empty(4096, 4096, dtype=torch.bfloat16, device="cuda")
+
+    def run():
+        grid = lambda meta: (triton.cdiv(4096, meta["BM"]) * triton.cdiv(4096, meta["BN"]),)  # noqa: E731
+        tuned[grid](a, b, c_out, 4096, 4096, 4096)
+
+    t0 = time.monotonic()
+    run()
+    torch.cuda.synchronize()
+    result["autotune_wall_s"] = round(time.monotonic() - t0, 1)
+    best = tuned.best_config
+    result["autotune_best"] = {**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages}
+    result["autotune_best_ms"] = round(triton.testing.do_bench(run, return_mode="median"), 4)
+    print(json.dumps(result), flush=True)
+    (out / "gpu_autotune.json").write_text(json.dumps(result, indent=1))
+
+    # The tuner: every config (grid), then TPE with a budget; each run has its own cold cache.
+    for label, sampler, budget in [("tuner_grid", "grid", len(configs)), ("tuner_tpe60", "tpe", 60)]:
+        settings = settings_for(out)
+        store = create_run(settings, spec, "cuda", skeleton, sampler, seed=0,
+                           command=f"bench/gpu_bench.py autotune ({label})")
+        t0 = time.monotonic()
+        s = execute(store, settings, budget)
+        result[f"{label}_wall_s"] = round(time.monotonic() - t0, 1)
+        result[f"{label}_evaluations"] = s["evaluations"]
+        result[f"{label}_best_ms"] = round(s["best"]["median_s"] * 1e3, 4) if s["best"] else None
+        result[f"{label}_best"] = s["best"]["config"] if s["best"] else None
+        result[f"{label}_failures"] = {k: v["count"] for k, v in s["failures"].items()}
+        result[f"{label}_speedup_vs_autotune"] = round(result["autotune_wall_s"] / result[f"{label}_wall_s"], 2)
+        print(json.dumps(result), flush=True)
+        (out / "gpu_autotune.json").write_text(json.dumps(result, indent=1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    o = sub.add_parser("ops")
+    o.add_argument("--ops", help="comma-separated op names (default: all)")
+    o.add_argument("--budget", type=int, default=40, help="configs per tuning run (x2 for matmul, attention)")
+    o.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
+    o.add_argument("--first", action="store_true", help="only the first shape of each op")
+    o.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    o.set_defaults(fn=cmd_ops)
+    a = sub.add_parser("autotune")
+    a.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
+    a.set_defaults(fn=cmd_autotune)
+    args = p.parse_args()
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()
