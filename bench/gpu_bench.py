@@ -79,7 +79,8 @@ def bench_op(op_name: str, shape: str, budget: int, out: Path, with_compile: boo
     wall = time.monotonic() - t0
     row = {"op": op_name, "shape": shape, "tune_wall_s": round(wall, 1),
            "trials": summary["evaluations"], "invalid": summary["invalid"],
-           "failures": {k: v["count"] for k, v in summary["failures"].items() if k != "INVALID"},
+           "failures": {k: f"{v['count']}: {v['example'][:160]}" for k, v in summary["failures"].items()
+                        if k != "INVALID"},
            "device": summary["device"]["name"], "peaks": summary["device"]["peaks"]}
     best = summary["best"]
     if best is None:
