@@ -140,6 +140,10 @@ def test_two_rounds_with_candidates_repairs_and_feedback(env, capsys):
     out = capsys.readouterr().out
     assert "== round 01" in out and "== round 02" in out and "Best configs" in out
     assert main(["export", str(run), "--out", str(env / "exp")]) == 0
+    # A round is a run directory of its own; its feedback is computed again from its records.
+    capsys.readouterr()
+    assert main(["show", str(run / "rounds/01"), "--feedback"]) == 0
+    assert capsys.readouterr().out.strip() == (run / "rounds/01/feedback.txt").read_text().strip()
 
 
 def test_problem_file_without_library_skeleton_on_cpu(env, capsys):

@@ -119,7 +119,10 @@ def cmd_tune(args) -> int:
         store = Store.open(args.resume)
         store.repair()
         print(f"resuming {store.path}: {len(store.records())} records on disk", file=sys.stderr)
-        if "rounds" in store.meta():
+        meta = store.meta()
+        if "rounds" in meta:
+            if args.rounds and args.rounds != meta["rounds"]:  # more (or fewer) rounds than asked first
+                store.write_meta({**meta, "rounds": args.rounds})
             return _tune_rounds(args, settings, store)
     else:
         spec = build_spec(args)

@@ -332,6 +332,7 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
     spec, backend = OpSpec.from_json(meta["op"]), meta["backend"]
     done: list[RoundResult] = []
     stopped = ""
+    who = (meta["proposer"].get("llm") or {}).get("model") or meta["proposer"].get("kind", "the proposer")
     try:
         for r in range(1, meta["rounds"] + 1):
             rstore = Store(store.path / "rounds" / f"{r:02d}")
@@ -347,10 +348,10 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
                         proposal = Proposal(Skeleton.from_json(start), (store.path / "start/space.yaml").read_text(),
                                             report={"source": "given", "status": "accepted"})
                     elif r == 1:
-                        view.note(f"round 1: asking {proposer.kind} for a skeleton…")
+                        view.note(f"round 1: asking {who} for a skeleton…")
                         proposal = proposer.propose(ctx)
                     else:
-                        view.note(f"round {r}: asking {proposer.kind} to revise the skeleton…")
+                        view.note(f"round {r}: asking {who} to revise the skeleton…")
                         last = done[-1]
                         proposal = proposer.revise(ctx, last.skeleton, last.space_text, last.feedback)
                 except LLMBudgetExhausted as e:
