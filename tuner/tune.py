@@ -319,7 +319,8 @@ class RoundResult:
 
 
 def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
-                   time_budget_s: float | None = None, parallel: int | None = None, view=None) -> dict:
+                   time_budget_s: float | None = None, parallel: int | None = None, view=None,
+                   make_evaluator: Callable[..., Evaluator] | None = None) -> dict:
     """Run (or resume) every round: propose or revise, search with a warm start from the best
     earlier configs, summarise into feedback. Finished rounds are never redone; a reply already
     on disk is never asked for again. A round whose model never produced a valid skeleton ends
@@ -384,7 +385,8 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
             fb_json = rstore.read_json("feedback.json")
             if fb_json is None:
                 view.note(f"round {r}: searching {sk.space.size} configs…")
-                execute(rstore, settings, budget, time_budget_s, parallel, view, _seeds(done))
+                execute(rstore, settings, budget, time_budget_s, parallel, view, seeds=_seeds(done),
+                        make_evaluator=make_evaluator)
                 fb = feedback_for_run(rstore)
                 rstore.write_text("feedback.txt", render(fb))
                 rstore.write_json("feedback.json", fb.to_json())
