@@ -68,10 +68,11 @@ def test_retries_exhausted_is_a_clear_error(tmp_path):
 
 
 def test_auth_error_is_not_retried(tmp_path):
-    with ScriptedServer([{"status": 401, "message": "invalid api key"}]) as srv:
-        with pytest.raises(LLMError, match="401.*invalid api key.*OPENAI_API_KEY"):
-            client(srv, tmp_path).chat("c", MSG)
+    with ScriptedServer([{"status": 401, "message": f"invalid api key {KEY}"}]) as srv:
+        with pytest.raises(LLMError, match=r"401.*invalid api key \*\*\*.*OPENAI_API_KEY") as e:
+            client(srv, tmp_path, base_url=srv.base_url.replace("//", "//user:pw@")).chat("c", MSG)
         assert len(srv.chat_requests()) == 1
+    assert KEY not in str(e.value) and "pw@" not in str(e.value)
 
 
 def test_old_servers_get_max_tokens(tmp_path):

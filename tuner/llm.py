@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -74,9 +75,10 @@ class LLMConfig:
         return cls(**values)
 
     def public(self) -> dict[str, Any]:
-        """Everything but the key: what a run directory may keep."""
+        """Everything but the key (and any password in the URL): what a run directory may keep."""
         d = asdict(self)
         d.pop("api_key")
+        d["base_url"] = redact_url(self.base_url)
         d["price"] = list(self.price) if self.price else None
         return d
 
@@ -86,6 +88,10 @@ class LLMConfig:
         values = {k: _coerce(k, v) for k, v in data.items() if k in known and v is not None}
         values.update({k: _coerce(k, v) for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def redact_url(url: str | None) -> str | None:
+    return re.sub(r"//[^/@]*@", "//***@", url) if url else url
 
 
 def _coerce(name: str, raw: Any) -> Any:
@@ -218,7 +224,7 @@ class ChatClient:
         return ChatResult(call_id, tuple(texts), tuple(reasons), usage)
 
     def _where(self) -> str:
-        return f"{self.config.base_url or 'the default OpenAI endpoint'} (model {self.config.model})"
+        return f"{redact_url(self.config.base_url) or 'the default OpenAI endpoint'} (model {self.config.model})"
 
     def _create(self, messages: list[dict], n: int):
         import openai
@@ -242,6 +248,8 @@ class ChatClient:
             hint = {401: "the endpoint refused the key: set OPENAI_API_KEY or --llm-api-key",
                     403: "the key may not use this model or endpoint",
                     404: "check --llm-base-url (it usually ends in /v1) and the model name"}.get(status, "")
+            if c.api_key and len(c.api_key) >= 8:
+                body = body.replace(c.api_key, "***")
             raise LLMError(f"{self._where()} answered HTTP {status}: {body}"
                            + (f" ({hint})" if hint else "")) from None
         except openai.APITimeoutError:
@@ -276,7 +284,7 @@ class ChatClient:
                started: float, usage: dict | None = None) -> None:
         c = self.config
         data: dict[str, Any] = {
-            "id": call_id, **(meta or {}), "model": c.model, "base_url": c.base_url,
+            "id": call_id, **(meta or {}), "model": c.model, "base_url": redact_url(c.base_url),
             "request": {"messages": messages, "n": n, "temperature": c.temperature,
                         "max_reply_tokens": c.max_reply_tokens},
             "request_hash": digest, "failed_attempts": attempts,
@@ -287,8 +295,11 @@ class ChatClient:
             data["error"] = attempts[-1]["error"] if attempts else "no reply"
             path = path.with_name(f"{call_id}.failed-{int(started)}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(data, indent=1)
+        if c.api_key and len(c.api_key) >= 8:  # an error message that echoes the key
+            text = text.replace(c.api_key, "***")
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
+        tmp.write_text(text)
         os.replace(tmp, path)
 
 

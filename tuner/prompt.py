@@ -14,7 +14,9 @@ skeleton format; one worked example from the library.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,12 @@ class PromptKit:
         spec, op = self.spec, self.op
         if spec.kind == "builtin":
             reference = f"Reference: {BUILTINS[spec.name].doc}."
+            try:
+                code = textwrap.dedent(inspect.getsource(op.reference)).strip()
+                code = re.sub(r"\s*# noqa.*$", "", code, flags=re.M)
+                reference += f" In torch (float64):\n\n```python\n{code}\n```"
+            except (OSError, TypeError):
+                pass
         else:
             try:
                 text = Path(spec.source).read_text()[:MAX_SOURCE_CHARS]
