@@ -80,8 +80,9 @@ def test_two_rounds_with_candidates_repairs_and_feedback(env, capsys):
         {"reply": space() + template(slow=1e-2, fault=wrong)},  # candidate 1, repair 1: wrong default
         {"reply": space() + template(slow=1e-2)},               # candidate 1, repair 2: valid, slow
         {"reply": space() + template()},                        # candidate 2, repair 1: valid, fast
-        # round 2: a wider space and a faster variant, and a slow twin
-        {"reply": [space("[16, 256]") + template(center=128), space("[16, 256]") + template(128, 1e-2)]},
+        # round 2: round 1's skeleton unchanged (rejected), and a slow twin of the revision
+        {"reply": [space() + template(), space("[16, 256]") + template(128, 1e-2)]},
+        {"reply": space("[16, 256]") + template(center=128)},  # candidate 1, repair 1: the revision
     ]
     runs = env / "runs"
     with ScriptedServer(steps) as srv:
@@ -93,7 +94,7 @@ def test_two_rounds_with_candidates_repairs_and_feedback(env, capsys):
         reqs = srv.chat_requests()
     assert rc == 0
     run = only_run(runs)
-    assert len(reqs) == 5 and [r["json"].get("n", 1) for r in reqs] == [2, 1, 1, 1, 2]
+    assert len(reqs) == 6 and [r["json"].get("n", 1) for r in reqs] == [2, 1, 1, 1, 2, 1]
     assert all({k.lower(): v for k, v in r["headers"].items()}["authorization"] == f"Bearer {KEY}" for r in reqs)
     assert "no fenced code blocks" in last_user(reqs[1])
     assert "rejected: wrong result" in last_user(reqs[2]) and "Configuration: BM=32 W=2" in last_user(reqs[2])
@@ -101,6 +102,7 @@ def test_two_rounds_with_candidates_repairs_and_feedback(env, capsys):
     revise = last_user(reqs[4])
     assert "What the search found" in revise and "BM=64 is the largest value of [16 .. 64]" in revise
     assert "BM: {pow2: [16, 64]}" in revise and "Best configs" in revise
+    assert "rejected: unchanged" in last_user(reqs[5])
 
     p1 = json.loads((run / "rounds/01/proposal.json").read_text())
     assert p1["chosen"] == 2 and [len(c["attempts"]) for c in p1["candidates"]] == [3, 2]
@@ -112,12 +114,13 @@ def test_two_rounds_with_candidates_repairs_and_feedback(env, capsys):
     assert summary["winner_round"] == 2 and summary["best"]["config"] == {"BM": 128, "W": 1}
     r1, r2 = summary["rounds"]
     assert [x["hash"] for x in summary["lineage"]] == [r1["hash"], r2["hash"]] and r2["parent"] == r1["hash"]
+    assert json.loads((run / "rounds/02/proposal.json").read_text())["chosen"] == 1
     transcripts = sorted(p.name for p in (run / "llm").glob("*.json"))
     assert transcripts == ["r01-c1-fix1.json", "r01-c1-fix2.json", "r01-c2-fix1.json", "r01-propose.json",
-                           "r02-revise.json"]
+                           "r02-c1-fix1.json", "r02-revise.json"]
     used = sum(json.loads((run / "llm" / t).read_text())["usage"]["total_tokens"] for t in transcripts)
-    assert summary["llm"]["total_tokens"] == used > 0 and summary["llm"]["calls"] == 5
-    assert r1["tokens"]["calls"] == 4 and r2["tokens"]["calls"] == 1
+    assert summary["llm"]["total_tokens"] == used > 0 and summary["llm"]["calls"] == 6
+    assert r1["tokens"]["calls"] == 4 and r2["tokens"]["calls"] == 2
 
     # Round 2 was warm-started with round 1's best configs, which fit its wider space.
     r2_records = Store(run / "rounds/02").records()
@@ -135,7 +138,7 @@ def test_two_rounds_with_candidates_repairs_and_feedback(env, capsys):
     capsys.readouterr()
     assert main(["show", str(run)]) == 0
     out = capsys.readouterr().out
-    assert "rounds" in out and "2 *" in out and "5 model calls" in out
+    assert "rounds" in out and "2 *" in out and "6 model calls" in out
     assert main(["show", str(run), "--feedback"]) == 0
     out = capsys.readouterr().out
     assert "== round 01" in out and "== round 02" in out and "Best configs" in out
@@ -207,6 +210,9 @@ def test_no_valid_skeleton_is_a_clear_error_with_everything_kept(env, capsys):
     run = only_run(runs)
     assert json.loads((run / "rounds/01/proposal.json").read_text())["status"] == "failed"
     assert len(list((run / "llm").glob("r01-*.json"))) == 2
+    # Resuming does not ask again: the verdict is on disk.
+    assert main(["tune", "--resume", str(run), "--quiet"]) == 2
+    assert "no valid skeleton" in capsys.readouterr().err and len(srv.chat_requests()) == 2
 
 
 def test_key_flag_is_redacted_from_the_saved_command():

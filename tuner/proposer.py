@@ -298,6 +298,10 @@ class LLMProposer(Proposer):
                         space_text, template = extract(text, finish)
                         sk, configs = check_candidate(space_text, template, kit, rng, name)
                         sk = dataclasses.replace(sk, round=r, parent=parent)
+                        if sk.hash == parent:
+                            raise Rejection("unchanged", f"this is the skeleton that round {r - 1} "
+                                            "searched; change the template or the space as the "
+                                            "feedback suggests")
                         validator.skeleton = sk
                         records = verify(sk, validator, configs, self.validate_configs, rng)
                     except Rejection as rej:

@@ -340,6 +340,9 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
             if not (rstore.path / "run.json").is_file():
                 previous = rstore.read_json("proposal.json") if rstore.path.is_dir() else None
                 if previous and previous.get("status") == "failed":
+                    if r == 1:
+                        raise ProposerError(f"{previous.get('error', 'no valid skeleton')} (recorded "
+                                            f"in {rstore.path / 'proposal.json'})")
                     stopped = f"round {r}: {previous.get('error', 'no valid skeleton')}"
                     break
                 ctx = RoundContext(spec, backend, settings, store.path, r, budget, meta["seed"])
