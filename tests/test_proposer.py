@@ -25,8 +25,8 @@ TEMPLATE = "time: {{ 1e-5 * BM * W }}\n"
 def kit(backend="null"):
     spec = builtin_spec("softmax", "64x128")
     op = load_op(spec)
-    lang = {"null": "script", "cpu": "c"}[backend]
-    extra = {"null": {"CORES": 4}, "cpu": {"ctype": "float", "CORES": 2}}[backend]
+    lang = {"null": "script", "cpu": "c", "cuda": "triton"}[backend]
+    extra = {"null": {"CORES": 4}, "cpu": {"ctype": "float", "CORES": 2}, "cuda": {"CORES": 132}}[backend]
     dev = DeviceInfo(backend, f"{backend} device", 4, limits=(("smem_bytes", 49152.0),),
                      peaks=(("copy_gbps", 100.0),))
     return PromptKit(spec, op, backend, lang, dev, {**render_context(op), **extra},
@@ -133,3 +133,18 @@ def test_prompts_carry_the_op_device_rules_and_an_example():
                    "void tuner_kernel(const float *x, float *y)", "THREADS <= CORES", "cpu device",
                    "copy_gbps = 100", "Worked example from the library: softmax/c", "ctype (= 'float')"):
         assert needle in text, needle
+
+
+def test_triton_candidates_go_through_the_triton_contract():
+    k = kit("cuda")
+    user = k.propose()[1]["content"]
+    assert "def launch(x, y)" in user and "num_warps" in user
+    space = SPACE.replace("language: script", "language: triton")
+    kernel = ("import triton\nimport triton.language as tl\n\n@triton.jit\n"
+              "def k(x_ptr, y_ptr, N: tl.constexpr, B: tl.constexpr):\n"
+              "    i = tl.arange(0, B)\n    tl.store(y_ptr + i, tl.load(x_ptr + i), mask=i < N)\n\n"
+              "def launch(x, y):\n    k[(x.numel() // {{ BM }},)](x, y, {{ N }}, B={{ BM }}, num_warps={{ W }})\n")
+    check_candidate(space, kernel, k, random.Random(0))
+    cheat = kernel.replace("    k[(x.numel()", "    y.copy_(torch.softmax(x, -1))\n    k[(x.numel()")
+    r = reject(space, "import torch\n" + cheat, k)
+    assert r.kind == "forbidden code" and "forbidden" in r.message and "torch.softmax" in r.text
