@@ -131,7 +131,7 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
         tb = traceback.format_exception_only(type(e), e)
         return Measurement(Status.RUNTIME_ERROR, detail="".join(tb).strip()[:2000])
     detail = f"stopped early: slower than {settings.early_stop_factor:g}x the best" if stopped else ""
-    median = statistics.median(samples)
+    median = max(statistics.median(samples), 1e-12)  # 0 s is suspect, not a division by zero
     if reference_s and median * settings.suspect_speedup < reference_s:
         # Too good to be true until shown otherwise: re-check on inputs never seen before.
         for _ in range(2):

@@ -95,7 +95,7 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
         while True:
             while (len(inflight) < parallel and progress.evaluations + len(inflight) < budget
                    and (deadline is None or time.monotonic() < deadline) and stall < STALL_ASKS
-                   and len(known) < space.size):
+                   and len(known) + len(inflight) < space.size):
                 trial, config = searcher.ask()
                 if config.key in known:
                     searcher.tell(trial, known[config.key])
