@@ -6,7 +6,8 @@ Skeleton contract (language `triton`): the template renders a Python module that
 and poisoned. The module's AST is checked before anything in it runs (`triton_source`): a
 violation is a COMPILE_ERROR "forbidden: ...".
 
-Compile (in the compile pool, on the CPU cores, no GPU context): the module is imported and
+Compile (in the compile pool, on the CPU cores; it reads the device's properties through torch
+but launches nothing, and Triton is pointed at a stand-in driver): the module is imported and
 `launch` is called on meta tensors of the op's real shapes with every kernel launch turned
 into a Triton warm-up, so Triton compiles exactly the specializations the benchmark worker
 will launch. The cubins land in a Triton cache shared by the run (`<run>/build/triton_cache`),
@@ -356,7 +357,7 @@ def measure_peaks(backend: CudaBackend) -> dict[str, float]:
     dst.copy_(src)
     t = statistics.median(backend.time_call(lambda: dst.copy_(src)) for _ in range(15))
     copy_gbps = 2 * n * 2 / t / 1e9
-    del src, dst
+    src = dst = None  # free 2 GiB before the matmul
     s = 8192
     a = torch.randn(s, s, device=dev, dtype=torch.bfloat16)
     b = torch.randn(s, s, device=dev, dtype=torch.bfloat16)
