@@ -1,8 +1,21 @@
 """The Searcher: owns the Optuna study through ask/tell.
 
 Encoding (one place, `distributions`): numeric params are ordinal integer indices into their
-sorted value list, so TPE and CMA-ES see that 64 sits between 32 and 128 (pow2 ranges are
-then on a log scale for free); booleans and strings are categoricals.
+sorted value list (whatever order the space lists them in), so TPE and CMA-ES see that 64
+sits between 32 and 128 (pow2 ranges are then on a log scale for free); booleans and strings
+are categoricals. `encoding="categorical"` (benchmarks only) makes every param a categorical.
+
+Samplers (`SAMPLERS`): `guided`, the default, is the model-based strategy of
+`tuner.strategy` (a Gaussian process over the whole finite space with a learned model of
+where configs fail, searching outward from the best config so far); `tpe`, `random`,
+`cmaes`, `gp` (Optuna's GPSampler; needs scipy) and `grid` (every config once) are Optuna's.
+All of them go through the same ask/tell loop and the same storage, so a run resumes with
+any of them. A `check` (the space's formulas under the run's sizes and device limits) lets
+`guided` skip configs that would be INVALID without spending an ask on them.
+
+Warm starts and a proposer's picks are `enqueue`d: Optuna hands them out first, in order.
+`patience` (off by default) stops a search once that many evaluations in a row brought no
+config at least 0.5 % faster than the best so far (`stalled`).
 
 What Optuna is told (one place, `tell`): the objective is log10(seconds). A config that is
 invalid or fails is told COMPLETE with a penalty value *and* a violated constraint
@@ -24,7 +37,9 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from .space import Space
 from .values import Config, Record, Status
 
-SAMPLERS = ("tpe", "random", "cmaes", "grid")
+SAMPLERS = ("guided", "tpe", "random", "cmaes", "gp", "grid")
+DEFAULT_SAMPLER = "guided"
+STALL_GAIN = 0.005  # what counts as an improvement for `patience`
 PENALTY = math.log10(3600.0)  # an hour: worse than any real kernel
 GRID_MAX = 100_000
 
@@ -35,23 +50,49 @@ class SearchError(ValueError):
     pass
 
 
-def distributions(space: Space) -> dict[str, Any]:
-    return {p.name: IntDistribution(0, len(p.values) - 1) if p.ordered and len(p.values) > 1
+def _ordinal(p) -> bool:
+    return p.ordered and len(p.values) > 1
+
+
+def ordinal_values(p) -> tuple:
+    """The values an ordinal index counts through: sorted, so that index order is value order."""
+    return tuple(sorted(p.values)) if _ordinal(p) else p.values
+
+
+def distributions(space: Space, encoding: str = "ordinal") -> dict[str, Any]:
+    if encoding == "categorical":
+        return {p.name: CategoricalDistribution(list(p.values)) for p in space.params}
+    return {p.name: IntDistribution(0, len(p.values) - 1) if _ordinal(p)
             else CategoricalDistribution(list(p.values)) for p in space.params}
 
 
 def encode(space: Space, config: Config) -> dict[str, Any]:
     d = config.as_dict()
-    return {p.name: p.values.index(d[p.name]) if p.ordered and len(p.values) > 1 else d[p.name]
+    return {p.name: ordinal_values(p).index(d[p.name]) if _ordinal(p) else d[p.name]
             for p in space.params}
 
 
 def decode(space: Space, params: dict[str, Any]) -> Config:
-    return Config.of({p.name: p.values[int(params[p.name])] if p.ordered and len(p.values) > 1
-                      else params[p.name] for p in space.params})
+    return Config.of({p.name: ordinal_values(p)[int(params[p.name])] if _ordinal(p) else params[p.name]
+                      for p in space.params})
 
 
-def make_sampler(name: str, space: Space, seed: int | None, n_startup: int):
+def make_sampler(name: str, space: Space, seed: int | None, n_startup: int,
+                 check=None, encoding: str = "ordinal"):
+    if name == "guided":
+        from .strategy import GuidedSampler
+        if encoding != "ordinal":
+            raise SearchError("the guided sampler encodes the space itself; use encoding='ordinal'")
+        return GuidedSampler(space, distributions(space), encode, decode, seed=seed, check=check)
+    if name == "gp":
+        try:
+            import scipy  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError:
+            raise SearchError("--sampler gp needs scipy and torch: pip install scipy") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup)
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=n_startup)
     if name == "random":
@@ -70,7 +111,7 @@ def make_sampler(name: str, space: Space, seed: int | None, n_startup: int):
         if space.size > GRID_MAX:
             raise SearchError(f"--sampler grid walks every point; this space has {space.size} "
                               f"(limit {GRID_MAX}); use tpe")
-        grid = {p.name: list(range(len(p.values))) if p.ordered and len(p.values) > 1
+        grid = {p.name: list(range(len(p.values))) if _ordinal(p) and encoding == "ordinal"
                 else list(p.values) for p in space.params}
         return optuna.samplers.GridSampler(grid, seed=seed)
     raise SearchError(f"unknown sampler {name!r}; one of {', '.join(SAMPLERS)}")
@@ -93,14 +134,25 @@ def open_storage(storage: str | None):
 
 
 class Searcher:
-    def __init__(self, space: Space, sampler: str = "tpe", seed: int | None = None,
-                 storage: str | None = None, study_name: str = "tuner", n_startup: int = 8):
+    def __init__(self, space: Space, sampler: str = DEFAULT_SAMPLER, seed: int | None = None,
+                 storage: str | None = None, study_name: str = "tuner", n_startup: int = 8,
+                 check=None, patience: int | None = None, encoding: str = "ordinal"):
+        """`check(config) -> reason or None`: the space's formulas under the run's sizes and
+        limits (what the evaluator rejects as INVALID). `patience`: see `stalled`.
+        `encoding`: "ordinal" (the default) or "categorical" (for benchmarks)."""
         self.space = space
-        self.dists = distributions(space)
+        self.encoding = encoding
+        self.dists = distributions(space, encoding)
         self.sampler_name = sampler
+        self.patience = patience
+        if encoding == "categorical":
+            self._encode, self._decode = (lambda sp, c: c.as_dict()), (lambda sp, p: Config.of(dict(p)))
+        else:
+            self._encode, self._decode = encode, decode
         try:
             self.study = optuna.create_study(
-                direction="minimize", sampler=make_sampler(sampler, space, seed, n_startup),
+                direction="minimize",
+                sampler=make_sampler(sampler, space, seed, n_startup, check, encoding),
                 storage=open_storage(storage), study_name=study_name, load_if_exists=True)
         except (ValueError, ImportError, RuntimeError) as e:
             if isinstance(e, SearchError):
@@ -122,25 +174,43 @@ class Searcher:
                 continue
             ok = r.status is Status.OK
             trials.append(optuna.trial.create_trial(
-                params=encode(self.space, r.config), distributions=self.dists,
+                params=self._encode(self.space, r.config), distributions=self.dists,
                 value=math.log10(max(r.seconds, 1e-12)) if ok else PENALTY,
-                constraints={"failed": 0.0 if ok else 1.0}))
+                constraints={"failed": 0.0 if ok else 1.0}, user_attrs={"status": r.status.value}))
         self.study.add_trials(trials)
 
     def enqueue(self, config: Config) -> None:
         """Propose `config` next (the skeleton's default, warm starts, a proposer's picks)."""
-        self.study.enqueue_trial(encode(self.space, config), skip_if_exists=True)
+        self.study.enqueue_trial(self._encode(self.space, config), skip_if_exists=True)
 
     def ask(self) -> tuple[optuna.Trial, Config]:
         trial = self.study.ask(self.dists)
-        return trial, decode(self.space, trial.params)
+        return trial, self._decode(self.space, trial.params)
 
     def tell(self, trial: optuna.Trial | int, record: Record) -> None:
         t = trial if isinstance(trial, optuna.Trial) else optuna.Trial(self.study, self._trial_id(trial))
         ok = record.status is Status.OK
         t.set_constraint("failed", 0.0 if ok else 1.0)
+        t.set_user_attr("status", record.status.value)
         value = math.log10(max(record.seconds, 1e-12)) if ok else PENALTY
         self.study.tell(t, value)
+
+    def stalled(self) -> bool:
+        """With `patience` N: the last N evaluations (INVALID configs cost none) brought no
+        config at least STALL_GAIN faster than the best before them. Read from the study, so
+        it holds across a resume. Always False without `patience`."""
+        if not self.patience:
+            return False
+        best, since = math.inf, 0
+        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            if t.user_attrs.get("status") == Status.INVALID.value:
+                continue
+            feasible = all(v <= 0.0 for v in t.constraints.values())
+            if feasible and t.value is not None and t.value < best + math.log10(1 - STALL_GAIN):
+                best, since = t.value, 0
+            else:
+                since += 1
+        return since >= self.patience
 
     def _trial_id(self, number: int) -> int:
         return self.study._storage.get_trial_id_from_study_id_trial_number(  # noqa: SLF001
@@ -154,7 +224,7 @@ class Searcher:
         out = []
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             try:
-                out.append((t.number, decode(self.space, t.params)))
+                out.append((t.number, self._decode(self.space, t.params)))
             except (KeyError, IndexError, ValueError):
                 out.append((t.number, Config.of({})))
         return out

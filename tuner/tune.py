@@ -95,7 +95,7 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
         while True:
             while (len(inflight) < parallel and progress.evaluations + len(inflight) < budget
                    and (deadline is None or time.monotonic() < deadline) and stall < STALL_ASKS
-                   and len(known) + len(inflight) < space.size):
+                   and len(known) + len(inflight) < space.size and not searcher.stalled()):
                 trial, config = searcher.ask()
                 if config.key in known:
                     searcher.tell(trial, known[config.key])
@@ -221,7 +221,7 @@ class QuietView:
 
 
 def create_run(settings: Settings, spec: OpSpec, backend: str, skeleton: Skeleton,
-               sampler: str = "tpe", seed: int | None = None, storage: str | None = None,
+               sampler: str = "guided", seed: int | None = None, storage: str | None = None,
                command: str = "", path: str | Path | None = None, extra: dict | None = None) -> Store:
     """A new run directory holding everything `execute` needs, so that it can also resume it.
     `path` puts it at that path (a round of a multi-round run) instead of a new one under
@@ -265,8 +265,13 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
     evaluator = (make_evaluator or Evaluator)(meta["backend"], spec, skeleton, settings, store.path)
     try:
         searcher = Searcher(skeleton.space, meta["sampler"], meta["seed"], meta["storage"],
-                            study_name=meta.get("study_name", "tuner"))
-        for config in (skeleton.space.default_config(), *seeds):
+                            study_name=meta.get("study_name", "tuner"), check=evaluator.check,
+                            patience=meta.get("patience"))
+        warm: tuple[Config, ...] = ()
+        if meta.get("warm_start"):  # run dirs / landscapes measured elsewhere: their best first
+            from .replay import warm_starts
+            warm = warm_starts(meta["warm_start"], skeleton.space)
+        for config in (skeleton.space.default_config(), *seeds, *warm):
             if skeleton.space.contains(config):
                 searcher.enqueue(config)
         view.note(f"measuring the device and the reference on {meta['backend']}…")
@@ -289,7 +294,7 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
 # ---- multi-round runs: a proposer writes and revises the skeleton --------------------------
 
 def create_rounds_run(settings: Settings, spec: OpSpec, backend: str, proposer: dict, rounds: int,
-                      start: Skeleton | None = None, sampler: str = "tpe", seed: int | None = None,
+                      start: Skeleton | None = None, sampler: str = "guided", seed: int | None = None,
                       storage: str | None = None, command: str = "") -> Store:
     """A run of `rounds` rounds. Each round is a whole run directory under rounds/NN/; round 1
     searches `start` when given, else the proposer's skeleton; later rounds the proposer's

@@ -13,6 +13,7 @@ from .base import Backend, BackendUnavailable
 BACKENDS = {
     "cpu": ("tuner.backends.cpu", "CpuBackend", "a C compiler with OpenMP (gcc or clang)"),
     "null": ("tuner.backends.null", "NullBackend", "nothing"),
+    "replay": ("tuner.backends.replay", "ReplayBackend", "nothing (a recorded landscape: python -m tuner.replay)"),
     "cuda": ("tuner.backends.cuda", "CudaBackend", "Triton and a CUDA build of torch (pip install 'tuner[cuda]')"),
 }
 

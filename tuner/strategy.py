@@ -1,0 +1,564 @@
+"""The default search strategy: a Gaussian-process model over the whole finite space.
+
+Kernel spaces are small and finite (hundreds to a few hundred thousand configs), and every
+evaluation costs a compile and a timed run, so the strategy spends CPU on the model to
+spend fewer evaluations:
+
+* **Encoding.** Each config is a point of [0, 1]^d: an ordered param is its value's index
+  in the sorted list scaled to [0, 1] (pow2 ranges are then on a log scale, 64 between 32
+  and 128); an unordered choice (strings, booleans) is one-hot. Params with one value vanish.
+* **Objective model.** A GP with a Matérn-5/2 kernel and one length scale per dimension
+  (fitted by maximum a-posteriori marginal likelihood) on log10(seconds), so that a 2x
+  difference counts the same anywhere. The slowest tail is compressed: a model that
+  spends itself explaining why the worst config is 50x slow predicts the best ones worse.
+* **Feasibility model.** A failed config (shared memory or registers exceeded, compile
+  error, crash, wrong result) teaches two things: its neighbourhood is suspect (a kernel
+  smoother over failures with the GP's length scales), and -- the common shape of resource
+  limits -- every config at least as large in every ordered param is likely to fail too
+  (dominance). How far the dominance rule is trusted is measured on the history itself:
+  it is switched off for a space where it keeps being wrong.
+* **Acquisition.** Expected improvement times the probability of being feasible, over
+  every config not yet seen (all of them when the space holds up to `ENUMERATE_MAX`;
+  otherwise a random sample plus the neighbours of the best few). Configs rejected by the
+  space's own formulas (`check`) are never proposed.
+* **Start.** The space's default and any warm starts / proposer picks are enqueued by the
+  caller and come first; then a few spread-out points (`n_startup`), then the model.
+
+The sampler keeps no state of its own: everything is re-read from the study on each ask,
+so a resumed run continues exactly where the history says it is.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .space import Space
+from .values import Config
+
+ENUMERATE_MAX = 200_000
+SAMPLE_CANDIDATES = 20_000
+SQRT5 = math.sqrt(5.0)
+
+
+# ---- encoding ---------------------------------------------------------------------------------
+
+class Encoding:
+    """Configs <-> value-index vectors <-> model features."""
+
+    def __init__(self, space: Space):
+        self.space = space
+        # Ordered params count through their sorted values, whatever order the space lists them.
+        self.params = tuple(type(p)(p.name, tuple(sorted(p.values)), p.log) if p.ordered else p
+                            for p in space.params)
+        self.n_values = np.array([len(p.values) for p in self.params], dtype=np.int64)
+        self.ordered = np.array([p.ordered for p in self.params])
+        self._index = [{_vkey(v): i for i, v in enumerate(p.values)} for p in self.params]
+        cols: list[tuple[int, int | None]] = []  # (param, category or None)
+        for j, p in enumerate(self.params):
+            if len(p.values) < 2:
+                continue
+            if p.ordered:
+                cols.append((j, None))
+            else:
+                cols.extend((j, c) for c in range(len(p.values)))
+        self.cols = cols
+        self.dim = len(cols)
+        self.size = int(np.prod(self.n_values))
+
+    def index(self, config: Config | dict) -> tuple[int, ...] | None:
+        d = config.as_dict() if isinstance(config, Config) else config
+        try:
+            return tuple(self._index[j][_vkey(d[p.name])] for j, p in enumerate(self.params))
+        except KeyError:
+            return None
+
+    def config(self, idx: Sequence[int]) -> Config:
+        return Config.of({p.name: p.values[int(i)] for p, i in zip(self.params, idx)})
+
+    def features(self, idx: np.ndarray) -> np.ndarray:
+        idx = np.atleast_2d(idx)
+        out = np.empty((idx.shape[0], self.dim))
+        for c, (j, cat) in enumerate(self.cols):
+            if cat is None:
+                out[:, c] = idx[:, j] / (self.n_values[j] - 1)
+            else:
+                out[:, c] = (idx[:, j] == cat) * math.sqrt(0.5)
+        return out
+
+    def flat(self, idx: np.ndarray) -> np.ndarray:
+        """Mixed-radix number of each index vector (a compact key)."""
+        idx = np.atleast_2d(idx)
+        out = np.zeros(idx.shape[0], dtype=np.int64)
+        for j in range(len(self.params)):
+            out = out * self.n_values[j] + idx[:, j]
+        return out
+
+    def unflat(self, flat: np.ndarray) -> np.ndarray:
+        flat = np.asarray(flat, dtype=np.int64).copy()
+        out = np.empty((flat.shape[0], len(self.params)), dtype=np.int64)
+        for j in range(len(self.params) - 1, -1, -1):
+            out[:, j] = flat % self.n_values[j]
+            flat //= self.n_values[j]
+        return out
+
+
+def _vkey(v: Any) -> Any:
+    return (type(v).__name__ == "bool", v)
+
+
+# ---- a small Gaussian process --------------------------------------------------------------------
+
+def _matern(r: np.ndarray) -> np.ndarray:
+    return (1.0 + SQRT5 * r + (5.0 / 3.0) * r * r) * np.exp(-SQRT5 * r)
+
+
+def _sqdist(a: np.ndarray, b: np.ndarray, ls: np.ndarray) -> np.ndarray:
+    a, b = a / ls, b / ls
+    d = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * a @ b.T
+    return np.maximum(d, 0.0)
+
+
+class GP:
+    """Zero-mean GP on standardised targets; Matérn 5/2 with ARD length scales."""
+
+    LS_BOUNDS = (math.log(0.03), math.log(10.0))
+    LS_PRIOR = (math.log(0.5), 1.0)  # log-normal prior on each length scale
+    NOISE_BOUNDS = (math.log(1e-4), math.log(0.3))
+    SIGNAL_BOUNDS = (math.log(0.05), math.log(20.0))
+
+    def __init__(self, X: np.ndarray, y: np.ndarray, theta0: np.ndarray | None = None, fit: bool = True):
+        self.X = X
+        self.mean, self.scale = float(y.mean()), float(y.std()) or 1.0
+        self.y = (y - self.mean) / self.scale
+        d = X.shape[1]
+        if theta0 is None or len(theta0) != d + 2:
+            theta0 = np.array([math.log(0.5)] * d + [0.0, math.log(0.01)])
+        self.theta = self._fit(theta0) if fit else theta0
+        self._factor()
+
+    def with_points(self, Xp: np.ndarray, yp_std: np.ndarray) -> "GP":
+        """The same GP, conditioned also on points whose standardised targets are `yp_std`."""
+        gp = GP.__new__(GP)
+        gp.X, gp.mean, gp.scale, gp.theta = np.vstack([self.X, Xp]), self.mean, self.scale, self.theta
+        gp.y = np.concatenate([self.y, yp_std])
+        gp._factor()
+        return gp
+
+    def _bounds(self) -> list[tuple[float, float]]:
+        d = self.X.shape[1]
+        return [self.LS_BOUNDS] * d + [self.SIGNAL_BOUNDS, self.NOISE_BOUNDS]
+
+    def _nll(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
+        X, y = self.X, self.y
+        n, d = X.shape
+        ls, s2, nz = np.exp(theta[:d]), math.exp(theta[d]), math.exp(theta[d + 1])
+        diff2 = ((X[:, None, :] - X[None, :, :]) / ls) ** 2  # n n d
+        r = np.sqrt(diff2.sum(-1) + 1e-12)
+        e = np.exp(-SQRT5 * r)
+        kc = s2 * (1.0 + SQRT5 * r + (5.0 / 3.0) * r * r) * e
+        K = kc + (nz + 1e-8) * np.eye(n)
+        try:
+            L = np.linalg.cholesky(K)
+        except np.linalg.LinAlgError:
+            return 1e10, np.zeros_like(theta)
+        Linv = np.linalg.solve(L, np.eye(n))
+        Kinv = Linv.T @ Linv
+        alpha = Kinv @ y
+        mu, sd = self.LS_PRIOR
+        nll = 0.5 * y @ alpha + np.log(np.diag(L)).sum() + 0.5 * (((theta[:d] - mu) / sd) ** 2).sum()
+        W = np.outer(alpha, alpha) - Kinv
+        G = s2 * (5.0 / 3.0) * (1.0 + SQRT5 * r) * e
+        grad = np.empty_like(theta)
+        grad[:d] = -0.5 * np.einsum("ij,ijk->k", W * G, diff2) + (theta[:d] - mu) / sd ** 2
+        grad[d] = -0.5 * (W * kc).sum()
+        grad[d + 1] = -0.5 * np.trace(W) * nz
+        return float(nll), grad
+
+    def _fit(self, theta0: np.ndarray) -> np.ndarray:
+        bounds = self._bounds()
+        lo, hi = np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
+        starts = [np.clip(theta0, lo, hi)]
+        default = np.array([math.log(0.5)] * self.X.shape[1] + [0.0, math.log(0.01)])
+        if not np.allclose(starts[0], default) and len(self.X) <= 12:
+            starts.append(default)
+        best_theta, best_f = starts[0], math.inf
+        for s in starts:
+            theta, f = _minimize(self._nll, s, lo, hi)
+            if f < best_f:
+                best_theta, best_f = theta, f
+        return best_theta
+
+    def _factor(self) -> None:
+        d = self.X.shape[1]
+        self.ls = np.exp(self.theta[:d])
+        self.s2 = math.exp(self.theta[d])
+        self.noise = math.exp(self.theta[d + 1])
+        K = self.s2 * _matern(np.sqrt(_sqdist(self.X, self.X, self.ls))) + (self.noise + 1e-8) * np.eye(len(self.X))
+        self.L = np.linalg.cholesky(K)
+        self.alpha = np.linalg.solve(self.L.T, np.linalg.solve(self.L, self.y))
+
+    def predict(self, Xc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation, in standardised units."""
+        ks = self.s2 * _matern(np.sqrt(_sqdist(Xc, self.X, self.ls)))
+        mean = ks @ self.alpha
+        v = np.linalg.solve(self.L, ks.T)
+        var = np.maximum(self.s2 - (v * v).sum(0), 1e-12)
+        return mean, np.sqrt(var)
+
+
+def _minimize(f: Callable, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, float]:
+    try:
+        from scipy.optimize import minimize
+    except ImportError:
+        return _projected_descent(f, x0, lo, hi)
+    res = minimize(f, x0, jac=True, method="L-BFGS-B", bounds=list(zip(lo, hi)),
+                   options={"maxiter": 60})
+    return np.clip(res.x, lo, hi), float(res.fun)
+
+
+def _projected_descent(f: Callable, x: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                       iters: int = 80) -> tuple[np.ndarray, float]:
+    fx, g = f(x)
+    step = 0.5
+    for _ in range(iters):
+        while step > 1e-6:
+            nx = np.clip(x - step * g / max(1.0, float(np.abs(g).max())), lo, hi)
+            nf, ng = f(nx)
+            if nf < fx - 1e-9:
+                x, fx, g = nx, nf, ng
+                step *= 1.5
+                break
+            step *= 0.5
+        else:
+            break
+    return x, fx
+
+
+_SQRT2 = math.sqrt(2.0)
+
+
+def _norm_cdf(z: np.ndarray) -> np.ndarray:
+    # Abramowitz-Stegun 7.1.26 through erf; |error| < 1.5e-7, enough for a ranking.
+    x = np.abs(z) / _SQRT2
+    t = 1.0 / (1.0 + 0.3275911 * x)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    erf = 1.0 - poly * np.exp(-x * x)
+    return 0.5 * (1.0 + np.sign(z) * erf)
+
+
+def expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
+    z = (best - mean) / sd
+    return sd * (z * _norm_cdf(z) + np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi))
+
+
+# ---- the proposer --------------------------------------------------------------------------------
+
+class Proposer:
+    """Chooses the next config from the history. Pure: same history and rng, same answer."""
+
+    def __init__(self, space: Space, check: Callable[[Config], str | None] | None = None,
+                 n_startup: int = 1, tail: float = 1.0, transform: str = "clip2",
+                 region: int | None = 1, region_patience: int = 4, cliff: float | None = 2.5,
+                 dominance: bool | str = "fail"):
+        self.enc = Encoding(space)
+        self.check = check
+        self.n_startup = n_startup
+        self.tail = tail
+        self.transform = transform
+        self.region = region
+        self.region_patience = region_patience
+        self.cliff = cliff
+        self.dominance = dominance
+        self._invalid: set[int] = set()  # flat keys the space's own formulas reject
+        self._all: np.ndarray | None = None
+        self._theta: np.ndarray | None = None
+
+    # -- candidates --
+
+    def _candidates(self, seen: np.ndarray, good: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        enc = self.enc
+        if enc.size <= ENUMERATE_MAX:
+            if self._all is None:
+                self._all = np.arange(enc.size, dtype=np.int64)
+            flat = self._all
+        else:
+            sample = rng.integers(0, enc.size, SAMPLE_CANDIDATES, dtype=np.int64)
+            flat = np.unique(np.concatenate([sample, self._neighbours(good)]))
+        mask = ~np.isin(flat, seen)
+        if self._invalid:
+            mask &= ~np.isin(flat, np.fromiter(self._invalid, dtype=np.int64))
+        return flat[mask]
+
+    def _neighbours(self, good: np.ndarray) -> np.ndarray:
+        out = []
+        for idx in self.enc.unflat(good) if len(good) else []:
+            for j, n in enumerate(self.enc.n_values):
+                for step in (-2, -1, 1, 2) if self.enc.ordered[j] else range(n):
+                    v = idx[j] + step if self.enc.ordered[j] else step
+                    if 0 <= v < n and v != idx[j]:
+                        nb = idx.copy()
+                        nb[j] = v
+                        out.append(nb)
+        return self.enc.flat(np.array(out)) if out else np.zeros(0, dtype=np.int64)
+
+    def _valid(self, flat: int) -> bool:
+        if self.check is None or flat in self._invalid:
+            return flat not in self._invalid
+        if self.check(self.enc.config(self.enc.unflat(np.array([flat]))[0])) is None:
+            return True
+        self._invalid.add(int(flat))
+        return False
+
+    def _pick(self, flat: np.ndarray, score: np.ndarray, rng: np.random.Generator) -> int | None:
+        """The best-scoring candidate that the space's formulas accept (ties at random)."""
+        order = np.lexsort((rng.random(len(flat)), -score))
+        for i in order[:5000]:
+            if self._valid(int(flat[i])):
+                return int(flat[i])
+        return None
+
+    # -- the step --
+
+    def propose(self, done: list[tuple[tuple[int, ...], float | None]], pending: list[tuple[int, ...]],
+                rng: np.random.Generator) -> tuple[int, ...] | None:
+        """`done`: (index vector, log10 seconds or None for a failure), oldest first;
+        `pending`: in flight."""
+        enc = self.enc
+        if self.cliff:
+            done = self._cliffs_as_failures(done)
+        seen_idx = [d[0] for d in done] + list(pending)
+        seen = enc.flat(np.array(seen_idx)) if seen_idx else np.zeros(0, dtype=np.int64)
+        ok = [(i, y) for i, y in done if y is not None]
+        good = enc.flat(np.array([i for i, _ in sorted(ok, key=lambda t: t[1])[:3]])) if ok else np.zeros(0, np.int64)
+        flat = self._candidates(seen, good, rng)
+        if len(flat) == 0:
+            return None
+        cidx = enc.unflat(flat)
+        Xc = enc.features(cidx)
+        if enc.dim == 0:
+            pick = self._pick(flat, np.zeros(len(flat)), rng)
+            return None if pick is None else tuple(enc.unflat(np.array([pick]))[0])
+
+        p_ok = self._feasibility(cidx, Xc, done)
+        if len(ok) < self.n_startup:
+            if self.region is not None and ok:
+                score = self._near(cidx, ok, done) * (0.5 + rng.random(len(cidx))) * p_ok
+            else:
+                score = self._spread(Xc, enc.features(np.array(seen_idx)) if seen_idx else None, rng) * p_ok
+        else:
+            X = enc.features(np.array([i for i, _ in ok]))
+            y = self._compress(np.array([v for _, v in ok]))
+            refit = self._theta is None or len(ok) <= 30 or len(ok) % 4 == 0
+            gp = GP(X, y, self._theta, fit=refit)
+            self._theta = gp.theta
+            self._ls = gp.ls
+            if pending:  # in flight: believe the model's mean there (keeps parallel asks apart)
+                mp, _ = gp.predict(enc.features(np.array(pending)))
+                gp = gp.with_points(enc.features(np.array(pending)), mp)
+            mean, sd = gp.predict(Xc)
+            best = float(gp.y[: len(ok)].min())
+            score = expected_improvement(mean, sd, best) * p_ok
+            if self.region is not None:
+                score = score * self._near(cidx, ok, done)
+        pick = self._pick(flat, score, rng)
+        return None if pick is None else tuple(int(v) for v in enc.unflat(np.array([pick]))[0])
+
+    def _cliffs_as_failures(self, done):
+        """A config far slower than an adjacent one (one param, one step apart) sits past a
+        cliff (spilled registers, collapsed occupancy): a different regime that a smooth model
+        should not average in. It is modelled as a failure instead."""
+        ok = [(k, np.array(i), y) for k, (i, y) in enumerate(done) if y is not None]
+        if len(ok) < 2:
+            return done
+        A = np.array([i for _, i, _ in ok])
+        y = np.array([v for _, _, v in ok])
+        o = self.enc.ordered
+        diff = np.zeros((len(A), len(A)), dtype=np.int64)
+        step = np.zeros((len(A), len(A)), dtype=np.int64)
+        for j in range(A.shape[1]):
+            d = np.abs(A[:, None, j] - A[None, :, j])
+            diff += d > 0
+            step = np.maximum(step, d if o[j] else (d > 0).astype(np.int64))
+        adjacent = (diff == 1) & (step == 1)
+        lowest = np.where(adjacent, y[None, :], np.inf).min(1)
+        cut = math.log10(self.cliff)
+        out = list(done)
+        self._cliff_rows = set()
+        for n, (k, _, v) in enumerate(ok):
+            if v - lowest[n] > cut:
+                out[k] = (done[k][0], None)
+                self._cliff_rows.add(k)
+        return out
+
+    def _radius(self, done: list[tuple[tuple[int, ...], float | None]]) -> float:
+        """The trust region grows by one step for every `patience` evaluations without a new best."""
+        best, since = math.inf, 0
+        for _, y in done:
+            if y is not None and y < best - 1e-9:
+                best, since = y, 0
+            else:
+                since += 1
+        return self.region + since // self.region_patience
+
+    def _near(self, cidx: np.ndarray, ok, done) -> np.ndarray:
+        """1 inside the trust region around the incumbent (steps: index moves of ordered params,
+        one per changed choice), a small weight outside."""
+        inc = np.array(min(ok, key=lambda t: t[1])[0])
+        o = self.enc.ordered
+        dist = np.abs(cidx[:, o] - inc[o]).sum(1) + (cidx[:, ~o] != inc[~o]).sum(1)
+        r = self._radius(done)
+        return np.where(dist <= r, 1.0, 1e-6)
+
+    def _compress(self, y: np.ndarray) -> np.ndarray:
+        """Squash the slow tail: above median + tail * IQR-ish spread, grow logarithmically."""
+        if self.transform == "inv":
+            return -(10.0 ** (y.min() - y))
+        if self.transform == "log":
+            return y
+        if self.transform.startswith("clip"):
+            return np.minimum(y, y.min() + math.log10(float(self.transform[4:])))
+        if self.transform == "rank":
+            from statistics import NormalDist
+            r = np.argsort(np.argsort(y))
+            return np.array([NormalDist().inv_cdf((k + 0.5) / len(y)) for k in r])
+        if len(y) < 4 or self.tail <= 0:
+            return y
+        med = float(np.median(y))
+        spread = float(np.median(np.abs(y - med))) or 0.1
+        cap = med + self.tail * 2.0 * spread
+        over = y > cap
+        out = y.copy()
+        out[over] = cap + np.log1p(y[over] - cap)
+        return out
+
+    def _spread(self, Xc: np.ndarray, Xs: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
+        """Start-up: far from what was seen, but not pinned to the corners (a random subset)."""
+        noise = rng.random(len(Xc))
+        if Xs is None or len(Xs) == 0:
+            return noise
+        d = np.sqrt(_sqdist(Xc, Xs, np.ones(Xc.shape[1]))).min(1)
+        keep = noise < min(1.0, 64.0 / len(Xc))  # a random subset, maximin within it
+        return np.where(keep, 1.0 + d, noise * 1e-3)
+
+    def _feasibility(self, cidx: np.ndarray, Xc: np.ndarray,
+                     done: list[tuple[tuple[int, ...], float | None]]) -> np.ndarray:
+        fails = np.array([i for i, y in done if y is None])
+        if len(fails) == 0:
+            return np.ones(len(cidx))
+        if self.dominance == "fail":
+            cl = getattr(self, "_cliff_rows", set())
+            hard = np.array([i for k, (i, y) in enumerate(done) if y is None and k not in cl])
+        else:
+            hard = fails
+        allx = np.array([i for i, _ in done])
+        label = np.array([1.0 if y is None else 0.0 for _, y in done])
+        ls = getattr(self, "_ls", None)
+        if ls is None or len(ls) != self.enc.dim:
+            ls = np.full(self.enc.dim, 0.3)
+        ls = np.minimum(ls, 0.5)
+        w = _matern(np.sqrt(_sqdist(Xc, self.enc.features(allx), ls)))
+        prior = (label.sum() + 1.0) / (len(label) + 2.0)
+        p_fail = (w @ label + 0.5 * prior) / (w.sum(1) + 0.5)
+        # Dominance: at least as large as a failure in every ordered param, same choices.
+        dom = self._dominates(cidx, hard) if self.dominance and len(hard) else np.zeros(len(cidx), dtype=bool)
+        if dom.any():
+            trust = self._dominance_trust(done)
+            p_fail = np.where(dom, np.maximum(p_fail, trust), p_fail)
+        return np.clip(1.0 - p_fail, 0.0, 1.0)
+
+    def _dominates(self, cidx: np.ndarray, fails: np.ndarray) -> np.ndarray:
+        o = self.enc.ordered
+        out = np.zeros(len(cidx), dtype=bool)
+        for f in fails:
+            ge = (cidx[:, o] >= f[o]).all(1)
+            eq = (cidx[:, ~o] == f[~o]).all(1) if (~o).any() else True
+            out |= ge & eq
+        return out
+
+    def _dominance_trust(self, done: list[tuple[tuple[int, ...], float | None]]) -> float:
+        """How often a config that dominated an earlier failure failed too (smoothed)."""
+        A = np.array([i for i, _ in done])
+        failed = np.array([y is None for _, y in done])
+        o = self.enc.ordered
+        ge = (A[:, None, o] >= A[None, :, o]).all(-1)
+        if (~o).any():
+            ge &= (A[:, None, ~o] == A[None, :, ~o]).all(-1)
+        earlier = np.tril(np.ones((len(A), len(A)), dtype=bool), -1)
+        dom = (ge & earlier & failed[None, :]).any(1)
+        hits, total = int((dom & failed).sum()), int(dom.sum())
+        return (hits + 4.0) / (total + 5.0)  # a prior of 4 in 5 before any evidence
+
+
+# ---- the Optuna sampler ----------------------------------------------------------------------
+
+def _optuna_sampler_base():
+    import optuna
+    return optuna.samplers.BaseSampler
+
+
+class GuidedSampler(_optuna_sampler_base()):
+    """`Proposer` behind Optuna's sampler interface, for the Searcher's ask/tell loop.
+
+    Reads the whole history from the study on every ask (so a resumed study continues where
+    it stood): COMPLETE trials with all constraints <= 0 are timings (their value is
+    log10 seconds), other COMPLETE trials are failures, RUNNING and WAITING ones are in
+    flight. Enqueued trials are left to Optuna. When every config has been seen it returns
+    nothing and Optuna falls back to random values, which the caller answers from its cache.
+    """
+
+    def __init__(self, space: Space, distributions: dict, encode: Callable, decode: Callable,
+                 seed: int | None = None, check: Callable[[Config], str | None] | None = None,
+                 **options: Any):
+        import optuna
+        self.space = space
+        self.proposer = Proposer(space, check, **options)
+        self._dists = distributions
+        self._encode, self._decode = encode, decode
+        self._seed = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+        self._fallback = optuna.samplers.RandomSampler(seed=self._seed)
+
+    def reseed_rng(self) -> None:
+        self._fallback.reseed_rng()
+
+    def infer_relative_search_space(self, study, trial) -> dict:
+        return dict(self._dists)
+
+    def sample_relative(self, study, trial, search_space: dict) -> dict:
+        import optuna
+        if not search_space or trial.system_attrs.get("fixed_params"):
+            return {}
+        TS = optuna.trial.TrialState
+        done: list[tuple[tuple[int, ...], float | None]] = []
+        pending: list[tuple[int, ...]] = []
+        for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+            if t.number == trial.number:
+                continue
+            if t.state == TS.WAITING:
+                params = t.system_attrs.get("fixed_params") or {}
+            elif t.state in (TS.COMPLETE, TS.RUNNING):
+                params = t.params
+            else:
+                continue
+            try:
+                idx = self.proposer.enc.index(self._decode(self.space, params))
+            except (KeyError, IndexError, ValueError, TypeError):
+                idx = None
+            if idx is None:
+                continue
+            if t.state == TS.COMPLETE:
+                feasible = all(v <= 0.0 for v in t.constraints.values()) and t.value is not None
+                done.append((idx, float(t.value) if feasible else None))
+            else:
+                pending.append(idx)
+        rng = np.random.default_rng([self._seed, trial.number])
+        idx = self.proposer.propose(done, pending, rng)
+        if idx is None:
+            return {}
+        return {k: v for k, v in self._encode(self.space, self.proposer.enc.config(idx)).items()
+                if k in search_space}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return self._fallback.sample_independent(study, trial, param_name, param_distribution)
