@@ -141,7 +141,8 @@ def cmd_tune(args) -> int:
         # Fail on an unsupported dtype or a missing toolchain before a run directory exists.
         get_backend(backend).render_context(load_op(spec))
         store = create_run(settings, spec, backend, skeleton, args.sampler, args.seed, args.storage,
-                           command=_redacted_argv(sys.argv))
+                           command=_redacted_argv(sys.argv),
+                           extra={"patience": args.patience, "warm_start": args.warm_start})
     with ProgressView(not args.quiet) as view:
         summary = execute(store, settings, args.budget, args.time_budget, args.parallel, view)
     if args.json:
@@ -307,7 +308,15 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--space", help="the YAML space of the template's tunables")
     t.add_argument("--budget", type=int, default=40, help="configs to evaluate (default 40)")
     t.add_argument("--time-budget", type=float, metavar="SECONDS", help="stop searching after this long")
-    t.add_argument("--sampler", choices=SAMPLERS, default="tpe")
+    t.add_argument("--sampler", choices=SAMPLERS, default="guided",
+                   help="guided (default): a model of the space's timings and failures searched "
+                        "outward from the best config so far; or Optuna's tpe, random, cmaes, gp; "
+                        "grid: every config once (records a full landscape for replay)")
+    t.add_argument("--patience", type=int, metavar="N",
+                   help="stop once N evaluations in a row brought no config 0.5%% faster (default: off)")
+    t.add_argument("--warm-start", action="append", default=[], metavar="SOURCE",
+                   help="try the best configs measured elsewhere first: a run directory, a landscape "
+                        "JSON (FILE@SHAPE for one of its shapes) or a JSON list of configs (repeatable)")
     t.add_argument("--seed", type=int)
     t.add_argument("--parallel", type=int, help="evaluations in flight (default: one per core)")
     t.add_argument("--storage", help="keep the Optuna study in this storage too: an RDB URL (sqlite:///study.db) "
