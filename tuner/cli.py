@@ -1,8 +1,9 @@
-"""The `tuner` command: tune, show, list, export."""
+"""The `tuner` command: tune, show, list, export, sweep, db."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -17,6 +18,7 @@ from .settings import Settings
 from .skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
 from .space import SpaceError
 from .store import Store, StoreError, list_runs
+from .sweep import SweepError
 from .llm import LLMConfig, LLMError
 from .proposer import ProposerError, make_proposer, openai_meta
 from .tune import create_rounds_run, create_run, execute, execute_rounds
@@ -24,7 +26,7 @@ from .values import OpSpec, Status
 from .worker import WorkerError, WorkerFailure
 
 USER_ERRORS = (OpError, SpaceError, SkeletonError, BackendUnavailable, StoreError, SearchError,
-               LLMError, ProposerError)
+               LLMError, ProposerError, SweepError)
 SECRET_FLAGS = ("--llm-api-key",)
 
 
@@ -143,13 +145,27 @@ def cmd_tune(args) -> int:
         store = create_run(settings, spec, backend, skeleton, args.sampler, args.seed, args.storage,
                            command=_redacted_argv(sys.argv),
                            extra={"patience": args.patience, "warm_start": args.warm_start})
-    with ProgressView(not args.quiet) as view:
-        summary = execute(store, settings, args.budget, args.time_budget, args.parallel, view)
+    with _executor(args, settings, store) as make_evaluator, ProgressView(not args.quiet) as view:
+        summary = execute(store, settings, args.budget, args.time_budget, args.parallel, view,
+                          make_evaluator=make_evaluator)
     if args.json:
         print(json.dumps(summary, indent=1, default=str))
     else:
         console.print(summary_table(summary, str(store.path)))
     return 0
+
+
+@contextlib.contextmanager
+def _executor(args, settings: Settings, store: Store):
+    """Where the evaluations of `tuner tune` run: None (local workers) or a Ray executor's
+    `evaluator`, with its cluster shut down at the end when it started one."""
+    if getattr(args, "executor", "local") != "ray":
+        yield None
+        return
+    from .executor_ray import RayExecutor
+    with RayExecutor(settings, address=args.ray_address, devices=args.devices,
+                     log_path=str(store.path / "workers.log")) as executor:
+        yield executor.evaluator
 
 
 def _tune_rounds(args, settings: Settings, store: Store | None, spec: OpSpec | None = None,
@@ -172,8 +188,9 @@ def _tune_rounds(args, settings: Settings, store: Store | None, spec: OpSpec | N
     meta = store.meta()
     overrides = {k: v for k, v in _llm_overrides(args).items() if k != "model"}
     proposer = make_proposer(meta["proposer"], store.path, api_key=args.llm_api_key, **overrides)
-    with ProgressView(not args.quiet) as view:
-        summary = execute_rounds(store, settings, proposer, args.budget, args.time_budget, args.parallel, view)
+    with _executor(args, settings, store) as make_evaluator, ProgressView(not args.quiet) as view:
+        summary = execute_rounds(store, settings, proposer, args.budget, args.time_budget, args.parallel, view,
+                                 make_evaluator=make_evaluator)
     if args.json:
         print(json.dumps(summary, indent=1, default=str))
     else:
@@ -269,6 +286,10 @@ def cmd_list(args) -> int:
 
 
 def cmd_export(args) -> int:
+    if args.db or not args.run:
+        from .db import DEFAULT_DB, cmd_export_db
+        args.db = args.db or DEFAULT_DB
+        return cmd_export_db(args)
     store = Store.open(args.run)
     cfg = store.read_json("best/config.json")
     kernels = sorted((store.path / "best").glob("kernel.*")) if (store.path / "best").is_dir() else []
@@ -327,6 +348,13 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--compile-timeout", type=float, help="seconds to compile one config")
     t.add_argument("--json", action="store_true", help="print the summary as JSON")
     t.add_argument("--quiet", action="store_true", help="no progress output")
+    t.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="local: worker processes on this machine; ray: compile tasks and one device "
+                        "actor per GPU/NPU on a Ray cluster (pip install 'tuner[ray]')")
+    t.add_argument("--ray-address", metavar="ADDR", help="with --executor ray: a running cluster "
+                   "(default: start a local one)")
+    t.add_argument("--devices", type=int, help="with --executor ray: device actors (default: every GPU/NPU "
+                   "of the cluster; one CPU worker per node for cpu)")
     m = t.add_argument_group("model proposer (any OpenAI-compatible endpoint: a hosted API, vLLM, vllm-ascend)")
     m.add_argument("--proposer", choices=("library", "openai"),
                    help="library: the shipped skeletons, one round, offline; openai: a model writes "
@@ -364,10 +392,18 @@ def parser() -> argparse.ArgumentParser:
     ls.add_argument("--runs-dir")
     ls.set_defaults(fn=cmd_list)
 
-    e = sub.add_parser("export", help="write a run's best kernel and config")
-    e.add_argument("run")
-    e.add_argument("--out", help="output folder (default: exported/<run id>)")
+    e = sub.add_parser("export", help="write a run's best kernel and config, or the tuning database")
+    e.add_argument("run", nargs="?", help="a run directory (or give --db)")
+    e.add_argument("--out", help="output folder (default: exported/<run id>, with --db exported/)")
+    e.add_argument("--db", help="export this tuning database (tuning.json, tuned_kernels.py, "
+                   "triton_autotune.py) instead of one run")
+    e.add_argument("--backend", help="with --db: only this backend's entries")
+    e.add_argument("--device", help="with --db: only this device model's entries")
     e.set_defaults(fn=cmd_export)
+
+    from . import db as _db, sweep as _sweep
+    _sweep.add_cli(sub)
+    _db.add_cli(sub)
     return p
 
 

@@ -1,0 +1,110 @@
+"""tuner.runtime: serve the exported table at run time (exact shapes, the nearest-shape rule,
+stale toolchains, fallback), with the null backend and real C kernels."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+from tuner.db import TuningDB, export
+from tuner.ops import builtin_spec
+from tuner.runtime import Table, distance, rank, sizes_of
+from tuner.skeleton import library_skeleton, load_skeleton
+from tuner.tune import create_run, execute
+from tests.conftest import FIXTURES
+
+LANDSCAPE = (FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, cache_dir):
+    """softmax tuned on null at 256x512 and 1024x512 (landscape skeleton), and on cpu at 16x64
+    (the library C skeleton), collected and exported."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from tuner.settings import Settings
+    base = tmp_path_factory.mktemp("rt")
+    settings = Settings(runs_dir=str(base / "runs"), cache_dir=cache_dir, bench_budget_s=0.005,
+                        warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=2)
+    for shape in ("256x512", "1024x512"):
+        store = create_run(settings, builtin_spec("softmax", shape), "null", load_skeleton(*LANDSCAPE), "random", 2)
+        execute(store, settings, 10, parallel=2)
+    store = create_run(settings, builtin_spec("softmax", "16x64"), "cpu", library_skeleton("softmax", "c"), "random", 2)
+    execute(store, settings, 3, parallel=1)
+    db = TuningDB(base / "db.json")
+    db.collect([base / "runs"])
+    db.save()
+    export(db, base / "out")
+    return base / "out"
+
+
+def test_the_rule():
+    assert sizes_of("matmul", [torch.empty(8, 4), torch.empty(4, 16)]) == {"M": 8, "K": 4, "N": 16}
+    assert distance({"M": 2048, "N": 512}, {"M": 1024, "N": 512}) == distance({"M": 512, "N": 512}, {"M": 1024, "N": 512}) == 1
+    # Equal distance: the tuned shape that covers the call wins.
+    call = {"M": 1024, "N": 1024}
+    assert rank(call, {"M": 2048, "N": 1024}, 1.0) < rank(call, {"M": 512, "N": 1024}, 0.5)
+
+
+def test_exact_shape_serves_the_verified_kernel(exported, cache_dir):
+    t = Table.load(exported / "tuning.json", backend="null", cache_dir=cache_dir)
+    x = torch.randn(256, 512)
+    y = t("softmax", x)
+    assert torch.allclose(y, torch.softmax(x, -1), atol=1e-6)
+    assert t.last is not None and t.last.exact and t.last.sizes == {"M": 256, "N": 512}
+    entry = json.loads((exported / "tuning.json").read_text())["entries"]
+    assert t.last.config == next(e for e in entry if e["sizes"] == {"M": 256, "N": 512})["config"]
+
+
+def test_nearest_tuned_shape(exported, cache_dir):
+    t = Table(json.loads((exported / "tuning.json").read_text()), backend="null", cache_dir=cache_dir)
+    x = torch.randn(300, 512)
+    y = t("softmax", x)
+    assert torch.allclose(y, torch.softmax(x, -1), atol=1e-6)
+    assert not t.last.exact and t.last.entry["sizes"] == {"M": 256, "N": 512}  # log-distance 0.23 vs 1.77
+    x = torch.randn(900, 512)
+    t("softmax", x)
+    assert t.last.entry["sizes"] == {"M": 1024, "N": 512}
+    # A config that breaks a constraint at the call's sizes (BM <= M) is passed over; none left:
+    # the torch implementation answers.
+    tiny = torch.randn(8, 512)
+    assert torch.allclose(t("softmax", tiny), torch.softmax(tiny, -1))
+    assert t.last is None
+    assert any("constraint failed" in line for line in t.explain("softmax", {"M": 8, "N": 512}))
+    with pytest.raises(LookupError, match="no tuned kernel"):
+        Table(json.loads((exported / "tuning.json").read_text()), backend="null", strict=True,
+              cache_dir=cache_dir)("softmax", tiny)
+
+
+def test_another_toolchain_is_never_served(exported, cache_dir):
+    data = json.loads((exported / "tuning.json").read_text())
+    for e in data["entries"]:
+        e["toolchain"] = {**e["toolchain"], "null": "0"}
+        e["fingerprint"] = "f" * 16
+    t = Table(data, backend="null", cache_dir=cache_dir)
+    x = torch.randn(256, 512)
+    assert torch.allclose(t("softmax", x), torch.softmax(x, -1))
+    assert t.last is None
+    assert "another toolchain" in t.explain("softmax", {"M": 256, "N": 512})[0]
+
+
+def test_real_c_kernel_exact_and_nearest(exported, cache_dir):
+    t = Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir)
+    for m in (16, 20):
+        x = torch.randn(m, 64)
+        y = t("softmax", x)
+        assert torch.allclose(y, torch.softmax(x, -1), atol=1e-5, rtol=1e-5)
+        assert t.last is not None and t.last.exact == (m == 16)
+        assert t.last.entry["backend"] == "cpu"
+
+
+def test_exported_module(exported, cache_dir, monkeypatch):
+    spec = importlib.util.spec_from_file_location("tuned_kernels", exported / "tuned_kernels.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setenv("TUNER_CACHE_DIR", cache_dir)
+    mod.table(backend="null", cache_dir=cache_dir)
+    x = torch.randn(1024, 512)
+    assert torch.allclose(mod.call("softmax", x), torch.softmax(x, -1), atol=1e-6)
+    assert mod.lookup("softmax", {"M": 1000, "N": 512}).entry["sizes"] == {"M": 1024, "N": 512}

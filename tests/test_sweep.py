@@ -1,0 +1,110 @@
+"""Sweeps: ops x shapes x dtypes in one command, budgets, resume, the summary; local and Ray."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from tuner.cli import main
+from tuner.store import Store
+from tuner.sweep import SweepError, load_plan
+from tests.conftest import FIXTURES
+
+SWEEP = FIXTURES / "sweep/null.yaml"
+
+
+@pytest.fixture(autouse=True)
+def fast(monkeypatch, tmp_path):
+    monkeypatch.setenv("TUNER_BENCH_BUDGET_S", "0.005")
+    monkeypatch.setenv("TUNER_MAX_REPS", "20")
+    monkeypatch.setenv("TUNER_WARMUP_S", "0")
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # behaviour, not speed: no spinning threads
+
+
+def records(folder):
+    return {p.name: [json.dumps(r.to_json()) for r in Store(p).records()]
+            for p in sorted((folder / "tasks").iterdir())}
+
+
+def test_plan_expands_ops_shapes_dtypes(tmp_path):
+    plan = load_plan(SWEEP)
+    assert [t.key for t in plan.tasks] == ["softmax-256x512-fp32-null", "softmax-512x512-fp32-null",
+                                           "rmsnorm-256x512-fp32-null"]
+    assert all(t.budget == 6 for t in plan.tasks)
+    text = SWEEP.read_text().replace("budget: 6", "total_budget: 10")
+    (tmp_path / "s.yaml").write_text(text.replace("../null/", str(FIXTURES / "null") + "/"))
+    assert [t.budget for t in load_plan(tmp_path / "s.yaml").tasks] == [4, 3, 3]
+
+
+@pytest.mark.parametrize("text, words", [
+    ("ops: {nosuchop: {shapes: [1x2]}}", "unknown op"),
+    ("ops: {softmax: {shapes: [12]}}", "bad shape"),
+    ("backend: cpu\nops: {swiglu: {shapes: [64x64]}}", "no c skeleton"),
+    ("ops: {softmax: {}}", "shapes"),
+    ("budget: 3\ntotal_budget: 9\nops: {softmax: {shapes: [64x64]}}", "not both"),
+    ("bogus: 1\nops: {softmax: {shapes: [64x64]}}", "unknown key"),
+])
+def test_bad_sweep_files_fail_before_any_run(tmp_path, capsys, text, words):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(SweepError, match=words):
+        load_plan(f, "null" if "backend" not in text else None)
+    assert main(["sweep", str(f), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    assert not (tmp_path / "out").exists()
+
+
+def test_local_sweep_runs_resumes_and_summarises(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(SWEEP), "--out", str(out), "--quiet"]) == 0
+    table = capsys.readouterr().out
+    for words in ("softmax", "rmsnorm", "256x512", "% of ceiling", "vs reference", "failures"):
+        assert words in table
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["state"] for r in summary["tasks"]] == ["done"] * 3
+    for r in summary["tasks"]:
+        assert r["evaluations"] == 6 and r["best_s"] and r["ceiling_percent"] and r["speedup_vs_reference"]
+        assert Store.open(r["run"]).meta()["sweep"] == "null-sweep"
+    first = records(out)
+
+    # The same command again: nothing is redone.
+    assert main(["sweep", str(SWEEP), "--out", str(out), "--quiet"]) == 0
+    assert records(out) == first
+
+    # A task killed mid-search (summary gone, three records on disk) continues from them.
+    task = out / "tasks" / "softmax-512x512-fp32-null"
+    (task / "summary.json").unlink()
+    lines = (task / "records.jsonl").read_text().splitlines()
+    kept = [ln for ln in lines if json.loads(ln)["build"]["status"] != "INVALID"][:3]
+    (task / "records.jsonl").write_text("\n".join(kept) + "\n")
+    shutil.rmtree(task / "best")
+    capsys.readouterr()
+    assert main(["sweep", str(SWEEP), "--out", str(out), "--quiet", "--json"]) == 0
+    after = Store(task).records()
+    assert [r.to_json() for r in after[:3]] == [json.loads(ln) for ln in kept]
+    assert sum(r.status.value != "INVALID" for r in after) == 6
+    assert records(out)["softmax-256x512-fp32-null"] == first["softmax-256x512-fp32-null"]
+    assert json.loads(capsys.readouterr().out)["tasks"][1]["evaluations"] == 6
+
+
+def test_ray_sweep_gives_the_local_winners(tmp_path):
+    """All tasks at once over two device actors of a local Ray cluster: per task the same
+    evaluated configs (a seeded random sampler) and so the same winner as the local sweep."""
+    pytest.importorskip("ray")
+    local, remote = tmp_path / "local", tmp_path / "ray"
+    assert main(["sweep", str(SWEEP), "--out", str(local), "--quiet"]) == 0
+    assert main(["sweep", str(SWEEP), "--out", str(remote), "--quiet", "--executor", "ray",
+                 "--devices", "2"]) == 0
+    a = json.loads((local / "summary.json").read_text())["tasks"]
+    b = json.loads((remote / "summary.json").read_text())["tasks"]
+    assert [(r["task"], r["best_s"]) for r in a] == [(r["task"], r["best_s"]) for r in b]
+    for ra, rb in zip(a, b):
+        recs = {r.config.key: r for r in Store(local / "tasks" / ra["task"]).records()}
+        # Configs with equal scripted times tie; the winner is one of the tied fastest.
+        assert recs[json.dumps(rb["best_config"], sort_keys=True, separators=(",", ":"))].seconds == ra["best_s"]
+    for name in os.listdir(local / "tasks"):
+        ka = sorted((r.config.key, r.status.value) for r in Store(local / "tasks" / name).records())
+        kb = sorted((r.config.key, r.status.value) for r in Store(remote / "tasks" / name).records())
+        assert ka == kb
+    assert json.loads((remote / "summary.json").read_text())["executor"] == "ray"

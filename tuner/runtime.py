@@ -1,0 +1,360 @@
+"""Serve tuned kernels at run time: look up the best config for a call's shapes, build the kernel
+once, launch it.
+
+    from tuner import runtime
+    table = runtime.Table.load("exported/tuning.json")    # written by `tuner export --db ...`
+    y = table("softmax", x)                               # sizes and dtype read from x
+    k = table.kernel("matmul", {"M": 512, "N": 512, "K": 256}, "fp32")   # or ask for one
+
+Which entry serves a call (the rule, in order):
+
+1. Candidates are the table's entries for the op and dtype, with the same size names, whose
+   device model is this machine's (the backend's `device_info().name`) and whose toolchain
+   fingerprint is the live one (`tuner.db.fingerprint`): a kernel tuned under another compiler,
+   torch, Triton or driver is never served. Pass `backend=` to choose among several backends;
+   by default the first backend of the table whose device is here, accelerators first.
+2. An entry tuned at exactly the call's sizes is used as it was verified (its stored source).
+3. Otherwise the *nearest* tuned shape: the smallest sum over the sizes of |log2(call / tuned)|
+   (so 2048 is as far from 1024 as 512 is); ties go to a tuned shape at least as large as the
+   call in every size, then to the closer total size, then to the faster entry. Its config is
+   rendered at the call's sizes and must pass the skeleton's constraints and the device's
+   resource limits there; the first candidate that does is used.
+4. With `verify="nearest"` (the default) a config borrowed from another shape is checked once
+   against the reference on random inputs of the call's shape before its first use; a wrong one
+   is skipped for the next candidate (`verify="always"` checks exact ones too, `"never"` none).
+5. When nothing serves, a call runs the op's torch implementation (or raises `LookupError`
+   with `strict=True`); `Table.explain` says why each candidate was passed over.
+
+Built kernels are cached in memory per (op, sizes, dtype, backend) and their compiled artifacts
+on disk under `<cache_dir>/runtime/` (default `~/.cache/tuner/runtime`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .backends import BackendUnavailable, get_backend
+from .db import fingerprint
+from .ops import load_op, render_context
+from .settings import Settings
+from .skeleton import Skeleton, SkeletonError
+from .values import Config, OpSpec, Status
+
+# Where a built-in op's sizes are read from its inputs: (input index, size name per dim).
+SIZES_FROM_INPUTS: dict[str, list[tuple[int, tuple[str | None, ...]]]] = {
+    "softmax": [(0, ("M", "N"))], "rmsnorm": [(0, ("M", "N"))], "layernorm": [(0, ("M", "N"))],
+    "matmul": [(0, ("M", "K")), (1, ("K", "N"))], "add_rmsnorm": [(0, ("M", "N"))],
+    "swiglu": [(0, ("M", "N"))], "rope": [(0, ("T", "H", "D"))], "cross_entropy": [(0, ("M", "V"))],
+    "attention": [(0, ("B", "H", "S", "D"))], "attention_causal": [(0, ("B", "H", "S", "D"))],
+}
+BACKEND_ORDER = ("npu", "cuda", "cpu", "null")
+VERIFY = ("nearest", "always", "never")
+
+
+def sizes_of(op: str, inputs) -> dict[str, int]:
+    if op not in SIZES_FROM_INPUTS:
+        raise LookupError(f"cannot read {op!r}'s sizes from its inputs; pass sizes={{...}}")
+    out: dict[str, int] = {}
+    for i, names in SIZES_FROM_INPUTS[op]:
+        shape = tuple(inputs[i].shape)
+        if len(shape) != len(names):
+            raise LookupError(f"{op}: input {i} has shape {shape}, expected {len(names)} dims ({', '.join(n or '_' for n in names)})")
+        for n, d in zip(names, shape):
+            if n is not None:
+                out.setdefault(n, int(d))
+    return out
+
+
+def dtype_name(tensor) -> str:
+    import torch
+    names = {torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16", torch.bfloat16: "bf16"}
+    if tensor.dtype not in names:
+        raise LookupError(f"no tuned kernels for dtype {tensor.dtype}")
+    return names[tensor.dtype]
+
+
+def distance(call: dict[str, int], tuned: dict[str, int]) -> float:
+    return sum(abs(math.log2(call[k] / tuned[k])) for k in call)
+
+
+def rank(call: dict[str, int], tuned: dict[str, int], median_s: float) -> tuple:
+    covers = all(tuned[k] >= call[k] for k in call)
+    total = abs(math.log2(math.prod(call.values()) / math.prod(tuned.values())))
+    return (round(distance(call, tuned), 9), not covers, round(total, 9), median_s)
+
+
+@dataclass
+class Candidate:
+    entry: dict
+    distance: float
+    exact: bool
+    why_not: str = ""
+
+
+@dataclass
+class Kernel:
+    """A built kernel for one (op, sizes, dtype): call it with the op's inputs (on the device);
+    it allocates the outputs unless `out=` gives them, launches, and returns them."""
+
+    entry: dict
+    sizes: dict[str, int]
+    exact: bool
+    distance: float
+    backend: Any
+    op: Any
+    fn: Any
+    _out_specs: list | None = field(default=None, repr=False)
+
+    @property
+    def config(self) -> dict:
+        return self.entry["config"]
+
+    def outputs(self, inputs) -> list:
+        import torch
+        if self._out_specs is None:
+            outs = None
+            try:
+                outs = self.op.reference([x.to("meta", torch.float64) if x.is_floating_point() else x.to("meta")
+                                          for x in inputs])
+            except Exception:  # noqa: BLE001 - a reference that cannot run on meta tensors
+                outs = self.op.reference([x.double().cpu() if x.is_floating_point() else x.cpu() for x in inputs])
+            self._out_specs = [(tuple(o.shape), o.is_floating_point(), o.dtype) for o in outs]
+        dt = inputs[0].dtype if inputs and inputs[0].is_floating_point() else torch.float32
+        return [torch.empty(s, dtype=dt if fp else odt, device=inputs[0].device)
+                for s, fp, odt in self._out_specs]
+
+    def __call__(self, *inputs, out=None):
+        outs = list(out) if out is not None else self.outputs(inputs)
+        self.backend.launch(self.fn, list(inputs) + outs)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+class Table:
+    """The served entries of an export (or a `TuningDB`), with the lookup rule above."""
+
+    def __init__(self, data: dict | str | Path, backend: str | None = None, verify: str = "nearest",
+                 strict: bool = False, cache_dir: str | None = None, check_toolchain: bool = True):
+        if not isinstance(data, dict):
+            data = json.loads(Path(data).read_text())
+        if verify not in VERIFY:
+            raise ValueError(f"verify must be one of {', '.join(VERIFY)}")
+        self.entries: list[dict] = list(data.get("entries", []))
+        self.skeletons: dict[str, dict] = dict(data.get("skeletons", {}))
+        self.backend, self.verify, self.strict = backend, verify, strict
+        self.check_toolchain = check_toolchain
+        self.cache_dir = Path(cache_dir or Settings().cache_dir)
+        self._devices: dict[str, Any] = {}
+        self._kernels: dict[tuple, Kernel | None] = {}
+        self._lock = threading.RLock()
+        self.last: Kernel | None = None  # the kernel of the last call (None: the torch fallback)
+
+    @classmethod
+    def load(cls, path: str | Path, **options) -> "Table":
+        return cls(json.loads(Path(path).read_text()), **options)
+
+    @classmethod
+    def from_db(cls, db, **options) -> "Table":
+        return cls({"entries": db.entries, "skeletons": db.data["skeletons"]}, **options)
+
+    # ---- where we are ------------------------------------------------------------------
+
+    def device(self, backend: str):
+        """This machine's DeviceInfo for `backend`, or None when the backend cannot run here."""
+        with self._lock:
+            if backend not in self._devices:
+                try:
+                    self._devices[backend] = get_backend(backend, 0, cache_dir=str(self.cache_dir)).device_info()
+                except (BackendUnavailable, ImportError, RuntimeError, OSError):
+                    self._devices[backend] = None
+            return self._devices[backend]
+
+    def backends(self) -> list[str]:
+        have = {e["backend"] for e in self.entries}
+        if self.backend:
+            return [self.backend]
+        ordered = [b for b in BACKEND_ORDER if b in have] + sorted(have - set(BACKEND_ORDER))
+        return [b for b in ordered if self.device(b) is not None]
+
+    # ---- lookup ------------------------------------------------------------------------
+
+    def candidates(self, op: str, sizes: dict[str, int], dtype: str = "fp32",
+                   backend: str | None = None) -> list[Candidate]:
+        """Every entry of the op and dtype, best first by the rule; `why_not` set on those that
+        cannot serve here (another device or toolchain, other size names)."""
+        out = []
+        backends = [backend] if backend else self.backends()
+        for b in backends:
+            info = self.device(b)
+            for e in self.entries:
+                if e["op"] != op or e["dtype"] != dtype or e["backend"] != b:
+                    continue
+                why = ""
+                if set(e["sizes"]) != set(sizes):
+                    why = f"other size names {sorted(e['sizes'])}"
+                elif info is None:
+                    why = f"the {b} backend cannot run here"
+                elif e["device"] != info.name:
+                    why = f"tuned on {e['device']}, this is {info.name}"
+                elif self.check_toolchain and e["fingerprint"] != fingerprint(dict(info.toolchain)):
+                    why = (f"tuned with another toolchain ({_diff(e['toolchain'], dict(info.toolchain))}): "
+                           f"stale here, never served")
+                d = distance(sizes, e["sizes"]) if not why or "size names" not in why else math.inf
+                out.append(Candidate(e, d, d == 0, why))
+        out.sort(key=lambda c: (bool(c.why_not), rank(sizes, c.entry["sizes"], c.entry["median_s"])
+                                if "size names" not in c.why_not else (math.inf,)))
+        return out
+
+    def lookup(self, op: str, sizes: dict[str, int], dtype: str = "fp32",
+               backend: str | None = None) -> Candidate | None:
+        """The entry that serves these sizes (the rule's steps 1-3, without building it)."""
+        for c in self.candidates(op, sizes, dtype, backend):
+            if c.why_not:
+                return None
+            if c.exact:
+                return c
+            why = self._invalid(c, sizes)
+            if why is None:
+                return c
+        return None
+
+    def explain(self, op: str, sizes: dict[str, int], dtype: str = "fp32", backend: str | None = None) -> list[str]:
+        lines = []
+        for c in self.candidates(op, sizes, dtype, backend):
+            why = c.why_not or ("" if c.exact else self._invalid(c, sizes) or "")
+            lines.append(f"{c.entry['backend']} {c.entry['sizes']} distance {c.distance:.2f}: "
+                         + (f"passed over: {why}" if why else "can serve"))
+        return lines
+
+    def kernel(self, op: str, sizes: dict[str, int], dtype: str = "fp32",
+               backend: str | None = None) -> Kernel | None:
+        key = (op, json.dumps(sizes, sort_keys=True), dtype, backend)
+        with self._lock:
+            if key in self._kernels:
+                return self._kernels[key]
+            k = None
+            for c in self.candidates(op, sizes, dtype, backend):
+                if c.why_not:
+                    break
+                k = self._build(c, sizes)
+                if k is not None:
+                    break
+            self._kernels[key] = k
+            return k
+
+    def __call__(self, op: str, *inputs, sizes: dict[str, int] | None = None, backend: str | None = None,
+                 out=None):
+        sizes = sizes or sizes_of(op, inputs)
+        dtype = dtype_name(inputs[0]) if inputs and inputs[0].is_floating_point() else "fp32"
+        k = self.kernel(op, sizes, dtype, backend)
+        self.last = k
+        if k is not None:
+            return k(*inputs, out=out)
+        if self.strict:
+            raise LookupError(f"no tuned kernel serves {op} {sizes} {dtype} here:\n  "
+                              + "\n  ".join(self.explain(op, sizes, dtype, backend) or ["no entries for it"]))
+        entry = next((e for e in self.entries if e["op"] == op), None)
+        spec = OpSpec(op, entry["source"] if entry else op, tuple(sizes.items()), dtype,
+                      entry["kind"] if entry else "builtin")
+        outs = load_op(spec).torch_impl(list(inputs))
+        if out is not None:
+            for o, r in zip(out, outs):
+                o.copy_(r)
+            outs = list(out)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    # ---- building ----------------------------------------------------------------------
+
+    def _spec(self, entry: dict, sizes: dict[str, int]) -> OpSpec:
+        return OpSpec(entry["op"], entry["source"], tuple(sizes.items()), entry["dtype"], entry.get("kind", "builtin"))
+
+    def _skeleton(self, entry: dict) -> Skeleton:
+        s = self.skeletons[entry["skeleton"]]
+        return Skeleton.from_json({"template": s["template"], "space": s["space"], "language": s["language"],
+                                   "name": s.get("name", "")})
+
+    def _context(self, entry: dict, sizes: dict[str, int]):
+        spec = self._spec(entry, sizes)
+        op = load_op(spec)
+        backend = get_backend(entry["backend"], 0, cache_dir=str(self.cache_dir), op=spec.to_json())
+        return op, backend, {**render_context(op), **backend.render_context(op)}
+
+    def _invalid(self, c: Candidate, sizes: dict[str, int]) -> str | None:
+        try:
+            op, backend, ctx = self._context(c.entry, sizes)
+            return self._skeleton(c.entry).space.check(Config.of(c.entry["config"]), ctx, backend.limits())
+        except (SkeletonError, BackendUnavailable, ValueError, KeyError) as e:
+            return f"{type(e).__name__}: {e}"
+
+    def _build(self, c: Candidate, sizes: dict[str, int]) -> Kernel | None:
+        e = c.entry
+        try:
+            op, backend, ctx = self._context(e, sizes)
+            skel = self._skeleton(e)
+            config = Config.of(e["config"])
+            if c.exact:
+                source = e["kernel"]
+            else:
+                if skel.space.check(config, ctx, backend.limits()) is not None:
+                    return None
+                source = skel.render(config, ctx)
+        except (SkeletonError, BackendUnavailable, ValueError, KeyError):
+            return None
+        artifact = self._artifact(e, backend, skel.language, source)
+        if artifact is None:
+            return None
+        fn = backend.load(artifact, op)
+        k = Kernel(e, dict(sizes), c.exact, c.distance, backend, op, fn)
+        if self.verify == "always" or (self.verify == "nearest" and not c.exact):
+            if not self._verified(k):
+                return None
+        return k
+
+    def _artifact(self, entry: dict, backend, language: str, source: str) -> str | None:
+        digest = hashlib.sha256(f"{entry['backend']}\0{entry['fingerprint']}\0{source}".encode()).hexdigest()[:20]
+        workdir = self.cache_dir / "runtime" / digest
+        done = workdir / "artifact.json"
+        if done.is_file():
+            artifact = json.loads(done.read_text())["artifact"]
+            if Path(artifact).exists():
+                return artifact
+        workdir.mkdir(parents=True, exist_ok=True)
+        if language in ("triton", "triton_ascend"):
+            # Triton compiles at the first launch (its own cache); no ahead-of-time pass here,
+            # which would swap the live driver of the caller's process.
+            path = workdir / "kernel.py"
+            path.write_text(source)
+            artifact = str(path)
+        else:
+            build = backend.compile(source, str(workdir), 300.0)
+            if build.status is not Status.OK:
+                return None
+            artifact = build.artifact
+        done.write_text(json.dumps({"artifact": artifact}))
+        return artifact
+
+    def _verified(self, k: Kernel) -> bool:
+        """One check against the float64 reference on fresh random inputs of the call's shape."""
+        from . import measure
+        seed = 12345
+        try:
+            why, _, _ = measure.check(k.backend, k.fn, k.op, seed, measure._reference(k.op, seed))
+        except Exception:  # noqa: BLE001 - a kernel that fails at this shape does not serve it
+            return False
+        return why is None
+
+
+def _diff(a: dict, b: dict) -> str:
+    keys = sorted(set(a) | set(b))
+    d = [f"{k} {a.get(k, '-')} -> {b.get(k, '-')}" for k in keys if str(a.get(k)) != str(b.get(k))]
+    return ", ".join(d[:3]) or "same versions"
+
+
+def load(path: str | Path, **options) -> Table:
+    """`Table.load`: the served table of an export's tuning.json."""
+    return Table.load(path, **options)

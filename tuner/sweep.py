@@ -1,0 +1,533 @@
+"""Offline sweeps: ops x shapes x dtypes in one command, resumable, with one summary table.
+
+A sweep file (YAML):
+
+    name: nightly-cpu          # the sweep folder: sweeps/<name> (or --out DIR); default: file name
+    backend: cpu               # one backend for every task (default: an accelerator if usable)
+    dtypes: [fp32]             # default dtypes of every op
+    budget: 40                 # evaluations per task ...
+    # total_budget: 400        # ... or in total, split evenly over the tasks
+    # time_budget_s: 120       # wall time of one task's search (with or without budget)
+    # total_time_s: 3600       # wall time of the whole sweep: tasks not started by then are skipped
+    sampler: tpe               # seed: 0 (each task's seed is derived from it and the task)
+    ops:
+      softmax: {shapes: [256x1024, 4096x4096]}
+      rmsnorm: {shapes: [1024x4096], dtypes: [fp32]}
+      mykernel: {op: softmax, shapes: [64x128], template: t.txt.j2, space: s.yaml}
+
+`ops` may also be a list of mappings with an `op:` key. A task whose op has no library skeleton
+for the backend's language names a `template` and `space` (paths relative to the sweep file).
+
+Every task is a whole run directory, `<sweep>/tasks/<op>-<shape>-<dtype>-<backend>`, created by
+`tune.create_run` and searched by `tune.execute`, so that re-running the same command resumes:
+finished tasks are read back, a killed one continues from its records, the rest start.
+
+Executors. `local`: one task at a time, each with the local compile pool and benchmark workers
+(tasks side by side would time on the same cores or GPU). `ray`: several tasks at once (by
+default one more than the devices), all sharing the cluster's device actors and compile CPUs;
+the evaluations in flight over all tasks are about the cluster's slots (devices + compile CPUs).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import math
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+import yaml
+
+from .backends import BackendUnavailable, default_backend, get_backend
+from .ops import BUILTINS, OpError, builtin_spec, load_op
+from .settings import Settings
+from .skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
+from .store import Store, StoreError
+from .tune import Progress, create_run, execute
+from .values import OpSpec
+
+TOP_KEYS = {"name", "backend", "dtypes", "budget", "total_budget", "time_budget_s", "total_time_s",
+            "sampler", "seed", "ops", "out", "concurrency"}
+OP_KEYS = {"op", "shapes", "dtypes", "template", "space", "budget"}
+
+
+class SweepError(ValueError):
+    """A sweep file that cannot be used; the message names the file and the entry."""
+
+
+@dataclass
+class Task:
+    op: str
+    shape: str
+    dtype: str
+    backend: str
+    template: str | None = None
+    space: str | None = None
+    budget: int | None = None  # set by the plan
+
+    @property
+    def key(self) -> str:
+        return f"{self.op}-{self.shape}-{self.dtype}-{self.backend}"
+
+    @property
+    def spec(self) -> OpSpec:
+        return builtin_spec(self.op, self.shape, self.dtype)
+
+    def skeleton(self) -> Skeleton:
+        if self.template:
+            return load_skeleton(self.template, self.space)
+        return library_skeleton(self.op, get_backend(self.backend).language)
+
+
+@dataclass
+class Plan:
+    name: str
+    source: str  # the sweep file
+    backend: str
+    tasks: list[Task]
+    sampler: str = "tpe"
+    seed: int = 0
+    time_budget_s: float | None = None
+    total_time_s: float | None = None
+    concurrency: int | None = None
+    out: str | None = None
+    text_hash: str = ""
+
+    def folder(self, override: str | None = None) -> Path:
+        return Path(override or self.out or Path("sweeps") / self.name)
+
+    def task_seed(self, task: Task) -> int:
+        return int(hashlib.sha256(f"{self.seed}:{task.key}".encode()).hexdigest()[:8], 16) % 2**31
+
+
+def _list(value, what: str, where: str) -> list:
+    if value is None:
+        return []
+    if isinstance(value, (str, int)):
+        return [str(value)]
+    if isinstance(value, list) and all(isinstance(v, (str, int)) for v in value):
+        return [str(v) for v in value]
+    raise SweepError(f"{where}: {what} must be a list, e.g. [256x1024, 1024x4096]")
+
+
+def load_plan(path: str | Path, backend: str | None = None) -> Plan:
+    """Read and check a sweep file: every task's op, shape, dtype and skeleton, before anything runs."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+        data = yaml.safe_load(text) or {}
+    except OSError as e:
+        raise SweepError(f"cannot read the sweep file {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise SweepError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise SweepError(f"{path}: expected a mapping with an `ops:` key (see `tuner sweep --help`)")
+    unknown = set(data) - TOP_KEYS
+    if unknown:
+        raise SweepError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(TOP_KEYS))}")
+    if "backend" in data and data["backend"] is None:
+        data["backend"] = "null"  # YAML reads `backend: null` as no value; it means the null backend
+    backend = backend or data.get("backend") or default_backend()
+    dtypes = _list(data.get("dtypes", ["fp32"]), "dtypes", str(path))
+    ops = data.get("ops")
+    if isinstance(ops, dict):
+        entries = [(name, dict(v or {})) for name, v in ops.items()]
+    elif isinstance(ops, list):
+        entries = []
+        for i, v in enumerate(ops):
+            if not isinstance(v, dict) or "op" not in v:
+                raise SweepError(f"{path}: ops[{i}]: expected a mapping with an `op:` key")
+            entries.append((str(v["op"]), dict(v)))
+    else:
+        raise SweepError(f"{path}: `ops:` must map op names to {{shapes: [...]}} (or be a list of them)")
+    base = path.parent
+    tasks: list[Task] = []
+    problems: list[str] = []
+    budgets: dict[str, int] = {}
+    for name, entry in entries:
+        where = f"{path}: ops.{name}"
+        unknown = set(entry) - OP_KEYS
+        if unknown:
+            raise SweepError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(OP_KEYS))}")
+        op = str(entry.get("op", name))
+        if op not in BUILTINS:
+            raise SweepError(f"{where}: unknown op {op!r}; built-in ops: {', '.join(BUILTINS)}")
+        shapes = _list(entry.get("shapes"), "shapes", where)
+        if not shapes:
+            raise SweepError(f"{where}: give `shapes: [...]`, e.g. shapes: [{'x'.join(['1024'] * len(BUILTINS[op].size_names))}]")
+        template = entry.get("template")
+        space = entry.get("space")
+        if bool(template) != bool(space):
+            raise SweepError(f"{where}: give both `template:` and `space:`, or neither (the library skeleton)")
+        template = str(base / template) if template else None
+        space = str(base / space) if space else None
+        for shape in shapes:
+            for dtype in _list(entry.get("dtypes", dtypes), "dtypes", where):
+                try:
+                    builtin_spec(op, shape, dtype)
+                except OpError as e:
+                    raise SweepError(f"{where}: {e}") from None
+                t = Task(op, shape, dtype, backend, template, space)
+                if any(o.key == t.key for o in tasks):
+                    continue
+                tasks.append(t)
+                if entry.get("budget") is not None:
+                    budgets[t.key] = int(entry["budget"])
+    if not tasks:
+        raise SweepError(f"{path}: no tasks (ops x shapes x dtypes is empty)")
+    if data.get("budget") is not None and data.get("total_budget") is not None:
+        raise SweepError(f"{path}: give `budget:` (per task) or `total_budget:` (split over the tasks), not both")
+    checked: dict[tuple, str | None] = {}
+    for t in tasks:  # every skeleton resolves and the backend can run the op, before any run
+        k = (t.op, t.template, t.space)
+        if k not in checked:
+            try:
+                t.skeleton()
+                checked[k] = None
+            except (SkeletonError, BackendUnavailable, OpError) as e:
+                checked[k] = str(e)
+        if checked[k]:
+            problems.append(f"{t.key}: {checked[k]}")
+            continue
+        try:
+            get_backend(backend).render_context(load_op(t.spec))
+        except (BackendUnavailable, OpError) as e:
+            problems.append(f"{t.key}: {e}")
+    if problems:
+        raise SweepError(f"{path}: {len(problems)} task(s) cannot run:\n  " + "\n  ".join(problems))
+    budget, total = data.get("budget"), data.get("total_budget")
+    if total is not None:
+        n = len(tasks)
+        per, extra = divmod(int(total), n)
+        if per < 1:
+            raise SweepError(f"{path}: total_budget {total} is less than one evaluation per task ({n} tasks)")
+        for i, t in enumerate(tasks):
+            t.budget = budgets.get(t.key, per + (1 if i < extra else 0))
+    else:
+        default = int(budget) if budget is not None else (10**9 if data.get("time_budget_s") else 40)
+        for t in tasks:
+            t.budget = budgets.get(t.key, default)
+    for t in tasks:
+        if t.budget < 1:
+            raise SweepError(f"{path}: {t.key}: budget must be at least 1")
+    return Plan(name=str(data.get("name") or path.stem), source=str(path), backend=backend,
+                tasks=tasks, sampler=str(data.get("sampler", "tpe")), seed=int(data.get("seed", 0)),
+                time_budget_s=_float(data.get("time_budget_s")), total_time_s=_float(data.get("total_time_s")),
+                concurrency=data.get("concurrency"), out=data.get("out"),
+                text_hash=hashlib.sha256(text.encode()).hexdigest()[:16])
+
+
+def _float(v) -> float | None:
+    return None if v is None else float(v)
+
+
+# ---- progress -----------------------------------------------------------------------------
+
+@dataclass
+class TaskState:
+    task: Task
+    state: str = "waiting"  # waiting | running | done | failed | skipped
+    progress: Progress | None = None
+    note: str = ""
+    summary: dict | None = None
+    run: str = ""
+    error: str = ""
+    wall_s: float = 0.0
+
+
+class _TaskView:
+    """The per-task view that `tune.execute` calls; it feeds the one sweep view."""
+
+    def __init__(self, sweep_view: "SweepView", state: TaskState):
+        self.sweep_view, self.state = sweep_view, state
+
+    def __call__(self, p: Progress) -> None:
+        self.state.progress = p
+        self.sweep_view.update()
+
+    def note(self, text: str) -> None:
+        self.state.note = text
+        self.sweep_view.update()
+
+
+class SweepView:
+    """One progress view for the whole sweep: a live table on a terminal, a line every few
+    seconds elsewhere (logs, CI)."""
+
+    def __init__(self, states: list[TaskState], enabled: bool = True):
+        self.states, self.enabled = states, enabled
+        self.tty = sys.stderr.isatty()
+        self.started = time.monotonic()
+        self._last = 0.0
+        self._live = None
+        self._lock = threading.Lock()
+
+    def for_task(self, state: TaskState) -> _TaskView:
+        return _TaskView(self, state)
+
+    def __enter__(self):
+        if self.enabled and self.tty:
+            from rich.live import Live
+
+            from .report import err_console
+            self._live = Live(self._table(), console=err_console, refresh_per_second=2, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._live is not None:
+            self._live.update(self._table())
+            self._live.__exit__(*exc)
+        return False
+
+    def line(self) -> str:
+        from .report import fmt_time
+        counts: dict[str, int] = {}
+        evals = 0
+        running = []
+        for s in self.states:
+            counts[s.state] = counts.get(s.state, 0) + 1
+            if s.progress:
+                evals += s.progress.evaluations
+            elif s.summary:
+                evals += s.summary.get("evaluations", 0)
+            if s.state == "running":
+                p = s.progress
+                running.append(f"{s.task.op} {s.task.shape} " + (
+                    f"{p.evaluations}/{p.budget} best {fmt_time(p.best_s)}" if p else s.note[:40]))
+        done = counts.get("done", 0) + counts.get("failed", 0) + counts.get("skipped", 0)
+        return (f"sweep: {done}/{len(self.states)} tasks done, {counts.get('running', 0)} running, "
+                f"{counts.get('waiting', 0)} waiting · {evals} evaluations · "
+                f"{time.monotonic() - self.started:.0f} s" + (" · " + " · ".join(running) if running else ""))
+
+    def _table(self):
+        from rich.table import Table
+
+        from .report import fmt_time
+        t = Table(title=self.line().split(" · ")[0], title_justify="left")
+        for c in ("task", "state", "evaluated", "best", "failed"):
+            t.add_column(c)
+        for s in self.states:
+            p = s.progress
+            fails = sum((p.failures if p else {}).values())
+            t.add_row(f"{s.task.op} {s.task.shape} {s.task.dtype}", s.state if s.state != "running" or p else s.note[:30] or s.state,
+                      f"{p.evaluations}/{p.budget}" if p else "-", fmt_time(p.best_s if p else None),
+                      str(fails) if p else "-")
+        return t
+
+    def update(self) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            if self._live is not None:
+                self._live.update(self._table())
+            elif time.monotonic() - self._last > 5:
+                self._last = time.monotonic()
+                print(self.line(), file=sys.stderr, flush=True)
+
+    def note(self, text: str) -> None:
+        if self.enabled:
+            print(text, file=sys.stderr, flush=True)
+
+
+# ---- running ------------------------------------------------------------------------------
+
+def _task_done(store: Store, task: Task, time_budget_s: float | None) -> dict | None:
+    """The task's summary when it needs no more work, else None (to start or resume it)."""
+    summary = store.read_json("summary.json")
+    if summary is None:
+        return None
+    if summary.get("evaluations", 0) >= task.budget:
+        return summary
+    if summary.get("evaluations", 0) + summary.get("invalid", 0) >= summary.get("space_size", math.inf):
+        return summary  # the space is exhausted
+    if time_budget_s is not None:
+        return summary  # it ran out of time; re-running would spend the budget again
+    return None
+
+
+def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: str | None = None,
+              devices: int | None = None, concurrency: int | None = None, out: str | None = None,
+              view_enabled: bool = True, ray_executor=None, parallel: int | None = None) -> dict:
+    """Run (or resume) every task of the plan; write and return the sweep summary.
+    `ray_executor`: an already started `RayExecutor` to use (tests, benches)."""
+    folder = plan.folder(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    prev = Store(folder).read_json("sweep.json") or {}
+    Store(folder).write_json("sweep.json", {"name": plan.name, "source": plan.source, "backend": plan.backend,
+                                            "text_hash": plan.text_hash, "tasks": [t.key for t in plan.tasks],
+                                            "created": prev.get("created") or time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    states = [TaskState(t) for t in plan.tasks]
+    started = time.monotonic()
+    deadline = None if plan.total_time_s is None else started + plan.total_time_s
+    owned = None
+    make_evaluator = None
+    per_task_parallel = parallel
+    k = 1
+    try:
+        if executor == "ray":
+            from .executor_ray import RayExecutor
+            ex = ray_executor or RayExecutor(settings, address=address, devices=devices,
+                                             log_path=str(folder / "workers.log"))
+            owned = ex if ray_executor is None else None
+            make_evaluator = ex.evaluator
+            n_dev = ex.n_devices(plan.backend)
+            k = concurrency or plan.concurrency or n_dev + 1
+            k = max(1, min(int(k), len(plan.tasks)))
+            if per_task_parallel is None:
+                per_task_parallel = max(2, math.ceil(ex.default_parallel(plan.backend) / k))
+        elif executor == "local":
+            k = 1
+        else:
+            raise SweepError(f"unknown executor {executor!r}; one of local, ray")
+        with SweepView(states, view_enabled) as view:
+            lock = threading.Lock()
+            pending = list(states)
+
+            def run_one(state: TaskState) -> None:
+                task = state.task
+                path = folder / "tasks" / task.key
+                state.run = str(path)
+                t0 = time.monotonic()
+                try:
+                    if (path / "run.json").is_file():
+                        store = Store.open(path)
+                        store.repair()
+                        done = _task_done(store, task, plan.time_budget_s)
+                        if done is not None:
+                            state.summary, state.state = done, "done"
+                            view.update()
+                            return
+                    else:
+                        store = create_run(settings, task.spec, task.backend, task.skeleton(), plan.sampler,
+                                           plan.task_seed(task), None, command=f"tuner sweep {plan.source}",
+                                           path=path, extra={"sweep": plan.name})
+                    tb = plan.time_budget_s
+                    if deadline is not None:
+                        with lock:
+                            waiting = sum(1 for s in states if s.state == "waiting") + 1
+                        rounds = math.ceil(waiting / k)
+                        share = max(1.0, (deadline - time.monotonic()) / rounds)
+                        tb = share if tb is None else min(tb, share)
+                    state.state = "running"
+                    view.update()
+                    state.summary = execute(store, settings, task.budget, tb, per_task_parallel,
+                                            view.for_task(state), make_evaluator=make_evaluator)
+                    state.state = "done"
+                except (SkeletonError, StoreError, BackendUnavailable, OpError, ValueError) as e:
+                    state.state, state.error = "failed", f"{type(e).__name__}: {e}"
+                finally:
+                    state.wall_s = time.monotonic() - t0
+                    view.update()
+
+            def next_task() -> TaskState | None:
+                with lock:
+                    while pending:
+                        s = pending.pop(0)
+                        if deadline is not None and time.monotonic() >= deadline and not (
+                                Path(folder / "tasks" / s.task.key / "summary.json").is_file()):
+                            s.state, s.error = "skipped", "the sweep's total_time_s ran out before it started"
+                            continue
+                        return s
+                return None
+
+            def lane() -> None:
+                while (s := next_task()) is not None:
+                    run_one(s)
+
+            with cf.ThreadPoolExecutor(max_workers=k) as pool:
+                for f in [pool.submit(lane) for _ in range(k)]:
+                    f.result()
+    finally:
+        if owned is not None:
+            owned.close()
+    summary = sweep_summary(plan, states, time.monotonic() - started, executor)
+    Store(folder).write_json("summary.json", summary)
+    return summary
+
+
+def sweep_summary(plan: Plan, states: list[TaskState], wall_s: float, executor: str) -> dict:
+    rows = []
+    for s in states:
+        summ = s.summary or {}
+        best = summ.get("best") or {}
+        fails = {k: v["count"] for k, v in (summ.get("failures") or {}).items() if k != "INVALID"}
+        ceiling = best.get("ceiling") or {}
+        rows.append({"task": s.task.key, "op": s.task.op, "shape": s.task.shape, "dtype": s.task.dtype,
+                     "backend": s.task.backend, "state": s.state, "error": s.error, "run": s.run,
+                     "budget": s.task.budget, "evaluations": summ.get("evaluations"),
+                     "invalid": summ.get("invalid"), "best_s": best.get("median_s"),
+                     "best_config": best.get("config"), "ceiling_percent": ceiling.get("percent"),
+                     "ceiling_what": ceiling.get("what"), "speedup_vs_reference": best.get("speedup_vs_reference"),
+                     "reference_s": (summ.get("reference") or {}).get("median_s"), "failures": fails,
+                     "device": (summ.get("device") or {}).get("name"), "task_wall_s": round(s.wall_s, 2)})
+    return {"name": plan.name, "source": plan.source, "backend": plan.backend, "executor": executor,
+            "wall_s": round(wall_s, 2), "tasks": rows,
+            "evaluations": sum(r["evaluations"] or 0 for r in rows)}
+
+
+def summary_table(summary: dict, folder: str = ""):
+    from rich.table import Table
+
+    from .report import fmt_time
+    t = Table(title=f"sweep {summary['name']} on {summary['backend']} ({summary['executor']} executor): "
+                    f"{summary['evaluations']} evaluations in {summary['wall_s']:.0f} s"
+                    + (f" · {folder}" if folder else ""), title_justify="left")
+    for c in ("op", "shape", "dtype", "state", "evals", "best", "% of ceiling", "vs reference", "failures"):
+        t.add_column(c)
+    for r in summary["tasks"]:
+        fails = ", ".join(f"{k} {v}" for k, v in sorted(r["failures"].items())) or "none"
+        pct = f"{r['ceiling_percent']:.1f} %" if r["ceiling_percent"] is not None else "-"
+        sp = f"{r['speedup_vs_reference']:.2f}x" if r["speedup_vs_reference"] else "-"
+        state = r["state"] if not r["error"] else f"{r['state']}: {r['error'][:60]}"
+        if r["state"] == "done" and r["best_s"] is None:
+            state = "done: no config passed"
+        t.add_row(r["op"], r["shape"], r["dtype"], state,
+                  f"{r['evaluations']}/{r['budget']}" if r["evaluations"] is not None else "-",
+                  fmt_time(r["best_s"]), pct, sp, fails)
+    return t
+
+
+__all__ = ["Plan", "Task", "SweepError", "load_plan", "run_sweep", "summary_table", "sweep_summary"]
+
+
+# ---- the `tuner sweep` command -------------------------------------------------------------
+
+def add_cli(sub) -> None:
+    s = sub.add_parser("sweep", help="tune ops x shapes x dtypes from a sweep file (resumable)",
+                       description="Run every task of a sweep file; re-run the same command to resume. "
+                                   "Sweep file format: see tuner/sweep.py or the README, 'Sweeps'.")
+    s.add_argument("file", help="the sweep file (YAML)")
+    s.add_argument("--out", help="the sweep folder (default: the file's `out:`, else sweeps/<name>)")
+    s.add_argument("--backend", help="override the file's backend")
+    s.add_argument("--executor", choices=("local", "ray"), default="local")
+    s.add_argument("--ray-address", metavar="ADDR", help="a running Ray cluster (default: start a local one)")
+    s.add_argument("--devices", type=int, help="device actors with --executor ray (default: every GPU/NPU)")
+    s.add_argument("--concurrency", type=int, help="tasks at once with --executor ray (default: devices + 1)")
+    s.add_argument("--parallel", type=int, help="evaluations in flight per task")
+    s.add_argument("--run-timeout", type=float, help="seconds to verify and time one config")
+    s.add_argument("--compile-timeout", type=float, help="seconds to compile one config")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    s.add_argument("--quiet", action="store_true", help="no progress output")
+    s.set_defaults(fn=cmd_sweep)
+
+
+def cmd_sweep(args) -> int:
+    import json as _json
+
+    from .report import console
+    settings = Settings.from_env(run_timeout_s=args.run_timeout, compile_timeout_s=args.compile_timeout)
+    plan = load_plan(args.file, args.backend)
+    folder = plan.folder(args.out)
+    if not args.quiet:
+        print(f"sweep {plan.name}: {len(plan.tasks)} tasks on {plan.backend} in {folder} "
+              f"({args.executor} executor)", file=sys.stderr)
+    summary = run_sweep(plan, settings, args.executor, args.ray_address, args.devices, args.concurrency,
+                        args.out, not args.quiet, parallel=args.parallel)
+    if args.json:
+        print(_json.dumps(summary, indent=1, default=str))
+    else:
+        console.print(summary_table(summary, str(folder)))
+    return 0 if all(r["state"] == "done" for r in summary["tasks"]) else 1
