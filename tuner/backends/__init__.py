@@ -15,6 +15,8 @@ BACKENDS = {
     "null": ("tuner.backends.null", "NullBackend", "nothing"),
     "replay": ("tuner.backends.replay", "ReplayBackend", "nothing (a recorded landscape: python -m tuner.replay)"),
     "cuda": ("tuner.backends.cuda", "CudaBackend", "Triton and a CUDA build of torch (pip install 'tuner[cuda]')"),
+    "npu": ("tuner.backends.npu", "NpuBackend", "an Ascend NPU with CANN, torch_npu and triton-ascend (see README, 'Ascend')"),
+    "sim": ("tuner.backends.sim", "SimBackend", "nothing (an analytical Ascend model; --chip picks the chip)"),
 }
 
 
