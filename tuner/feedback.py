@@ -23,6 +23,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from .ops import ceiling
 from .space import Space
 from .values import Record, Status
 
@@ -82,22 +83,8 @@ def signature(text: str) -> str:
     return line[:200]
 
 
-def ceiling(flops: float | None, nbytes: float, peaks: dict[str, float], seconds: float) -> dict | None:
-    """% of the roofline ceiling: the matmul rate for compute-bound ops (> 20 flops per byte),
-    else the copy bandwidth. None when the device reports no peak."""
-    if flops and nbytes and flops / nbytes > 20 and peaks.get("fp32_gflops"):
-        rate = flops / seconds / 1e9
-        return {"what": "fp32 matmul rate", "value": rate, "unit": "GFLOP/s",
-                "percent": 100 * rate / peaks["fp32_gflops"]}
-    if peaks.get("copy_gbps") and nbytes:
-        rate = nbytes / seconds / 1e9
-        return {"what": "copy bandwidth", "value": rate, "unit": "GB/s",
-                "percent": 100 * rate / peaks["copy_gbps"]}
-    return None
-
-
 def build_feedback(records: list[Record], space: Space, *, flops: float | None = None,
-                   nbytes: float = 0.0, peaks: dict[str, float] | None = None,
+                   nbytes: float = 0.0, peaks: dict[str, float] | None = None, dtype: str = "fp32",
                    reference_s: float | None = None, round: int = 1, skeleton_hash: str = "",
                    k: int = 5) -> Feedback:
     latest: dict[str, Record] = {}
@@ -108,7 +95,7 @@ def build_feedback(records: list[Record], space: Space, *, flops: float | None =
     best = []
     for r in ok[:k]:
         entry: dict[str, Any] = {"config": r.config.to_json(), "median_s": r.seconds}
-        c = ceiling(flops, nbytes, peaks or {}, r.seconds)
+        c = ceiling(flops, nbytes, r.seconds, dtype, peaks or {})
         if c:
             entry["percent"], entry["ceiling"] = round_(c["percent"], 2), c["what"]
         if reference_s:
@@ -277,5 +264,6 @@ def feedback_for_run(store) -> Feedback:
     op = load_op(OpSpec.from_json(meta["op"]))
     peaks = ((meta.get("device") or {}).get("peaks")) or {}
     return build_feedback(store.records(), skeleton.space, flops=op.flops, nbytes=op.bytes, peaks=peaks,
+                          dtype=op.spec.dtype,
                           reference_s=(summary.get("reference") or {}).get("median_s"),
                           round=skeleton.round or 1, skeleton_hash=skeleton.hash)

@@ -397,6 +397,25 @@ def output_shapes(op: Op) -> list[tuple[tuple[int, ...], Any]]:
     return [(tuple(o.shape), o.dtype) for o in outs]
 
 
+def ceiling(flops: float | None, nbytes: float, seconds: float, dtype: str,
+            peaks: dict[str, float]) -> dict | None:
+    """Where a time sits under the roofline: compute-bound ops (more than 20 flops per byte
+    moved, a matmul) against the device's matmul rate for this dtype (`<dtype>_gflops`, else
+    fp32's), the rest against the measured copy bandwidth. `value` is the peak, `achieved`
+    the op's rate. None when the device reports neither peak."""
+    if flops and nbytes and flops / nbytes > 20:
+        key = f"{dtype}_gflops" if peaks.get(f"{dtype}_gflops") else "fp32_gflops"
+        if peaks.get(key):
+            rate = flops / seconds / 1e9
+            return {"what": f"{key.split('_')[0]} matmul rate (measured)", "value": peaks[key],
+                    "achieved": rate, "unit": "GFLOP/s", "percent": 100 * rate / peaks[key]}
+    if peaks.get("copy_gbps") and nbytes:
+        rate = nbytes / seconds / 1e9
+        return {"what": "copy bandwidth (measured)", "value": peaks["copy_gbps"], "achieved": rate,
+                "unit": "GB/s", "percent": 100 * rate / peaks["copy_gbps"]}
+    return None
+
+
 def render_context(op: Op) -> dict[str, Any]:
     """What a template and a space may read of the op: its sizes and dtype facts."""
     ctx: dict[str, Any] = dict(op.sizes)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from .evaluate import Evaluator
-from .ops import load_op
+from .ops import ceiling, load_op
 from .search import Searcher
 from .settings import Settings
 from .skeleton import Skeleton
@@ -188,14 +188,9 @@ def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s:
                 "gflops": (op.flops / t / 1e9) if op.flops else None,
                 "speedup_vs_reference": (ref_s / t) if ref_s else None,
                 "max_abs_err": winner.measurement.max_abs_err, "trial": winner.trial}
-        peaks = dict(info.peaks) if info else {}
-        # Compute-bound when the op does more than ~20 flops per byte moved (a matmul).
-        if op.flops and op.flops / op.bytes > 20 and peaks.get("fp32_gflops"):
-            best["ceiling"] = {"what": "fp32 matmul rate (torch, measured)", "value": peaks["fp32_gflops"],
-                               "unit": "GFLOP/s", "percent": 100 * best["gflops"] / peaks["fp32_gflops"]}
-        elif peaks.get("copy_gbps"):
-            best["ceiling"] = {"what": "copy bandwidth (measured)", "value": peaks["copy_gbps"],
-                               "unit": "GB/s", "percent": 100 * best["gbps"] / peaks["copy_gbps"]}
+        c = ceiling(op.flops, op.bytes, t, op.spec.dtype, dict(info.peaks) if info else {})
+        if c is not None:
+            best["ceiling"] = c
         summary["best"] = best
     store.write_json("summary.json", summary)
     return summary
