@@ -1,0 +1,223 @@
+"""One sweep, several executors: the local executor against the Ray executor on one device and on
+all devices of the machine, and (optionally) a device actor killed mid-sweep.
+
+Every phase runs the same sweep (the same tasks, the same seeded random sampler, so each task
+evaluates the same configs whatever the executor) into its own folder, and reports evaluations
+per minute (evaluations of all tasks / the sweep's wall time; the Ray cluster's start-up, once
+per process, is reported apart), each task's winner, and whether the winners agree across phases.
+
+    python bench/ray_sweep.py --backend cuda --budget 12 --phases local,ray1,ray --out /tmp/rs
+    python bench/ray_sweep.py --backend cuda --phases ray1,ray,raykill      # multi-GPU scaling
+
+Phases: local (the local executor), ray1 (Ray, one device actor), ray (Ray, one actor per GPU),
+raykill (as ray, with one device actor's process SIGKILLed once a third of the budget is
+recorded: nothing recorded may be lost, every task must still finish its budget).
+Writes <out>/ray_sweep.json and prints markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tuner.settings import Settings  # noqa: E402
+from tuner.store import Store  # noqa: E402
+from tuner.sweep import load_plan, run_sweep  # noqa: E402
+
+TASKS = {  # backend -> (op, shape) list; dtype per backend below
+    "cuda": [("softmax", "4096x4096"), ("softmax", "16384x2048"), ("rmsnorm", "4096x4096"),
+             ("rmsnorm", "16384x2048"), ("layernorm", "4096x4096"), ("swiglu", "4096x8192"),
+             ("add_rmsnorm", "4096x4096"), ("rope", "4096x32x128"), ("cross_entropy", "2048x32000")],
+    "cpu": [("softmax", "512x1024"), ("softmax", "2048x256"), ("rmsnorm", "512x1024"),
+            ("rmsnorm", "2048x256"), ("layernorm", "512x1024"), ("matmul", "128x128x128")],
+    "null": [("softmax", f"{m}x512") for m in (64, 128, 256, 512, 1024, 2048, 4096, 8192)],
+}
+DTYPE = {"cuda": "bf16", "cpu": "fp32", "null": "fp32"}
+
+
+def sweep_file(out: Path, backend: str, n: int, budget: int) -> Path:
+    tasks = TASKS[backend][:n]
+    ops: dict[str, list[str]] = {}
+    for op, shape in tasks:
+        ops.setdefault(op, []).append(shape)
+    lines = [f"name: bench-{backend}", f'backend: "{backend}"', f"dtypes: [{DTYPE[backend]}]",
+             f"budget: {budget}", "sampler: random", "seed: 7", "ops:"]
+    null = ROOT / "tests/fixtures/null"
+    for op, shapes in ops.items():
+        lines.append(f"  {op}:")
+        lines.append(f"    shapes: [{', '.join(shapes)}]")
+        if backend == "null":
+            lines += [f"    template: {null / 'landscape.txt.j2'}", f"    space: {null / 'landscape.yaml'}"]
+    path = out / f"sweep-{backend}.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def all_lines(folder: Path) -> dict[str, list[str]]:
+    out = {}
+    for p in sorted((folder / "tasks").glob("*/records.jsonl")) if (folder / "tasks").is_dir() else []:
+        out[p.parent.name] = p.read_text().splitlines()
+    return out
+
+
+def phase(name: str, plan_path: Path, out: Path, settings: Settings, parallel: int | None) -> dict:
+    plan = load_plan(plan_path)
+    folder = out / name
+    result: dict = {"phase": name}
+    t0 = time.monotonic()
+    if name == "local":
+        summary = run_sweep(plan, settings, "local", out=str(folder), view_enabled=True, parallel=parallel)
+        result["startup_s"] = 0.0
+    else:
+        from tuner.executor_ray import RayExecutor
+        ex = RayExecutor(settings, devices=1 if name == "ray1" else None, log_path=str(folder / "workers.log"))
+        try:
+            ex.pool(plan.backend)  # place the device actors before the clock starts
+            result["startup_s"] = round(time.monotonic() - t0, 2)
+            result["devices"] = ex.n_devices(plan.backend)
+            result["actors"] = [s.info for s in ex.pool(plan.backend).slots]
+            kill = {}
+            if name == "raykill":
+                total = sum(t.budget for t in plan.tasks)
+
+                def killer():
+                    def enough():
+                        n = sum(sum(1 for ln in v if '"INVALID"' not in ln) for v in all_lines(folder).values())
+                        return n >= total // 3
+                    while not enough():
+                        time.sleep(0.05)
+                    busy = [x for x in ex.inflight() if x[2].startswith("measure")]
+                    victim = busy[0] if busy else ex.inflight()[0]
+                    kill["before"] = all_lines(folder)
+                    kill["victim"] = {"actor": victim[1], "doing": victim[2], "pid": victim[3]}
+                    os.kill(victim[3], signal.SIGKILL)
+                    kill["at_s"] = round(time.monotonic() - t1, 2)
+                threading.Thread(target=killer, daemon=True).start()
+            t1 = time.monotonic()
+            summary = run_sweep(plan, settings, "ray", out=str(folder), view_enabled=True,
+                                ray_executor=ex, parallel=parallel)
+            pool = ex.pool(plan.backend)
+            result.update(replaced=pool.replaced, lost_actors=pool.lost, retries=ex.retries)
+            if kill:
+                after = all_lines(folder)
+                lost = [t for t, lines in kill["before"].items() if after.get(t, [])[:len(lines)] != lines]
+                dup = {}
+                for t in after:
+                    keys = [r.config.key for r in Store(folder / "tasks" / t).records()]
+                    dup[t] = len(keys) - len(set(keys))
+                result["kill"] = {**{k: v for k, v in kill.items() if k != "before"},
+                                  "records_before": sum(len(v) for v in kill["before"].values()),
+                                  "tasks_with_lost_records": lost, "duplicates": sum(dup.values())}
+        finally:
+            ex.close()
+    wall = summary["wall_s"]
+    result.update(wall_s=wall, evaluations=summary["evaluations"],
+                  evals_per_min=round(60 * summary["evaluations"] / wall, 1) if wall else None,
+                  tasks=summary["tasks"])
+    return result
+
+
+def agreement(a: dict, b: dict, out: Path) -> list[dict]:
+    """Per task: same winner? If not, both winners' times in each phase's own records."""
+    rows = []
+    for ta, tb in zip(a["tasks"], b["tasks"]):
+        row = {"task": ta["task"], "same": ta["best_config"] == tb["best_config"],
+               a["phase"]: ta["best_s"], b["phase"]: tb["best_s"]}
+        if not row["same"] and ta["best_config"] and tb["best_config"]:
+            ra = {r.config.key: r for r in Store(out / a["phase"] / "tasks" / ta["task"]).records()}
+            key_b = json.dumps(tb["best_config"], sort_keys=True, separators=(",", ":"))
+            other = ra.get(key_b)
+            # How much slower b's winner measured in a's run: within noise when small.
+            row["b_winner_in_a_ratio"] = round(other.seconds / ta["best_s"], 4) if other else None
+        rows.append(row)
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--backend", default="cuda", choices=sorted(TASKS))
+    p.add_argument("--tasks", type=int, default=8)
+    p.add_argument("--budget", type=int, default=12, help="evaluations per task")
+    p.add_argument("--phases", default="local,ray1,ray")
+    p.add_argument("--parallel", type=int, help="evaluations in flight per task (default: the executor's)")
+    p.add_argument("--bench-budget", type=float, default=0.1, help="seconds of timed repetitions per candidate")
+    p.add_argument("--out", default="bench_out/ray_sweep")
+    p.add_argument("--report", help="also write the JSON report here after every phase (e.g. $OUT/ray_sweep.json)")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    settings = Settings.from_env(runs_dir=str(out / "runs"), cache_dir=str(out / "cache"),
+                                 bench_budget_s=args.bench_budget)
+    plan_path = sweep_file(out, args.backend, args.tasks, args.budget)
+    # Measure the device's ceilings once, so that no phase pays for it (they are cached).
+    from tuner.backends import get_backend
+    info = get_backend(args.backend, 0, cache_dir=settings.cache_dir).device_info()
+    report = {"backend": args.backend, "device": info.name, "toolchain": dict(info.toolchain),
+              "cpus": os.cpu_count(), "budget": args.budget, "tasks": args.tasks,
+              "bench_budget_s": args.bench_budget, "phases": []}
+    try:
+        import torch
+        report["gpus"] = torch.cuda.device_count()
+    except Exception:  # noqa: BLE001
+        report["gpus"] = 0
+    if any(n.startswith("ray") for n in args.phases.split(",")):
+        from tuner.executor_ray import connect
+        t0 = time.monotonic()
+        connect(num_gpus=report["gpus"] or None)  # one local cluster for every Ray phase
+        report["ray_cluster_start_s"] = round(time.monotonic() - t0, 2)
+    for name in args.phases.split(","):
+        try:
+            r = phase(name, plan_path, out, settings, args.parallel)
+        except Exception:  # noqa: BLE001 - record it and go on with the next phase
+            import traceback
+            r = {"phase": name, "error": traceback.format_exc()[-3000:]}
+        report["phases"].append(r)
+        for path in (out / "ray_sweep.json", *([Path(args.report)] if args.report else [])):
+            path.write_text(json.dumps(report, indent=1, default=str))
+        print(json.dumps({k: v for k, v in r.items() if k != "tasks"}, default=str), flush=True)
+    ok = [r for r in report["phases"] if "error" not in r]
+    if ok:
+        report["agreement"] = {f"{a['phase']}~{b['phase']}": agreement(a, b, out)
+                               for a in ok for b in ok if a is not b and a["phase"] < b["phase"]}
+    for path in (out / "ray_sweep.json", *([Path(args.report)] if args.report else [])):
+        path.write_text(json.dumps(report, indent=1, default=str))
+    try:
+        import ray
+        if ray.is_initialized():
+            ray.shutdown()
+    except ImportError:
+        pass
+    print(f"\n{report['device']}, {report['cpus']} CPUs, {report.get('gpus')} GPUs; {args.tasks} tasks x "
+          f"{args.budget} evaluations, random sampler, bench budget {args.bench_budget} s")
+    print(f"Ray cluster start: {report.get('ray_cluster_start_s', '-')} s (once); 'actors s': placing the phase's device actors")
+    print("| phase | devices | sweep wall s | evaluations | evals/min | actors s | retries | replaced |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in report["phases"]:
+        if "error" in r:
+            print(f"| {r['phase']} | error: {r['error'].strip().splitlines()[-1][:150]} |")
+            continue
+        print(f"| {r['phase']} | {r.get('devices', 1)} | {r['wall_s']} | {r['evaluations']} | {r['evals_per_min']} | "
+              f"{r['startup_s']} | {r.get('retries', '-')} | {r.get('replaced', '-')} |")
+    for pair, rows in report.get("agreement", {}).items():
+        same = sum(x["same"] for x in rows)
+        near = [x.get("b_winner_in_a_ratio") for x in rows if not x["same"]]
+        print(f"{pair}: same winner in {same}/{len(rows)} tasks; the others' winner measured "
+              f"{near} x the winner in the first phase's own run")
+    for r in report["phases"]:
+        if r.get("kill"):
+            print("kill:", json.dumps(r["kill"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
