@@ -195,7 +195,7 @@ class DeviceActor:
 
 # ---- the driver side ---------------------------------------------------------------------
 
-def connect(address: str | None = None, num_cpus: int | None = None) -> bool:
+def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
     """Connect this process to the cluster at `address`, or start a local one of its own;
     True when it did (and so should shut it down), False when it was connected already."""
     ray = import_ray()
@@ -211,7 +211,7 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> bool:
         # workers are kept: each holds a compile Worker (its own process), and Ray's default soft
         # limit (one per CPU, actors included) would kill and re-spawn them between compiles.
         cpus = num_cpus or os.cpu_count() or 1
-        kw.update(address="local", num_cpus=num_cpus, object_store_memory=256 * 2**20,
+        kw.update(address="local", num_cpus=num_cpus, num_gpus=num_gpus, object_store_memory=256 * 2**20,
                   _system_config={"num_workers_soft_limit": 2 * cpus + 16})
     try:
         ray.init(**kw)
