@@ -455,7 +455,7 @@ SYNTHETIC = ("smooth", "rugged", "cliffs", "flat")
 
 
 def synthetic(kind: str, seed: int = 0) -> Landscape:
-    """A generated landscape over a 1440-config space of six params (four ordered, one
+    """A generated landscape over a 2400-config space of six params (four ordered, one
     unordered, one boolean), deterministic in (kind, seed):
 
     * smooth: a tilted bowl in log-time with pairwise interactions, 1 % noise;

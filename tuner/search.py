@@ -78,12 +78,13 @@ def decode(space: Space, params: dict[str, Any]) -> Config:
 
 
 def make_sampler(name: str, space: Space, seed: int | None, n_startup: int,
-                 check=None, encoding: str = "ordinal"):
+                 check=None, encoding: str = "ordinal", options: dict | None = None):
     if name == "guided":
         from .strategy import GuidedSampler
         if encoding != "ordinal":
             raise SearchError("the guided sampler encodes the space itself; use encoding='ordinal'")
-        return GuidedSampler(space, distributions(space), encode, decode, seed=seed, check=check)
+        return GuidedSampler(space, distributions(space), encode, decode, seed=seed, check=check,
+                             **(options or {}))
     if name == "gp":
         try:
             import scipy  # noqa: F401
@@ -113,8 +114,17 @@ def make_sampler(name: str, space: Space, seed: int | None, n_startup: int,
                               f"(limit {GRID_MAX}); use tpe")
         grid = {p.name: list(range(len(p.values))) if _ordinal(p) and encoding == "ordinal"
                 else list(p.values) for p in space.params}
-        return optuna.samplers.GridSampler(grid, seed=seed)
+        return _GridSampler(grid, seed=seed)
     raise SearchError(f"unknown sampler {name!r}; one of {', '.join(SAMPLERS)}")
+
+
+class _GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid, without its `study.stop()` once every point is taken: that only works
+    inside `study.optimize` and raises under ask/tell. run_search stops on its own when the
+    space is exhausted."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
 
 
 def open_storage(storage: str | None):
@@ -136,10 +146,12 @@ def open_storage(storage: str | None):
 class Searcher:
     def __init__(self, space: Space, sampler: str = DEFAULT_SAMPLER, seed: int | None = None,
                  storage: str | None = None, study_name: str = "tuner", n_startup: int = 8,
-                 check=None, patience: int | None = None, encoding: str = "ordinal"):
+                 check=None, patience: int | None = None, encoding: str = "ordinal",
+                 sampler_options: dict | None = None):
         """`check(config) -> reason or None`: the space's formulas under the run's sizes and
         limits (what the evaluator rejects as INVALID). `patience`: see `stalled`.
-        `encoding`: "ordinal" (the default) or "categorical" (for benchmarks)."""
+        `encoding`: "ordinal" (the default) or "categorical" (for benchmarks).
+        `sampler_options`: keyword options of the guided sampler (`strategy.Proposer`)."""
         self.space = space
         self.encoding = encoding
         self.dists = distributions(space, encoding)
@@ -152,7 +164,7 @@ class Searcher:
         try:
             self.study = optuna.create_study(
                 direction="minimize",
-                sampler=make_sampler(sampler, space, seed, n_startup, check, encoding),
+                sampler=make_sampler(sampler, space, seed, n_startup, check, encoding, sampler_options),
                 storage=open_storage(storage), study_name=study_name, load_if_exists=True)
         except (ValueError, ImportError, RuntimeError) as e:
             if isinstance(e, SearchError):

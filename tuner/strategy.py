@@ -1,31 +1,35 @@
-"""The default search strategy: a Gaussian-process model over the whole finite space.
+"""The default search strategy (`--sampler guided`): a model of the whole finite space.
 
 Kernel spaces are small and finite (hundreds to a few hundred thousand configs), and every
-evaluation costs a compile and a timed run, so the strategy spends CPU on the model to
-spend fewer evaluations:
+evaluation costs a compile and a timed run, so the strategy spends CPU on a model to spend
+fewer evaluations. Each ask:
 
-* **Encoding.** Each config is a point of [0, 1]^d: an ordered param is its value's index
-  in the sorted list scaled to [0, 1] (pow2 ranges are then on a log scale, 64 between 32
-  and 128); an unordered choice (strings, booleans) is one-hot. Params with one value vanish.
-* **Objective model.** A GP with a Matérn-5/2 kernel and one length scale per dimension
-  (fitted by maximum a-posteriori marginal likelihood) on log10(seconds), so that a 2x
-  difference counts the same anywhere. The slowest tail is compressed: a model that
-  spends itself explaining why the worst config is 50x slow predicts the best ones worse.
-* **Feasibility model.** A failed config (shared memory or registers exceeded, compile
-  error, crash, wrong result) teaches two things: its neighbourhood is suspect (a kernel
-  smoother over failures with the GP's length scales), and -- the common shape of resource
-  limits -- every config at least as large in every ordered param is likely to fail too
-  (dominance). How far the dominance rule is trusted is measured on the history itself:
-  it is switched off for a space where it keeps being wrong.
-* **Acquisition.** Expected improvement times the probability of being feasible, over
-  every config not yet seen (all of them when the space holds up to `ENUMERATE_MAX`;
-  otherwise a random sample plus the neighbours of the best few). Configs rejected by the
-  space's own formulas (`check`) are never proposed.
-* **Start.** The space's default and any warm starts / proposer picks are enqueued by the
-  caller and come first; then a few spread-out points (`n_startup`), then the model.
+* **Encoding.** A config is a point of [0, 1]^d: an ordered param is its value's index in
+  the sorted list, scaled to [0, 1] (pow2 ranges are then on a log scale: 64 sits between 32
+  and 128); an unordered choice (strings, booleans) is one-hot. One-value params vanish.
+* **Objective model.** A GP (Matern 5/2, one length scale per dimension, fitted by MAP
+  marginal likelihood) on log10(seconds), so a 2x difference counts the same anywhere; times
+  more than 2x the best so far are clipped there, so that the model spends itself on the
+  fast region, not on explaining why the worst config is 50x slow.
+* **Failures and cliffs.** A failed config (resources exceeded, compile error, crash, wrong
+  answer) and a config past a *cliff* (more than 2.5x slower than an adjacent evaluated one:
+  spilled registers, collapsed occupancy -- a different regime, not a slope) feed a model of
+  where configs fail: a kernel smoother (failures make their neighbourhood suspect), a
+  logistic regression (a resource limit is nearly a linear boundary in log-sized params, and
+  the fit learns which params do not matter for it) and, for real failures, dominance (at
+  least as large in every ordered param probably fails too), trusted as far as the history
+  bears it out. Real failures also enter the objective model as 2x the best, so that no
+  improvement is expected right next to them.
+* **Acquisition.** Expected improvement x P(works) x decay^(steps from the best so far - 1),
+  over every config not yet seen (all of them when the space holds up to `ENUMERATE_MAX`;
+  else a random sample plus the neighbours of the best few): a soft trust region that walks
+  outward from the incumbent and gives way when nothing near it looks promising any more.
+  Configs rejected by the space's own formulas (`check`) are never proposed.
+* **Start.** The caller enqueues the space's default and any warm starts or proposer picks;
+  they come first. With nothing timed yet, candidates spread out away from failures.
 
-The sampler keeps no state of its own: everything is re-read from the study on each ask,
-so a resumed run continues exactly where the history says it is.
+The sampler keeps no state of its own (only caches): the history is re-read from the study
+on each ask, so a resumed run continues where its records say it is.
 """
 
 from __future__ import annotations
@@ -237,6 +241,28 @@ def _projected_descent(f: Callable, x: np.ndarray, lo: np.ndarray, hi: np.ndarra
     return x, fx
 
 
+def _logistic(X: np.ndarray, label: np.ndarray, Xc: np.ndarray, l2: float) -> np.ndarray:
+    """P(failure) at Xc from an L2-regularised logistic regression on (X, label), by Newton steps.
+    Resource limits are roughly linear boundaries in log-sized params (bytes grow as a product
+    of tile sizes and stages), which is what this can learn from a few failures, and it learns
+    which params do not matter (warps, say, for shared memory)."""
+    A = np.hstack([X, np.ones((len(X), 1))])
+    w = np.zeros(A.shape[1])
+    w[-1] = math.log((label.sum() + 0.5) / (len(label) - label.sum() + 0.5))
+    reg = np.full(A.shape[1], l2)
+    reg[-1] = 1e-3
+    for _ in range(25):
+        p = 1.0 / (1.0 + np.exp(-np.clip(A @ w, -30, 30)))
+        g = A.T @ (p - label) + reg * w
+        H = (A * (p * (1 - p))[:, None]).T @ A + np.diag(reg)
+        step = np.linalg.solve(H, g)
+        w -= step
+        if np.abs(step).max() < 1e-6:
+            break
+    Ac = np.hstack([Xc, np.ones((len(Xc), 1))])
+    return 1.0 / (1.0 + np.exp(-np.clip(Ac @ w, -30, 30)))
+
+
 _SQRT2 = math.sqrt(2.0)
 
 
@@ -257,24 +283,44 @@ def expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.nd
 # ---- the proposer --------------------------------------------------------------------------------
 
 class Proposer:
-    """Chooses the next config from the history. Pure: same history and rng, same answer."""
+    """Chooses the next config from the history. Pure: same history and rng, same answer.
+
+    Options (the defaults are what bench/search_efficiency.py measured best across recorded
+    and generated landscapes):
+
+    * `n_startup`: timings needed before the model is used (the caller's enqueued default
+      config is the first); before that, candidates near the best so far, in random order.
+    * `clip`: timings more than this factor slower than the best are told to the model as
+      exactly that factor (the model's effort goes to the fast region).
+    * `cliff`: a config this factor slower than an adjacent evaluated one (one param one step
+      away) is past a cliff and counts as a failure; None: off.
+    * `decay`: the acquisition of a config k steps (index moves, one per changed choice) from
+      the best so far is weighted by decay**(k - 1): a soft trust region around the incumbent
+      that gives way when nothing near it looks promising any more.
+    * `classifier`: L2 weight of the logistic failure model (None: only the kernel smoother).
+    * `dominance`: extend hard failures to every config at least as large (see `_feasibility`).
+    * `impute`: hard failures also enter the objective model as this factor slower than the
+      best (no improvement is expected next to them); None: off. Cliffs do not: the fast
+      configs often sit right next to one.
+    """
 
     def __init__(self, space: Space, check: Callable[[Config], str | None] | None = None,
-                 n_startup: int = 1, tail: float = 1.0, transform: str = "clip2",
-                 region: int | None = 1, region_patience: int = 4, cliff: float | None = 2.5,
-                 dominance: bool | str = "fail"):
+                 n_startup: int = 1, clip: float = 2.0, cliff: float | None = 2.5,
+                 decay: float = 0.1, classifier: float | None = 1.0, dominance: bool | str = True,
+                 impute: float | None = 2.0):
         self.enc = Encoding(space)
         self.check = check
         self.n_startup = n_startup
-        self.tail = tail
-        self.transform = transform
-        self.region = region
-        self.region_patience = region_patience
+        self.clip = clip
         self.cliff = cliff
+        self.decay = decay
+        self.classifier = classifier
         self.dominance = dominance
+        self.impute = impute
         self._invalid: set[int] = set()  # flat keys the space's own formulas reject
         self._all: np.ndarray | None = None
         self._theta: np.ndarray | None = None
+        self._ls: np.ndarray | None = None
 
     # -- candidates --
 
@@ -305,9 +351,9 @@ class Proposer:
         return self.enc.flat(np.array(out)) if out else np.zeros(0, dtype=np.int64)
 
     def _valid(self, flat: int) -> bool:
-        if self.check is None or flat in self._invalid:
-            return flat not in self._invalid
-        if self.check(self.enc.config(self.enc.unflat(np.array([flat]))[0])) is None:
+        if flat in self._invalid:
+            return False
+        if self.check is None or self.check(self.enc.config(self.enc.unflat(np.array([flat]))[0])) is None:
             return True
         self._invalid.add(int(flat))
         return False
@@ -325,46 +371,57 @@ class Proposer:
     def propose(self, done: list[tuple[tuple[int, ...], float | None]], pending: list[tuple[int, ...]],
                 rng: np.random.Generator) -> tuple[int, ...] | None:
         """`done`: (index vector, log10 seconds or None for a failure), oldest first;
-        `pending`: in flight."""
+        `pending`: in flight. None when every config has been seen."""
         enc = self.enc
+        hard = [i for i, y in done if y is None]
         if self.cliff:
             done = self._cliffs_as_failures(done)
         seen_idx = [d[0] for d in done] + list(pending)
         seen = enc.flat(np.array(seen_idx)) if seen_idx else np.zeros(0, dtype=np.int64)
         ok = [(i, y) for i, y in done if y is not None]
-        good = enc.flat(np.array([i for i, _ in sorted(ok, key=lambda t: t[1])[:3]])) if ok else np.zeros(0, np.int64)
+        ranked = sorted(ok, key=lambda t: t[1])
+        good = enc.flat(np.array([i for i, _ in ranked[:3]])) if ok else np.zeros(0, np.int64)
         flat = self._candidates(seen, good, rng)
         if len(flat) == 0:
             return None
         cidx = enc.unflat(flat)
-        Xc = enc.features(cidx)
         if enc.dim == 0:
             pick = self._pick(flat, np.zeros(len(flat)), rng)
-            return None if pick is None else tuple(enc.unflat(np.array([pick]))[0])
-
-        p_ok = self._feasibility(cidx, Xc, done)
-        if len(ok) < self.n_startup:
-            if self.region is not None and ok:
-                score = self._near(cidx, ok, done) * (0.5 + rng.random(len(cidx))) * p_ok
-            else:
-                score = self._spread(Xc, enc.features(np.array(seen_idx)) if seen_idx else None, rng) * p_ok
+            return None if pick is None else tuple(int(v) for v in enc.unflat(np.array([pick]))[0])
+        Xc = enc.features(cidx)
+        p_ok = self._feasibility(cidx, Xc, done, hard)
+        if not ok:  # nothing timed yet: spread out, away from what failed
+            score = self._spread(Xc, enc.features(np.array(seen_idx)) if seen_idx else None, rng) * p_ok
+        elif len(ok) < self.n_startup:
+            score = self._near(cidx, ranked[0][0]) * (0.5 + rng.random(len(cidx))) * p_ok
         else:
             X = enc.features(np.array([i for i, _ in ok]))
-            y = self._compress(np.array([v for _, v in ok]))
+            y = np.array([v for _, v in ok])
+            y = np.minimum(y, y.min() + math.log10(self.clip)) if self.clip else y
+            if self.impute:  # failures as slow as the clip: no improvement expected near them
+                bad = hard
+                if bad:
+                    X = np.vstack([X, enc.features(np.array(bad))])
+                    y = np.concatenate([y, np.full(len(bad), y.min() + math.log10(self.impute))])
             refit = self._theta is None or len(ok) <= 30 or len(ok) % 4 == 0
             gp = GP(X, y, self._theta, fit=refit)
-            self._theta = gp.theta
-            self._ls = gp.ls
+            self._theta, self._ls = gp.theta, gp.ls
             if pending:  # in flight: believe the model's mean there (keeps parallel asks apart)
-                mp, _ = gp.predict(enc.features(np.array(pending)))
-                gp = gp.with_points(enc.features(np.array(pending)), mp)
+                Xp = enc.features(np.array(pending))
+                gp = gp.with_points(Xp, gp.predict(Xp)[0])
             mean, sd = gp.predict(Xc)
-            best = float(gp.y[: len(ok)].min())
-            score = expected_improvement(mean, sd, best) * p_ok
-            if self.region is not None:
-                score = score * self._near(cidx, ok, done)
+            best = float(gp.y.min())
+            score = expected_improvement(mean, sd, best) * p_ok * self._near(cidx, ranked[0][0])
         pick = self._pick(flat, score, rng)
         return None if pick is None else tuple(int(v) for v in enc.unflat(np.array([pick]))[0])
+
+    def _near(self, cidx: np.ndarray, incumbent: tuple[int, ...]) -> np.ndarray:
+        """decay ** (steps from the incumbent - 1): index moves of ordered params, one per
+        changed choice."""
+        inc = np.array(incumbent)
+        o = self.enc.ordered
+        dist = np.abs(cidx[:, o] - inc[o]).sum(1) + (cidx[:, ~o] != inc[~o]).sum(1)
+        return self.decay ** np.maximum(dist - 1, 0)
 
     def _cliffs_as_failures(self, done):
         """A config far slower than an adjacent one (one param, one step apart) sits past a
@@ -386,87 +443,46 @@ class Proposer:
         lowest = np.where(adjacent, y[None, :], np.inf).min(1)
         cut = math.log10(self.cliff)
         out = list(done)
-        self._cliff_rows = set()
         for n, (k, _, v) in enumerate(ok):
             if v - lowest[n] > cut:
                 out[k] = (done[k][0], None)
-                self._cliff_rows.add(k)
-        return out
-
-    def _radius(self, done: list[tuple[tuple[int, ...], float | None]]) -> float:
-        """The trust region grows by one step for every `patience` evaluations without a new best."""
-        best, since = math.inf, 0
-        for _, y in done:
-            if y is not None and y < best - 1e-9:
-                best, since = y, 0
-            else:
-                since += 1
-        return self.region + since // self.region_patience
-
-    def _near(self, cidx: np.ndarray, ok, done) -> np.ndarray:
-        """1 inside the trust region around the incumbent (steps: index moves of ordered params,
-        one per changed choice), a small weight outside."""
-        inc = np.array(min(ok, key=lambda t: t[1])[0])
-        o = self.enc.ordered
-        dist = np.abs(cidx[:, o] - inc[o]).sum(1) + (cidx[:, ~o] != inc[~o]).sum(1)
-        r = self._radius(done)
-        return np.where(dist <= r, 1.0, 1e-6)
-
-    def _compress(self, y: np.ndarray) -> np.ndarray:
-        """Squash the slow tail: above median + tail * IQR-ish spread, grow logarithmically."""
-        if self.transform == "inv":
-            return -(10.0 ** (y.min() - y))
-        if self.transform == "log":
-            return y
-        if self.transform.startswith("clip"):
-            return np.minimum(y, y.min() + math.log10(float(self.transform[4:])))
-        if self.transform == "rank":
-            from statistics import NormalDist
-            r = np.argsort(np.argsort(y))
-            return np.array([NormalDist().inv_cdf((k + 0.5) / len(y)) for k in r])
-        if len(y) < 4 or self.tail <= 0:
-            return y
-        med = float(np.median(y))
-        spread = float(np.median(np.abs(y - med))) or 0.1
-        cap = med + self.tail * 2.0 * spread
-        over = y > cap
-        out = y.copy()
-        out[over] = cap + np.log1p(y[over] - cap)
         return out
 
     def _spread(self, Xc: np.ndarray, Xs: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
-        """Start-up: far from what was seen, but not pinned to the corners (a random subset)."""
+        """Far from what was seen, but not pinned to the corners (maximin in a random subset)."""
         noise = rng.random(len(Xc))
         if Xs is None or len(Xs) == 0:
             return noise
         d = np.sqrt(_sqdist(Xc, Xs, np.ones(Xc.shape[1]))).min(1)
-        keep = noise < min(1.0, 64.0 / len(Xc))  # a random subset, maximin within it
+        keep = noise < min(1.0, 64.0 / len(Xc))
         return np.where(keep, 1.0 + d, noise * 1e-3)
 
     def _feasibility(self, cidx: np.ndarray, Xc: np.ndarray,
-                     done: list[tuple[tuple[int, ...], float | None]]) -> np.ndarray:
-        fails = np.array([i for i, y in done if y is None])
-        if len(fails) == 0:
-            return np.ones(len(cidx))
-        if self.dominance == "fail":
-            cl = getattr(self, "_cliff_rows", set())
-            hard = np.array([i for k, (i, y) in enumerate(done) if y is None and k not in cl])
-        else:
-            hard = fails
-        allx = np.array([i for i, _ in done])
+                     done: list[tuple[tuple[int, ...], float | None]], hard: list) -> np.ndarray:
+        """P(a candidate works), from everything that failed (cliffs included):
+
+        * a kernel smoother over failures and successes, with the objective model's length
+          scales (capped) -- failures make their neighbourhood suspect;
+        * a logistic regression on the features (`classifier`) -- a resource limit is close to
+          a linear boundary in log-sized params, and the fit learns which params do not matter;
+        * dominance (`dominance`, real failures only, not cliffs): a config at least as large
+          as a failed one in every ordered param, with the same choices, probably fails too
+          (bytes and registers grow with sizes); trusted as far as the history bears it out.
+        """
         label = np.array([1.0 if y is None else 0.0 for _, y in done])
-        ls = getattr(self, "_ls", None)
-        if ls is None or len(ls) != self.enc.dim:
-            ls = np.full(self.enc.dim, 0.3)
-        ls = np.minimum(ls, 0.5)
-        w = _matern(np.sqrt(_sqdist(Xc, self.enc.features(allx), ls)))
+        if not label.any():
+            return np.ones(len(cidx))
+        X_all = self.enc.features(np.array([i for i, _ in done]))
+        ls = self._ls if self._ls is not None and len(self._ls) == self.enc.dim else np.full(self.enc.dim, 0.3)
+        w = _matern(np.sqrt(_sqdist(Xc, X_all, np.minimum(ls, 0.5))))
         prior = (label.sum() + 1.0) / (len(label) + 2.0)
         p_fail = (w @ label + 0.5 * prior) / (w.sum(1) + 0.5)
-        # Dominance: at least as large as a failure in every ordered param, same choices.
-        dom = self._dominates(cidx, hard) if self.dominance and len(hard) else np.zeros(len(cidx), dtype=bool)
-        if dom.any():
-            trust = self._dominance_trust(done)
-            p_fail = np.where(dom, np.maximum(p_fail, trust), p_fail)
+        if self.classifier:
+            p_fail = np.maximum(p_fail, _logistic(X_all, label, Xc, self.classifier))
+        if self.dominance and hard:
+            dom = self._dominates(cidx, np.array(hard))
+            if dom.any():
+                p_fail = np.where(dom, np.maximum(p_fail, self._dominance_trust(done, hard)), p_fail)
         return np.clip(1.0 - p_fail, 0.0, 1.0)
 
     def _dominates(self, cidx: np.ndarray, fails: np.ndarray) -> np.ndarray:
@@ -474,17 +490,19 @@ class Proposer:
         out = np.zeros(len(cidx), dtype=bool)
         for f in fails:
             ge = (cidx[:, o] >= f[o]).all(1)
-            eq = (cidx[:, ~o] == f[~o]).all(1) if (~o).any() else True
-            out |= ge & eq
+            if self.dominance == "same-choices" and (~o).any():
+                ge &= (cidx[:, ~o] == f[~o]).all(1)
+            out |= ge
         return out
 
-    def _dominance_trust(self, done: list[tuple[tuple[int, ...], float | None]]) -> float:
+    def _dominance_trust(self, done, hard: list) -> float:
         """How often a config that dominated an earlier failure failed too (smoothed)."""
         A = np.array([i for i, _ in done])
-        failed = np.array([y is None for _, y in done])
+        hard_keys = {tuple(h) for h in hard}
+        failed = np.array([tuple(i) in hard_keys for i, _ in done])
         o = self.enc.ordered
         ge = (A[:, None, o] >= A[None, :, o]).all(-1)
-        if (~o).any():
+        if self.dominance == "same-choices" and (~o).any():
             ge &= (A[:, None, ~o] == A[None, :, ~o]).all(-1)
         earlier = np.tril(np.ones((len(A), len(A)), dtype=bool), -1)
         dom = (ge & earlier & failed[None, :]).any(1)

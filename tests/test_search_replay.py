@@ -1,0 +1,144 @@
+"""Replay: recorded landscapes answered through the whole pipeline (CLI, workers, verification).
+
+A landscape JSON and a `--sampler grid` run directory both become a replay skeleton
+(`python -m tuner.replay skeleton`), which `tuner tune --backend replay` searches like any
+other: the replayed records carry the recorded statuses, failure messages and times.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tuner import replay
+from tuner.backends import get_backend
+from tuner.cli import main
+from tuner.store import Store
+from tuner.values import Config, Status
+from tests.conftest import FIXTURES
+
+LAND = FIXTURES / "landscapes"
+MATMUL = LAND / "matmul_h200.json"
+
+
+def fast_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("TUNER_BENCH_BUDGET_S", "0.005")
+    monkeypatch.setenv("TUNER_MAX_REPS", "20")
+    monkeypatch.setenv("TUNER_COMPILE_WORKERS", "1")
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def only_run(runs: Path) -> Path:
+    dirs = [p for p in runs.iterdir() if p.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def test_landscape_json_reads_as_recorded():
+    assert replay.shapes(MATMUL) == ["4096x4096x4096", "16x14336x4096", "2048x8192x1024"]
+    land = replay.load(MATMUL, "4096x4096x4096")
+    assert land.space.size == 960 and len(land.outcomes) == 960
+    assert sum(o.status is Status.OK for o in land.outcomes.values()) == 848
+    assert land.best_s == pytest.approx(0.1855e-3, rel=1e-3)
+    assert len(land.within(0.03)) == 4 and len(land.within(0.10)) == 17
+    fail = next(o for o in land.outcomes.values() if o.status is not Status.OK)
+    assert fail.status is Status.RUNTIME_ERROR and "shared memory" in fail.detail
+    with pytest.raises(replay.LandscapeError, match="pick one of"):
+        replay.load(MATMUL)
+    with pytest.raises(replay.LandscapeError, match="no shape"):
+        replay.load(MATMUL, "1x2x3")
+
+
+def test_replay_backend_answers_from_the_landscape(tmp_path):
+    b = get_backend("replay")
+    land = replay.load(MATMUL, "2048x8192x1024")
+    best = land.ranked(1)[0]
+    overflow = next(Config.of(json.loads(k)) for k, o in land.outcomes.items() if o.status is not Status.OK)
+
+    def script(config):
+        return f"landscape: {MATMUL}\nshape: 2048x8192x1024\nconfig: {json.dumps(config.as_dict())}\n"
+
+    build = b.compile(script(best), str(tmp_path / "a"), 10)
+    assert build.status is Status.OK and build.binary_hash
+    kernel = b.load(build.artifact, _op())
+    assert kernel.seconds == pytest.approx(land.best_s)
+    build = b.compile(script(overflow), str(tmp_path / "b"), 10)
+    kernel = b.load(build.artifact, _op())
+    with pytest.raises(RuntimeError, match="shared memory"):
+        kernel([])
+    missing = b.compile(script(Config.of({**best.as_dict(), "GM": 4})), str(tmp_path / "c"), 10)
+    assert missing.status is Status.COMPILE_ERROR and "no record" in missing.error
+    assert b.compile("garbage", str(tmp_path / "d"), 10).status is Status.COMPILE_ERROR
+
+
+def _op():
+    from tuner.ops import builtin_spec, load_op
+    return load_op(builtin_spec("matmul", "8x8x8"))
+
+
+def test_tune_through_the_cli_on_a_replayed_landscape(tmp_path, monkeypatch):
+    """A real `tuner tune --backend replay` run: records carry the landscape's statuses and times."""
+    fast_env(monkeypatch, tmp_path)
+    shape = "4096x4096x4096"
+    assert replay.main(["skeleton", str(MATMUL), "--shape", shape, "--out", str(tmp_path / "sk")]) == 0
+    runs = tmp_path / "runs"
+    rc = main(["tune", "matmul", "--shape", "16x16x16", "--backend", "replay",
+               "--template", str(tmp_path / "sk" / "replay.txt.j2"), "--space", str(tmp_path / "sk" / "replay.yaml"),
+               "--budget", "14", "--seed", "2", "--parallel", "1", "--runs-dir", str(runs), "--quiet",
+               "--warm-start", f"{MATMUL}@2048x8192x1024"])
+    assert rc == 0
+    run = only_run(runs)
+    land = replay.load(MATMUL, shape)
+    records = Store.open(run).records()
+    assert len(records) == 14
+    # The default first, then the warm starts in rank order.
+    warm = replay.warm_starts([f"{MATMUL}@2048x8192x1024"], land.space)
+    assert [r.config for r in records[:1 + len(warm)]] == [land.space.default_config(), *warm]
+    for r in records:
+        o = land.lookup(r.config)
+        assert r.status is o.status, (r.config, r.reason)
+        if o.status is Status.OK:
+            assert r.seconds == pytest.approx(o.seconds)
+        else:
+            assert "shared memory" in r.reason
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best"]["median_s"] == pytest.approx(min(r.seconds for r in records))
+    assert summary["best"]["median_s"] <= land.best_s * 1.10
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["sampler"] == "guided" and meta["warm_start"] == [f"{MATMUL}@2048x8192x1024"]
+
+
+def test_a_grid_run_replays_as_recorded(tmp_path, monkeypatch):
+    """Record a full landscape with --sampler grid on a real backend, then replay it."""
+    fast_env(monkeypatch, tmp_path)
+    grid_runs = tmp_path / "grid"
+    common = ["tune", "softmax", "--shape", "64x128", "--quiet", "--parallel", "1"]
+    assert main([*common, "--backend", "null", "--template", str(LAND / "tiny.txt.j2"),
+                 "--space", str(LAND / "tiny.yaml"), "--sampler", "grid", "--budget", "100",
+                 "--runs-dir", str(grid_runs)]) == 0
+    grid = only_run(grid_runs)
+    recorded = {r.config.key: r for r in Store.open(grid).records()}
+    assert len(recorded) == 36  # the whole space, BM=128 > M recorded as INVALID
+    land = replay.load(grid)
+    assert {k: o.status for k, o in land.outcomes.items()} == {k: r.status for k, r in recorded.items()}
+    statuses = {o.status for o in land.outcomes.values()}
+    assert {Status.OK, Status.INVALID, Status.COMPILE_ERROR, Status.WRONG_RESULT} <= statuses
+    assert land.ranked(1)[0] == Config.of({"BM": 32, "BN": 32, "W": 2})
+
+    # In process: the search finds the recorded best; the space's constraint still filters.
+    trace = replay.replay_search(land, "guided", 0, budget=30, stop_within=0.0)
+    assert trace.evaluations_to(0.0) <= 27
+
+    # Through the pipeline: same op and shape, the run's own space and a replay template.
+    assert replay.main(["skeleton", str(grid), "--out", str(tmp_path / "sk")]) == 0
+    runs = tmp_path / "runs"
+    assert main([*common, "--backend", "replay", "--template", str(tmp_path / "sk" / "replay.txt.j2"),
+                 "--space", str(tmp_path / "sk" / "replay.yaml"), "--budget", "12", "--seed", "1",
+                 "--runs-dir", str(runs)]) == 0
+    replayed = Store.open(only_run(runs)).records()
+    assert len([r for r in replayed if r.status is not Status.INVALID]) == 12
+    for r in replayed:
+        g = recorded[r.config.key]
+        assert r.status is g.status, (r.config, r.reason, g.reason)
+        if g.status is Status.OK:
+            assert r.seconds == pytest.approx(g.seconds)
