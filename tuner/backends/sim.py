@@ -18,8 +18,10 @@ them rather than failing: the padding counts towards the bytes every transfer mo
 * the grid binds to cores: `programs` run in ceil(programs / cores) rounds; the busiest core
   gets rounds x ceil(tiles / programs) tiles of `steps` pipelined steps each;
 * one transfer of b bytes takes the chip's measured single-core time for that size (latency +
-  size / bandwidth, msKPP's curves), and never less than b over the core's share of HBM
-  bandwidth when all active cores stream at once;
+  size / bandwidth, msKPP's curves), and never less than b over the core's share of memory
+  bandwidth when all active cores stream at once; memory bandwidth blends HBM (the op's
+  distinct bytes, read once) and L2 (re-reads, at l2_bw_ratio x HBM, as far as the distinct
+  bytes fit in L2);
 * per step: in (MTE2), compute (vector element-ops at 128 B/cycle, or cube flops plus the
   L1->L0 moves), out (MTE3), and a fixed scalar cost; with `multibuffer` (the default on A2/A3)
   and at least two steps the stages overlap (steady state = the slowest stage, or in + out
@@ -30,28 +32,29 @@ them rather than failing: the padding counts towards the bytes every transfer mo
   `enable_auto_bind_sub_block`, the default), serialised with the cube part unless
   `tile_mix_cube_loop` / `tile_mix_vector_loop` split them into segments that overlap, each
   segment paying a cross-core sync (halved by `sync_solver`);
-* the chip: the busiest core's time, never less than all bytes over HBM bandwidth, plus a
-  fixed launch overhead.
+* the chip: the busiest core's time, never less than all bytes over that memory bandwidth,
+  plus a fixed launch overhead.
 
 Several inputs are assumptions (see each profile's `provenance`); the model's job is to rank
 configs plausibly, and tests pin the shapes it must have (bigger tiles amortise transfer
 latency until UB overflows, double buffering pays when transfer and compute balance, fewer
 programs than cores waste the chip, a 910B4 is slower than a 910B2 on memory-bound ops).
 
-**Verification**: with `verify="interpret"` (the default up to `verify_max_elements` input
-elements) the rendered kernel, its Ascend options stripped, runs through Triton's interpreter on
+**Verification**: with `verify="interpret"` (the default up to `verify_max_elements` elements
+moved, inputs and outputs) the rendered kernel, its Ascend options stripped, runs through Triton's interpreter on
 CPU tensors and is checked against the reference like on any device, so a wrong template fails
 here. Above that size (`verify="reference"`) the interpreter would take minutes per config, so
 the kernel is not run: it writes the float64 reference, and device_info's toolchain says
 `verify: none (...)`. Timed calls never re-run the interpreter (a repeated launch on unchanged
 inputs is answered from the first).
 
-The reference (torch) has no NPU to run on: its time is modelled as the op's bytes at HBM
-bandwidth (or its flops at the cube/vector peak) plus the launch overhead, a roofline bound
-(toolchain `reference`), so "speedup vs reference" on `sim` reads as a fraction of that bound.
+The reference (torch eager) has no NPU to run on, and a number made up for it would be
+compared with as if it were measured: its timed calls report 0 s, so no "speedup vs reference"
+is shown for `sim` runs (toolchain `reference` says so). The chip's roofline is what a sim run is
+judged against: "% of ceiling" is the share of the profile's HBM bandwidth (or cube peak).
 
 Options: `chip` (a built-in name, a profile YAML or a CANN platform_config ini; default 910B2),
-`verify` ("auto", "interpret", "reference"), `verify_max_elements` (default 1048576).
+`verify` ("auto", "interpret", "reference"), `verify_max_elements` (default 131072).
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ from .npu import (MULTIBUFFER_DEFAULT, check_launch_options, launches, read_cost
 from .triton_source import Forbidden, check_source, load_module
 
 DEFAULT_CHIP = "910B2"
-VERIFY_MAX_ELEMENTS = 1 << 20
+VERIFY_MAX_ELEMENTS = 1 << 17
 
 # The ASCEND_COST description a template renders (values are per the op's sizes and the config).
 COST_KEYS = {
@@ -99,6 +102,7 @@ COST_KEYS = {
     "l0b_bytes": "cube: L0B bytes per step (doubled by multibuffer)",
     "l0c_bytes": "cube: L0C bytes (the accumulator tile)",
     "tail_bytes": "bytes along the tensors' last axis: transfers are padded to 32 B (vector) or 512 B (cube)",
+    "unique_bytes": "distinct GM bytes the kernel touches (default: the op's bytes); the rest re-reads L2",
 }
 KINDS = ("vector", "cube", "mix")
 MAX_PROGRAMS = 65535
@@ -134,6 +138,7 @@ class Cost:
     l0b_bytes: float = 0.0
     l0c_bytes: float = 0.0
     tail_bytes: float = 0.0
+    unique_bytes: float = 0.0
 
     @classmethod
     def of(cls, data: dict[str, Any]) -> "Cost":
@@ -240,8 +245,10 @@ class Estimate:
         return asdict(self)
 
 
-def estimate(cost: Cost, profile, options: dict[str, Any], dtype: str = "fp32") -> Estimate:
-    """The modelled device time of one launch (see the module docstring for the model)."""
+def estimate(cost: Cost, profile, options: dict[str, Any], dtype: str = "fp32",
+             unique_bytes: float | None = None) -> Estimate:
+    """The modelled device time of one launch (see the module docstring for the model).
+    `unique_bytes`: the distinct GM bytes (ASCEND_COST's, else this, else all traffic)."""
     f = profile.clock_hz
     mb = bool(options.get("multibuffer", MULTIBUFFER_DEFAULT))
     cores = profile.vector_cores if cost.kind == "vector" else profile.cube_cores
@@ -250,8 +257,23 @@ def estimate(cost: Cost, profile, options: dict[str, Any], dtype: str = "fp32") 
     rounds = -(-P // cores)
     tiles_core = rounds * -(-cost.tiles // P)
     S = tiles_core * cost.steps
-    share = profile.hbm_gbps * 1e9 / active  # a core's share of HBM when all active cores stream
     pad = _pad_factor(cost, profile)
+
+    def nbytes(pairs) -> float:
+        return sum(b * pad * n for b, n in pairs)
+
+    step_bytes = nbytes(cost.step_load) + nbytes(cost.step_store)
+    gm = (cost.tiles * (cost.steps * step_bytes + nbytes(cost.tile_load) + nbytes(cost.tile_store)
+                        + (cost.tile_out + cost.mix_load + cost.mix_store) * pad)
+          + P * nbytes(cost.setup_load))
+    # Distinct bytes come from HBM once; re-reads hit L2 (at l2_bw_ratio x HBM) as far as the
+    # distinct bytes fit in it.
+    unique = min(gm, cost.unique_bytes or unique_bytes or gm)
+    reread = gm - unique
+    hit = 1.0 if unique <= profile.l2_bytes else profile.l2_bytes / unique
+    hbm_bps = profile.hbm_gbps * 1e9
+    t_mem = (unique + reread * (1 - hit)) / hbm_bps + reread * hit / (hbm_bps * profile.l2_bw_ratio)
+    share = (gm / t_mem if t_mem > 0 else hbm_bps) / active  # a core's share when all active cores stream
 
     def xfer(path: str, pairs) -> float:
         t = 0.0
@@ -260,9 +282,6 @@ def estimate(cost: Cost, profile, options: dict[str, Any], dtype: str = "fp32") 
                 b = b * pad
                 t += n * max(profile.transfer_s(path, b), b / share)
         return t
-
-    def nbytes(pairs) -> float:
-        return sum(b * pad * n for b, n in pairs)
 
     vec_rate = profile.vector_bytes_per_cycle / 4 * f  # fp32 element-ops per second per AIV
     scalar = profile.step_cycles / f
@@ -277,7 +296,6 @@ def estimate(cost: Cost, profile, options: dict[str, Any], dtype: str = "fp32") 
         mte1 = (m * k * s / profile.l1_to_l0a_bytes_per_cycle + k * n * s / profile.l1_to_l0b_bytes_per_cycle) / f
         mmad = (2.0 * m * n * k / profile.cube_rate(dtype) + profile.mmad_overhead_cycles) / f
         t_cmp += max(mte1, mmad) if mb else mte1 + mmad
-    step_bytes = nbytes(cost.step_load) + nbytes(cost.step_store)
     overlapped = mb and S >= 2
 
     def pipeline(n_steps: int) -> float:
@@ -315,10 +333,7 @@ def estimate(cost: Cost, profile, options: dict[str, Any], dtype: str = "fp32") 
             tile = cube_tile
         core = tiles_core * tile
     core += rounds * xfer("gm_to_ub", cost.setup_load) + (rounds - 1) * profile.program_start_us * 1e-6
-    gm = (cost.tiles * (cost.steps * step_bytes + nbytes(cost.tile_load) + nbytes(cost.tile_store)
-                        + (cost.tile_out + cost.mix_load + cost.mix_store) * pad)
-          + P * nbytes(cost.setup_load))
-    hbm = gm / (profile.hbm_gbps * 1e9)
+    hbm = t_mem
     launch = profile.launch_us * 1e-6
     return Estimate(seconds=max(core, hbm) + launch, core_s=core, hbm_s=hbm, launch_s=launch,
                     bound="hbm" if hbm > core else "core", active_cores=active, rounds=rounds,
@@ -364,6 +379,7 @@ class SimBackend(Backend):
         self._time: float | None = None
         self._last: tuple | None = None  # (kernel, args, their versions) of the last run
         self._ref_fn: Any = None
+        self._mode: str | None = None
         self._spec = OpSpec.from_json(options["op"]) if options.get("op") else None
 
     # ---- facts ----------------------------------------------------------------------------
@@ -381,10 +397,12 @@ class SimBackend(Backend):
             return self.verify
         if self._spec is None:
             return "interpret"
-        from ..ops import load_op
-        op = load_op(self._spec)
-        n = sum(x.numel() for x in op.make_inputs(0))
-        return "interpret" if n <= int(self.options.get("verify_max_elements", VERIFY_MAX_ELEMENTS)) else "reference"
+        if self._mode is None:
+            from ..ops import DTYPE_BYTES, load_op
+            n = load_op(self._spec).bytes / DTYPE_BYTES[self._spec.dtype]  # elements moved, in and out
+            limit = int(self.options.get("verify_max_elements", VERIFY_MAX_ELEMENTS))
+            self._mode = "interpret" if n <= limit else "reference"
+        return self._mode
 
     def device_info(self) -> DeviceInfo:
         p = self.profile
@@ -394,7 +412,7 @@ class SimBackend(Backend):
                        "reference is copied into their outputs")
         tools = {"model": "analytical (tuner.backends.sim); every time is modelled, none measured",
                  "chip_profile": p.source or p.name, "soc": p.soc, "verify": verify,
-                 "reference": "modelled: the op's bytes at HBM bandwidth or flops at peak, plus launch",
+                 "reference": "not modelled: torch eager has no simulated NPU; its time reads 0 s",
                  "aic": str(p.cube_cores), "aiv": str(p.vector_cores), "clock_mhz": f"{p.clock_mhz:g}"}
         if not p.triton_ascend:
             tools["note"] = f"{p.soc} is not a triton-ascend target; modelled as if it were"
@@ -447,7 +465,7 @@ class SimBackend(Backend):
         wd.mkdir(parents=True, exist_ok=True)
         (wd / "kernel.ascend.py").write_text(source)
         (wd / "kernel.py").write_text(strip_options(source))
-        est = estimate(cost, self.profile, options, self._dtype())
+        est = estimate(cost, self.profile, options, self._dtype(), self._op_bytes())
         artifact = wd / "sim.json"
         artifact.write_text(json.dumps({"chip": self.profile.name, "cost": raw, "options": options,
                                         "kernel": str(wd / "kernel.py"), "estimate": est.to_json(),
@@ -459,12 +477,20 @@ class SimBackend(Backend):
     def _dtype(self) -> str:
         return self._spec.dtype if self._spec else "fp32"
 
+    def _op_bytes(self) -> float | None:
+        """The op's own bytes (inputs and outputs once): the kernel's distinct GM bytes unless
+        its ASCEND_COST says otherwise."""
+        if self._spec is None:
+            return None
+        from ..ops import load_op
+        return load_op(self._spec).bytes
+
     # ---- 'run': interpreter (or reference) outputs, modelled time ----------------------------
 
     def load(self, artifact: str, op) -> Any:
         rec = json.loads(Path(artifact).read_text())
         cost = Cost.of(_tuplify(rec["cost"]))
-        seconds = estimate(cost, self.profile, rec["options"], op.spec.dtype).seconds
+        seconds = estimate(cost, self.profile, rec["options"], op.spec.dtype, op.bytes).seconds
         if self._verify_mode() == "interpret":
             os.environ["TRITON_INTERPRET"] = "1"
             path = Path(rec["kernel"])
@@ -495,21 +521,16 @@ class SimBackend(Backend):
         self._last = (kernel, list(args), [a._version for a in args])
 
     def time_call(self, fn: Callable[[], None]) -> float:
+        """The modelled seconds of the kernel `fn` launches; 0 for anything else (the torch
+        reference, which has no simulated NPU to run on: see the module docstring)."""
         self._time = None
-        if fn is self._ref_fn:  # the reference again: it does not run on the chip anyway
-            return self._reference_s()
+        if fn is self._ref_fn:  # the reference again: no need to run it on the host
+            return 0.0
         fn()
         if self._time is not None:
             return self._time
-        self._ref_fn = fn  # not a kernel launch: the torch reference
-        return self._reference_s()
-
-    def _reference_s(self) -> float:
-        if self._spec is None:
-            return self.profile.launch_us * 1e-6
-        from ..ops import load_op
-        op = load_op(self._spec)
-        return roofline_s(self.profile, op.flops, op.bytes, self._spec.name == "matmul")
+        self._ref_fn = fn
+        return 0.0
 
 
 def _same(held: list | None, args: list, versions: list | None) -> bool:
@@ -524,3 +545,44 @@ def _tuplify(x: Any) -> Any:
     if isinstance(x, dict):
         return {k: _tuplify(v) for k, v in x.items()}
     return x
+
+
+def model_config(backend: SimBackend, skeleton, config, context: dict[str, Any]) -> Estimate | str:
+    """One config through the simulator without workers or verification: rendered, checked
+    ('compiled') and modelled. Returns the estimate, or why it is invalid or fails to compile."""
+    why = skeleton.space.check(config, context, backend.limits())
+    if why is not None:
+        return f"INVALID: {why}"
+    source = skeleton.render(config, context)
+    try:
+        check_source(source)
+        err = check_launch_options(source)
+        raw = read_cost(source)
+    except (SyntaxError, Forbidden, ValueError) as e:
+        return f"COMPILE_ERROR: {e}"
+    if err or raw is None:
+        return f"COMPILE_ERROR: {err or 'no ASCEND_COST'}"
+    cost = Cost.of(raw)
+    options: dict[str, Any] = {}
+    for la in launches(source):
+        options.update(la.ascend_options)
+    err = check_capacity(cost, backend.profile, bool(options.get("multibuffer", MULTIBUFFER_DEFAULT)))
+    if err:
+        return f"COMPILE_ERROR: {err}"
+    return estimate(cost, backend.profile, options, backend._dtype(), backend._op_bytes())
+
+
+def model_space(op_name: str, shape: str, dtype: str = "fp32", chip: str = DEFAULT_CHIP,
+                skeleton=None, configs=None) -> list[tuple[Any, Estimate | str]]:
+    """Configs (default: every one) of an op's triton_ascend skeleton (or `skeleton`) on `chip`,
+    modelled statically: what the sim backend would report, without workers or verification.
+    For tests and benchmarks of the model itself."""
+    from ..ops import builtin_spec, load_op, render_context
+    from ..skeleton import library_skeleton
+    spec = builtin_spec(op_name, shape, dtype)
+    backend = SimBackend(0, chip=chip, op=spec.to_json(), verify="reference")
+    skeleton = skeleton or library_skeleton(op_name, "triton_ascend")
+    op = load_op(spec)
+    context = {**render_context(op), **backend.render_context(op)}
+    return [(c, model_config(backend, skeleton, c, context))
+            for c in (configs if configs is not None else skeleton.space.configs())]
