@@ -24,8 +24,9 @@ finished tasks are read back, a killed one continues from its records, the rest 
 
 Executors. `local`: one task at a time, each with the local compile pool and benchmark workers
 (tasks side by side would time on the same cores or GPU). `ray`: several tasks at once (by
-default one more than the devices), all sharing the cluster's device actors and compile CPUs;
-the evaluations in flight over all tasks are about the cluster's slots (devices + compile CPUs).
+default one more than the devices, or one per 4 compile CPUs when that is more), all sharing the
+cluster's device actors and compile CPUs; the evaluations in flight over all tasks are about the
+cluster's slots (devices + compile CPUs).
 """
 
 from __future__ import annotations
@@ -374,7 +375,11 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
             owned = ex if ray_executor is None else None
             make_evaluator = ex.evaluator
             n_dev = ex.n_devices(plan.backend)
-            k = concurrency or plan.concurrency or n_dev + 1
+            # Short tasks are bound by their own critical path (reference timing, the first
+            # compile of an op, re-timing the top few), not by the devices: run enough of them
+            # at once to keep every device fed, about one per 4 compile CPUs, at least one more
+            # than the devices (measured on 2 H200s with devices + 1: bench/RESULTS.md).
+            k = concurrency or plan.concurrency or max(n_dev + 1, ex.compile_slots(plan.backend) // 4)
             k = max(1, min(int(k), len(plan.tasks)))
             if per_task_parallel is None:
                 per_task_parallel = max(2, math.ceil(ex.default_parallel(plan.backend) / k))
@@ -505,7 +510,8 @@ def add_cli(sub) -> None:
     s.add_argument("--executor", choices=("local", "ray"), default="local")
     s.add_argument("--ray-address", metavar="ADDR", help="a running Ray cluster (default: start a local one)")
     s.add_argument("--devices", type=int, help="device actors with --executor ray (default: every GPU/NPU)")
-    s.add_argument("--concurrency", type=int, help="tasks at once with --executor ray (default: devices + 1)")
+    s.add_argument("--concurrency", type=int, help="tasks at once with --executor ray "
+                   "(default: devices + 1, or one per 4 CPUs when that is more)")
     s.add_argument("--parallel", type=int, help="evaluations in flight per task")
     s.add_argument("--run-timeout", type=float, help="seconds to verify and time one config")
     s.add_argument("--compile-timeout", type=float, help="seconds to compile one config")
