@@ -72,10 +72,13 @@ def load(path: str, shape: str | None, seed: int) -> replay.Landscape:
     return replay.load_cached(path, shape)
 
 
-def one(job: tuple) -> tuple[float, float, float]:
-    """(evaluations to 3 %, to 10 %, seconds) for one landscape, strategy and seed."""
+def one(job: tuple) -> tuple[float, float, float, int]:
+    """(evaluations to 3 %, to 10 %, seconds, failed evaluations) for one landscape, strategy
+    and seed."""
     path, shape, strategy, seed, cap = job
     warnings.simplefilter("ignore")
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     land = load(path, shape, seed)
     sampler, options, warm = STRATEGIES[strategy]
     seeds = ()
@@ -85,7 +88,8 @@ def one(job: tuple) -> tuple[float, float, float]:
     t0 = time.monotonic()
     trace = replay.replay_search(land, sampler, seed, budget=cap, seeds=seeds, stop_within=0.03,
                                  **options)
-    return trace.evaluations_to(0.03), trace.evaluations_to(0.10), time.monotonic() - t0
+    return (trace.evaluations_to(0.03), trace.evaluations_to(0.10), time.monotonic() - t0,
+            sum(math.isinf(t) for t in trace.times))
 
 
 def fmt_median(xs: list[float], cap: int) -> str:
@@ -114,6 +118,7 @@ def main() -> None:
     ap.add_argument("--strategies", default=",".join(STRATEGIES),
                     help="comma-separated, of: " + ", ".join(STRATEGIES))
     ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--gp-seeds", type=int, help="seeds for gp, which is slow (default: --seeds)")
     ap.add_argument("--cap", type=int, default=300, help="evaluations at most per run (GP: the budget)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
@@ -132,7 +137,8 @@ def main() -> None:
             if strategy == "guided+warm" and shape is None:
                 continue
             cap = budget if STRATEGIES[strategy][0] == "gp" else max(budget, args.cap)
-            for seed in range(args.seeds):
+            n = args.gp_seeds if STRATEGIES[strategy][0] == "gp" and args.gp_seeds else args.seeds
+            for seed in range(n):
                 jobs.append((path, shape, strategy, seed, cap))
                 keys.append((label, strategy, budget, cap))
     t0 = time.monotonic()
@@ -147,13 +153,15 @@ def main() -> None:
     rows: dict[tuple, list] = {}
     for key, res in zip(keys, results):
         rows.setdefault(key, []).append(res)
-    lines = ["| landscape | strategy | median evals to 3 % | to 10 % | found ≤ budget (3 %) | (10 %) | s / run |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| landscape | strategy | seeds | median evals to 3 % | to 10 % | found ≤ budget (3 %) | (10 %) "
+             "| failed evals / run | s / run |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (label, strategy, budget, cap), res in rows.items():
         e3, e10, secs = [r[0] for r in res], [r[1] for r in res], [r[2] for r in res]
-        lines.append(f"| {label} (budget {budget}) | {strategy} | {fmt_median(e3, cap)} | "
+        lines.append(f"| {label} (budget {budget}) | {strategy} | {len(res)} | {fmt_median(e3, cap)} | "
                      f"{fmt_median(e10, cap)} | {100 * sum(e <= budget for e in e3) / len(res):.0f} % | "
-                     f"{100 * sum(e <= budget for e in e10) / len(res):.0f} % | {statistics.mean(secs):.2f} |")
+                     f"{100 * sum(e <= budget for e in e10) / len(res):.0f} % | "
+                     f"{statistics.mean(r[3] for r in res):.1f} | {statistics.mean(secs):.2f} |")
     table = "\n".join(lines)
     print(table)
     print(f"\n{len(jobs)} runs in {wall:.0f} s")
@@ -170,7 +178,8 @@ def write_results(table: str, args, wall: float) -> None:
         f"Recorded landscapes replayed through `tune.run_search` (`tuner.replay`), {args.seeds} seeds "
         "each; unique evaluations (failures included) until a config within 3 % / 10 % of the "
         "optimum, the space's default config first; budget = 10 % of the space; a run stops at "
-        f"3 % or {args.cap} evaluations (gp: at the budget). Synthetic landscapes are a new "
+        f"3 % or {args.cap} evaluations (gp: at the budget); \"failed evals\": evaluations of such "
+        "a run that failed (compile, run or resource errors). Synthetic landscapes are a new "
         "instance per seed. `guided+warm`: warm-started with the best 3 configs of each other "
         "shape of the same landscape file.\n\n"
         f"    {cmd}\n\n{table}\n")

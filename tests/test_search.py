@@ -5,6 +5,7 @@ so a search of a hundred evaluations takes a fraction of a second to a few secon
 """
 
 import dataclasses
+import json
 import math
 import statistics
 import warnings
@@ -15,7 +16,7 @@ import pytest
 
 from tuner import expr, replay
 from tuner.search import PENALTY, SAMPLERS, Searcher, decode, distributions, encode
-from tuner.space import Param, Rule, Space, parse_space
+from tuner.space import Rule, parse_space
 from tuner.strategy import Encoding
 from tuner.tune import run_search
 from tuner.values import Build, Config, Measurement, Record, Status
@@ -75,7 +76,7 @@ def _walls(seed: int) -> replay.Landscape:
     enc = Encoding(land.space)
     outcomes = {}
     for key, o in land.outcomes.items():
-        idx = enc.index(Config.from_json(__import__("json").loads(key)))
+        idx = enc.index(Config.from_json(json.loads(key)))
         load = idx[0] + idx[1] + idx[2]  # TA, TB, TK (declaration order)
         if load > 5:
             outcomes[key] = replay.Outcome(Status.RUNTIME_ERROR, detail="out of shared memory")

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -192,9 +191,7 @@ def _pow2(values: Iterable[Any]) -> bool:
 def _load_run(path: Path) -> Landscape:
     run = path if path.is_dir() else path.parent
     records_path = path / "records.jsonl" if path.is_dir() else path
-    from .store import Store
-    records = Store(run).records() if records_path.name == "records.jsonl" and records_path.parent == run \
-        else _records_from(records_path)
+    records = _records_from(records_path)
     if not records:
         raise LandscapeError(f"{records_path} holds no records")
     space_json = run / "skeleton" / "space.json"
@@ -404,7 +401,7 @@ class Trace:
         return math.inf
 
 
-def replay_search(landscape: Landscape, sampler: str = "auto", seed: int = 0, budget: int = 100,
+def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, budget: int = 100,
                   seeds: Iterable[Config] = (), stop_within: float | None = None,
                   parallel: int = 1, **searcher_options) -> Trace:
     """Run `tune.run_search` with a fresh Searcher against the landscape, as `tune.execute`
@@ -436,17 +433,6 @@ def replay_search(landscape: Landscape, sampler: str = "auto", seed: int = 0, bu
         run_search(store, ev, searcher, budget, None, parallel)
     times = [r.seconds for r in store.records() if r.status is not Status.INVALID]
     return Trace(times, landscape.best_s, len(searcher.study.trials), time.monotonic() - t0)
-
-
-def summarize_traces(traces: list[Trace], budget: int) -> dict[str, float]:
-    """Median evaluations to 3 % and 10 % of the optimum, and the share found within `budget`."""
-    def med(xs: list[float]) -> float:
-        return statistics.median(xs) if xs else math.nan
-    e3 = [t.evaluations_to(0.03) for t in traces]
-    e10 = [t.evaluations_to(0.10) for t in traces]
-    return {"median3": med(e3), "median10": med(e10),
-            "success3": sum(e <= budget for e in e3) / len(traces),
-            "success10": sum(e <= budget for e in e10) / len(traces)}
 
 
 # ---- synthetic landscapes (strategies are judged on more than one kernel) --------------------
@@ -537,4 +523,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["Landscape", "LandscapeError", "Outcome", "Trace", "load", "load_cached", "shapes", "warm_starts",
-           "replay_search", "summarize_traces", "skeleton_files", "synthetic", "SYNTHETIC"]
+           "replay_search", "skeleton_files", "synthetic", "SYNTHETIC"]

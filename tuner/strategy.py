@@ -42,8 +42,9 @@ import numpy as np
 from .space import Space
 from .values import Config
 
-ENUMERATE_MAX = 200_000
-SAMPLE_CANDIDATES = 20_000
+ENUMERATE_MAX = 200_000  # spaces up to this size are scored whole on every ask
+SAMPLE_CANDIDATES = 20_000  # else this many random configs plus the best ones' neighbours
+CHUNK = 8192  # candidates per block of kernel evaluations (bounds memory)
 SQRT5 = math.sqrt(5.0)
 
 
@@ -205,12 +206,14 @@ class GP:
         self.alpha = np.linalg.solve(self.L.T, np.linalg.solve(self.L, self.y))
 
     def predict(self, Xc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and standard deviation, in standardised units."""
-        ks = self.s2 * _matern(np.sqrt(_sqdist(Xc, self.X, self.ls)))
-        mean = ks @ self.alpha
-        v = np.linalg.solve(self.L, ks.T)
-        var = np.maximum(self.s2 - (v * v).sum(0), 1e-12)
-        return mean, np.sqrt(var)
+        """Mean and standard deviation, in standardised units (in chunks: big spaces)."""
+        means, sds = [], []
+        for lo in range(0, len(Xc), CHUNK):
+            ks = self.s2 * _matern(np.sqrt(_sqdist(Xc[lo:lo + CHUNK], self.X, self.ls)))
+            means.append(ks @ self.alpha)
+            v = np.linalg.solve(self.L, ks.T)
+            sds.append(np.sqrt(np.maximum(self.s2 - (v * v).sum(0), 1e-12)))
+        return np.concatenate(means), np.concatenate(sds)
 
 
 def _minimize(f: Callable, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, float]:
@@ -474,9 +477,11 @@ class Proposer:
             return np.ones(len(cidx))
         X_all = self.enc.features(np.array([i for i, _ in done]))
         ls = self._ls if self._ls is not None and len(self._ls) == self.enc.dim else np.full(self.enc.dim, 0.3)
-        w = _matern(np.sqrt(_sqdist(Xc, X_all, np.minimum(ls, 0.5))))
         prior = (label.sum() + 1.0) / (len(label) + 2.0)
-        p_fail = (w @ label + 0.5 * prior) / (w.sum(1) + 0.5)
+        p_fail = np.empty(len(Xc))
+        for lo in range(0, len(Xc), CHUNK):
+            w = _matern(np.sqrt(_sqdist(Xc[lo:lo + CHUNK], X_all, np.minimum(ls, 0.5))))
+            p_fail[lo:lo + CHUNK] = (w @ label + 0.5 * prior) / (w.sum(1) + 0.5)
         if self.classifier:
             p_fail = np.maximum(p_fail, _logistic(X_all, label, Xc, self.classifier))
         if self.dominance and hard:
