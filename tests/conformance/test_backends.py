@@ -15,7 +15,7 @@ from tests.conftest import FIXTURES
 
 
 def _fixture(name):
-    ext = {"null": "txt", "triton": "py"}.get(name.split("/")[0], "c")
+    ext = {"null": "txt", "triton": "py", "triton_ascend": "py"}.get(name.split("/")[0], "c")
     return lambda: load_skeleton(FIXTURES / f"{name}.{ext}.j2",
                                  FIXTURES / f"{name}.yaml")
 
@@ -31,6 +31,18 @@ CASES = {
              "hang": _fixture("triton/hang"), "nocompile": _fixture("triton/nocompile"),
              "wrong": _fixture("triton/wrong"), "mixed": _fixture("triton/mixed"), "op": ("softmax", "37x1000"),
              "words": {"crash": "illegal memory access"}},  # a GPU fault is no signal
+    # The Ascend simulator runs small kernels through Triton's interpreter: a wild store faults
+    # the worker; "nocompile" is a UB overflow, the compile error the simulator reproduces.
+    "sim": {"good": lambda: library_skeleton("softmax", "triton_ascend"), "crash": _fixture("triton_ascend/crash"),
+            "hang": _fixture("triton_ascend/hang"), "nocompile": _fixture("triton_ascend/nocompile"),
+            "wrong": _fixture("triton_ascend/wrong"), "mixed": _fixture("triton_ascend/mixed"),
+            "op": ("softmax", "37x1000"), "words": {"nocompile": "ub overflow"}},
+    # Never run: no NPU was available to this code's authors. How an AI Core fault reads through
+    # torch_npu (507015 / 507035 ...) is not pinned, so any reason passes for "crash".
+    "npu": {"good": lambda: library_skeleton("softmax", "triton_ascend"), "crash": _fixture("triton_ascend/crash"),
+            "hang": _fixture("triton_ascend/hang"), "nocompile": _fixture("triton_ascend/nocompile"),
+            "wrong": _fixture("triton_ascend/wrong"), "mixed": _fixture("triton_ascend/mixed"),
+            "op": ("softmax", "37x1000"), "words": {"crash": "", "nocompile": ""}},
 }
 BACKENDS = [pytest.param(name, marks=getattr(pytest.mark, name)) if name in ("cuda", "npu") else name
             for name in CASES]
