@@ -21,6 +21,7 @@ from .store import Store, StoreError, list_runs
 from .sweep import SweepError
 from .llm import LLMConfig, LLMError
 from .proposer import ProposerError, make_proposer, openai_meta
+from .retune import with_backend_options
 from .tune import create_rounds_run, create_run, execute, execute_rounds
 from .values import OpSpec, Status
 from .worker import WorkerError, WorkerFailure
@@ -128,26 +129,34 @@ def cmd_tune(args) -> int:
             return _tune_rounds(args, settings, store)
     else:
         spec = build_spec(args)
-        backend = args.backend or default_backend()
+        backend = args.backend or ("sim" if args.chip else default_backend())
+        if args.chip and backend != "sim":
+            raise BackendUnavailable(f"--chip picks the simulated Ascend chip of --backend sim, not {backend}")
+        options = {"chip": args.chip} if args.chip else {}
         llm = None
         if args.proposer != "library":
             llm = LLMConfig.from_env(api_key=args.llm_api_key, **_llm_overrides(args))
             if llm is None and args.proposer == "openai":
                 raise LLMError("--proposer openai needs a model: --llm MODEL or TUNER_LLM_MODEL")
         if llm is not None:
+            if options:
+                raise BackendUnavailable("--chip with a model proposer is not supported yet; "
+                                         "use the library skeletons (--proposer library)")
             return _tune_rounds(args, settings, None, spec, backend, llm)
         if (args.rounds or 1) > 1:
             print("note: no model is configured (--llm MODEL or TUNER_LLM_MODEL), so the library "
                   "skeleton is searched in one round", file=sys.stderr)
         skeleton = choose_skeleton(args, spec, backend)
         # Fail on an unsupported dtype or a missing toolchain before a run directory exists.
-        get_backend(backend).render_context(load_op(spec))
+        get_backend(backend, **options).render_context(load_op(spec))
         store = create_run(settings, spec, backend, skeleton, args.sampler, args.seed, args.storage,
                            command=_redacted_argv(sys.argv),
-                           extra={"patience": args.patience, "warm_start": args.warm_start})
+                           extra={"patience": args.patience, "warm_start": args.warm_start,
+                                  **({"backend_options": options} if options else {})})
     with _executor(args, settings, store) as make_evaluator, ProgressView(not args.quiet) as view:
         summary = execute(store, settings, args.budget, args.time_budget, args.parallel, view,
-                          make_evaluator=make_evaluator)
+                          make_evaluator=with_backend_options(make_evaluator,
+                                                              store.meta().get("backend_options")))
     if args.json:
         print(json.dumps(summary, indent=1, default=str))
     else:
@@ -325,6 +334,8 @@ def parser() -> argparse.ArgumentParser:
                    help="override a problem file's module-level size constant (repeatable)")
     t.add_argument("--dtype", default="fp32", help="fp32 (default), fp64, fp16, bf16")
     t.add_argument("--backend", choices=sorted(BACKENDS), help="default: an accelerator if usable, else cpu")
+    t.add_argument("--chip", help="with --backend sim (implied): the simulated Ascend chip, 910B1, 910B2 "
+                   "(default), 910B3, 910B4, 910_93, 310P3, a profile .yaml or CANN's platform_config/<SoC>.ini")
     t.add_argument("--template", help="a Jinja2 kernel template (with --space)")
     t.add_argument("--space", help="the YAML space of the template's tunables")
     t.add_argument("--budget", type=int, default=40, help="configs to evaluate (default 40)")
@@ -404,6 +415,8 @@ def parser() -> argparse.ArgumentParser:
     from . import db as _db, sweep as _sweep
     _sweep.add_cli(sub)
     _db.add_cli(sub)
+    from . import retune as _retune
+    _retune.add_cli(sub)
     return p
 
 
