@@ -12,7 +12,7 @@ evaluations (GP: at the budget, it is slow); a median over runs that never got t
 Landscapes: every shape of each landscape JSON given (default: /work/shared/landscapes/*.json
 when present, else the copy in tests/fixtures/landscapes/), plus generated ones
 (`tuner.replay.synthetic`: smooth, rugged, cliffs, flat; a new instance per seed).
-`guided+warm` is the default strategy warm-started with the best 3 configs of each *other*
+`guided+warm` is the default strategy warm-started with the best config of each *other*
 shape of the same file (`tuner.replay.warm_starts`), as `tuner tune --warm-start` does.
 
     python bench/search_efficiency.py [--seeds 20] [--jobs 2] [--write]
@@ -180,7 +180,7 @@ def write_results(table: str, args, wall: float) -> None:
         "optimum, the space's default config first; budget = 10 % of the space; a run stops at "
         f"3 % or {args.cap} evaluations (gp: at the budget); \"failed evals\": evaluations of such "
         "a run that failed (compile, run or resource errors). Synthetic landscapes are a new "
-        "instance per seed. `guided+warm`: warm-started with the best 3 configs of each other "
+        "instance per seed. `guided+warm`: warm-started with the best config of each other "
         "shape of the same landscape file.\n\n"
         f"    {cmd}\n\n{table}\n")
     text = path.read_text() if path.exists() else "# Benchmark results\n"

@@ -253,7 +253,7 @@ def _order(v: Any) -> tuple:
 
 # ---- warm starts -----------------------------------------------------------------------------
 
-WARM_START_K = 3
+WARM_START_K = 1
 
 
 def warm_starts(sources: Iterable[str], space: Space, k: int = WARM_START_K) -> tuple[Config, ...]:
