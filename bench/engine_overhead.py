@@ -28,12 +28,15 @@ from tuner.tune import create_run, run_search  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=int, default=200)
-    ap.add_argument("--sampler", default="tpe")
+    ap.add_argument("--sampler", default="guided")
     args = ap.parse_args()
-    fx = ROOT / "tests" / "fixtures" / "null"
-    skeleton = load_skeleton(fx / "landscape.txt.j2", fx / "landscape.yaml")
-    # A wide landscape so the budget is reached before the space runs dry.
+    # A wide space (8^5 points, a smooth bowl) so that the budget, not the space, ends the search.
     with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "wide.txt.j2").write_text(
+            "time: {{ 1e-4 * (1 + (A - 3) ** 2 + (B - 4) ** 2 + (C - 2) ** 2 + (D - 5) ** 2 + (E - 1) ** 2) }}\n")
+        (Path(tmp) / "wide.yaml").write_text(
+            "language: script\nparams:\n" + "".join(f"  {p}: {{range: [0, 7]}}\n" for p in "ABCDE"))
+        skeleton = load_skeleton(Path(tmp) / "wide.txt.j2", Path(tmp) / "wide.yaml")
         settings = Settings(runs_dir=tmp, cache_dir=tmp, bench_budget_s=0.002, min_reps=3, max_reps=10)
         spec = builtin_spec("softmax", "64x256")
         store = create_run(settings, spec, "null", skeleton, args.sampler, seed=0)
