@@ -241,7 +241,11 @@ def read_cost(source: str) -> dict[str, Any] | None:
     for node in tree.body:
         if (isinstance(node, ast.Assign) and len(node.targets) == 1
                 and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "ASCEND_COST"):
-            value = ast.literal_eval(node.value)
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                raise ValueError(f"ASCEND_COST (line {node.lineno}) must be a literal: numbers, strings "
+                                 f"and tuples, no names or arithmetic (render them in the template)") from None
             if not isinstance(value, tuple) or not all(
                     isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in value):
                 raise ValueError("ASCEND_COST must be a tuple of (name, value) pairs")

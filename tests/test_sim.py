@@ -1,0 +1,286 @@
+"""The Ascend simulator: chip profiles, the CANN ini parser, the compile checks, and the shapes
+the model must have to rank configs plausibly. The conformance suite runs it through the
+Evaluator (verification in the interpreter, faults as records)."""
+
+import math
+import re
+
+import pytest
+
+from tuner.backends.npu import parse_ub_overflow
+from tuner.backends.sim import (COST_KEYS, Cost, Estimate, SimBackend, estimate, model_config, model_space)
+from tuner.chips import ChipError, available, load_profile, parse_ini
+from tuner.ops import builtin_spec, load_op, render_context
+from tuner.skeleton import library_skeleton
+from tuner.values import Config, Status
+
+CHIPS = {"910B1", "910B2", "910B3", "910B4", "910_93", "310P3"}
+
+
+# ---- profiles ---------------------------------------------------------------------------------
+
+def test_every_chip_has_a_profile_with_its_sources():
+    assert CHIPS <= set(available())
+    for name in CHIPS:
+        p = load_profile(name)
+        assert p.name == name and p.soc.startswith("Ascend") and p.source
+        prov = dict(p.provenance)
+        for field in ("cube_cores", "vector_cores", "clock_mhz", "ub_bytes", "hbm_gbps", "transfers"):
+            assert field in prov, (name, field)
+        for path in ("gm_to_ub", "ub_to_gm", "gm_to_l1", "l0c_to_gm"):
+            assert p.transfer_s(path, 64 * 1024) > 0
+    b2, b4, p3 = load_profile("910B2"), load_profile("910B4"), load_profile("310P3")
+    assert (b2.cube_cores, b2.vector_cores, b2.ub_bytes) == (24, 48, 196608)
+    assert b4.hbm_gbps < b2.hbm_gbps and b4.clock_mhz < b2.clock_mhz and b4.l2_bytes < b2.l2_bytes
+    assert p3.coupled and not p3.triton_ascend and p3.ub_bytes > b2.ub_bytes
+    assert load_profile("Ascend910B3").name == "910B3" and load_profile("ascend910_9382").name == "910_93"
+    with pytest.raises(ChipError, match="910B4"):
+        load_profile("910C")
+
+
+def test_transfers_pay_latency_then_bandwidth():
+    p = load_profile("910B1")
+    sizes = [256, 1024, 4096, 16384, 65536, 262144]
+    times = [p.transfer_s("gm_to_ub", s) for s in sizes]
+    rates = [s / t for s, t in zip(sizes, times)]
+    assert all(a < b for a, b in zip(times, times[1:]))
+    assert all(a < b for a, b in zip(rates, rates[1:-1]))  # bigger transfers amortise the latency
+    assert 100e-9 < p.latency_s("gm_to_ub") < 150e-9  # msKPP: 1 KB takes ~134 ns on a 910B1
+    assert p.transfer_s("gm_to_ub", 1024) == pytest.approx(1024 / (7.3 * 2**30), rel=1e-6)
+    assert rates[-1] == pytest.approx(78 * 2**30, rel=0.05)  # saturates at ~78 GiB/s
+    slow = load_profile("910B4")  # same cycles, lower clock
+    assert slow.transfer_s("gm_to_ub", 4096) == pytest.approx(p.transfer_s("gm_to_ub", 4096) * 1850 / 1500)
+
+
+INI = """\
+[version]
+SoC_version=Ascend910B9
+Short_SoC_version=Ascend910B
+AIC_version=AIC-C-220
+[SoCInfo]
+ai_core_cnt=22
+cube_core_cnt=22
+vector_core_cnt=44
+ai_cpu_cnt=6
+memory_type=
+memory_size=68719476736
+l2_type=0
+l2_size=167772160
+[AICoreSpec]
+cube_freq=1650
+cube_m_size=16
+cube_n_size=16
+cube_k_size=16
+l0_a_size=65536
+l0_b_size=65536
+l0_c_size=131072
+l1_size=524288
+ub_size=196608
+ubblock_size=32
+ubbank_size=4096
+[AICoreMemoryRates]
+ddr_rate=32
+ddr_read_rate=32
+l2_rate=110
+l2_read_rate=110
+l2_write_rate=86
+l1_to_l0_a_rate=512
+l1_to_l0_b_rate=256
+ub_to_l2_rate=64
+[VectorCoreSpec]
+vec_freq=1650
+[DtypeMKN]
+Default=16,16,16
+Int8=16,32,16
+"""
+
+
+def test_cann_platform_config_ini_becomes_a_profile(tmp_path):
+    path = tmp_path / "Ascend910B9.ini"
+    path.write_text(INI)
+    p = load_profile(str(path))
+    assert (p.name, p.soc) == ("910B9", "Ascend910B9")
+    assert (p.cube_cores, p.vector_cores, p.clock_mhz) == (22, 44, 1650)
+    assert (p.l2_bytes, p.ub_bytes, p.l1_bytes, p.l0c_bytes) == (167772160, 196608, 524288, 131072)
+    assert p.l1_to_l0a_bytes_per_cycle == 512
+    assert p.hbm_gbps == pytest.approx(32 * 22 * 1.65)  # ddr_rate x cores x clock
+    assert p.cube_rate("fp16") == 8192
+    prov = dict(p.provenance)
+    assert prov["cube_cores"].startswith("INI") and prov["hbm_gbps"].startswith("DER")
+    assert prov["transfers"].startswith("TOOL")  # the ini has no curves: the base profile's
+    assert "base 910B1" in p.source
+    # An ini for a known SoC fills its gaps from that chip.
+    known = parse_ini("[version]\nSoC_version=Ascend910B4\n[AICoreSpec]\ncube_freq=1400\n", "b4.ini")
+    assert (known.clock_mhz, known.hbm_gbps, known.vector_cores) == (1400, 800, 40)
+    sim = SimBackend(0, chip=str(path))
+    assert sim.device_info().name == "Ascend910B9" and sim.limits()["ub_bytes"] == 196608
+    with pytest.raises(ChipError, match="not a number"):
+        parse_ini(INI.replace("cube_freq=1650", "cube_freq=fast"), "bad.ini")
+    with pytest.raises(ChipError, match="not a CANN platform_config"):
+        parse_ini("[other]\nx=1\n", "other.ini")
+
+
+# ---- compile checks ---------------------------------------------------------------------------
+
+def _ctx(op_name, shape, dtype, chip="910B2"):
+    spec = builtin_spec(op_name, shape, dtype)
+    sim = SimBackend(0, chip=chip, op=spec.to_json(), verify="reference")
+    op = load_op(spec)
+    return sim, library_skeleton(op_name, "triton_ascend"), {**render_context(op), **sim.render_context(op)}
+
+
+def test_compile_fails_like_the_compiler_on_ub_overflow(tmp_path):
+    sim, sk, ctx = _ctx("swiglu", "8192x8192", "bf16")
+    cfg = Config.of({"BLOCK": 8192, "PROGS_PER_CORE": 1, "multibuffer": True})
+    res = sk.space.evaluate_resources(cfg, ctx)
+    assert "ub_bytes" in (sk.space.check(cfg, ctx, sim.limits()) or "")  # never reaches a compiler
+    build = sim.compile(sk.render(cfg, ctx), str(tmp_path / "a"), 10)  # ... unless forced
+    assert build.status is Status.COMPILE_ERROR
+    ub = parse_ub_overflow(build.error)
+    assert ub.required_bits == res["ub_bytes"] * 8 and ub.available_bits == 1572864
+    single = sim.compile(sk.render(cfg.__class__.of({**cfg.as_dict(), "multibuffer": False}), ctx),
+                         str(tmp_path / "b"), 10)
+    assert single.status is Status.OK  # multibuffer doubled the buffers past UB
+
+
+def test_compile_checks_the_description(tmp_path):
+    sim, sk, ctx = _ctx("swiglu", "1024x1024", "fp32")
+    src = sk.render(sk.space.default_config(), ctx)
+    assert sim.compile(src, str(tmp_path / "ok"), 10).status is Status.OK
+    cases = {"no ASCEND_COST": src.replace("ASCEND_COST", "OTHER_NAME"),
+             "unknown key": src.replace('("tiles"', '("tilez"'),
+             "programs=": re.sub(r'\("programs", (\d+)\)', lambda m: f'("programs", {int(m.group(1)) + 1})', src),
+             "must be a literal": src.replace('("programs", ', '("programs", 1 + '),
+             "KeyError": src.replace("multibuffer=", "multi_buffer=")}
+    for words, bad in cases.items():
+        b = sim.compile(bad, str(tmp_path / words.replace(" ", "_")), 10)
+        assert b.status is Status.COMPILE_ERROR and words in b.error, (words, b.error)
+    assert set(COST_KEYS) >= {"kind", "programs", "tiles", "ub_bytes", "unique_bytes"}
+
+
+def test_matmul_capacity_checks_l1_and_l0(tmp_path):
+    sim, sk, ctx = _ctx("matmul", "4096x4096x4096", "fp16")
+    cfg = Config.of({**sk.space.default_config().as_dict(), "BK": 128})  # L0B: 128 x 256 x 2 x 2 > 64 KB
+    assert "l0b_bytes" in sk.space.check(cfg, ctx, sim.limits())
+    build = sim.compile(sk.render(cfg, ctx), str(tmp_path / "m"), 10)
+    assert build.status is Status.COMPILE_ERROR and "L0B overflow" in build.error
+
+
+def test_device_info_is_labelled_simulated():
+    info = SimBackend(0, chip="910B4").device_info()
+    tools = dict(info.toolchain)
+    assert info.simulated and info.name == "Ascend910B4" and info.cores == 40
+    assert tools["model"].startswith("analytical") and "roofline" in tools["reference"]
+    assert dict(info.peaks)["copy_gbps"] == 800
+
+
+# ---- the model's shape ----------------------------------------------------------------------------
+
+def _t(sim, sk, ctx, **cfg) -> Estimate:
+    e = model_config(sim, sk, Config.of({**sk.space.default_config().as_dict(), **cfg}), ctx)
+    assert isinstance(e, Estimate), e
+    return e
+
+
+def test_bigger_tiles_amortise_transfer_latency_until_ub_overflows():
+    sim, sk, ctx = _ctx("swiglu", "8192x8192", "bf16")
+    times = []
+    for block in (256, 512, 1024, 2048, 4096):
+        times.append(_t(sim, sk, ctx, BLOCK=block, PROGS_PER_CORE=1, multibuffer=True).seconds)
+    assert all(a > b for a, b in zip(times, times[1:])), times
+    assert times[0] > 3 * times[-1]
+    over = model_config(sim, sk, Config.of({"BLOCK": 8192, "PROGS_PER_CORE": 1, "multibuffer": True}), ctx)
+    assert isinstance(over, str) and "ub_bytes" in over
+
+
+def _cost(**kw):
+    base = {"kind": "vector", "programs": 48, "tiles": 48 * 64, "step_load": ((32768.0, 1.0),),
+            "step_store": ((32768.0, 1.0),), "ub_bytes": 65536, "tail_bytes": 32768}
+    return Cost.of({**base, **kw})
+
+
+def test_double_buffering_pays_most_when_transfer_and_compute_balance():
+    p = load_profile("910B2")
+
+    def gain(vector_ops):
+        c = _cost(step_vector=vector_ops)
+        single = estimate(c, p, {"multibuffer": False}).seconds
+        double = estimate(c, p, {"multibuffer": True})
+        return single / double.seconds, double
+
+    # Sweep the compute per step from far below the transfers' time to far above it.
+    sweep = [int(2000 * 2 ** (i / 2)) for i in range(17)]  # 2k .. 512k element-ops
+    gains = {ops: gain(ops)[0] for ops in sweep}
+    balanced = max(gains, key=gains.get)
+    _, e = gain(balanced)
+    assert e.overlapped and 0.4 < e.step_compute_s / (e.step_in_s + e.step_out_s) < 2.5, e
+    assert gains[balanced] > 1.5
+    assert gains[sweep[0]] < gains[balanced] - 0.3 and gains[sweep[-1]] < gains[balanced] - 0.3, gains
+
+
+def test_double_buffering_in_a_library_skeleton():
+    sim, sk, ctx = _ctx("softmax", "8192x2048", "bf16")
+    on = _t(sim, sk, ctx, ONLINE=False, BLOCK_N=2048, ROWS=2, multibuffer=True)
+    off = _t(sim, sk, ctx, ONLINE=False, BLOCK_N=2048, ROWS=2, multibuffer=False)
+    assert on.seconds < 0.8 * off.seconds
+
+
+def test_fewer_programs_than_cores_waste_the_chip():
+    for op_name, shape, cfg in (("softmax", "8192x4096", dict(ONLINE=False, BLOCK_N=4096, ROWS=1)),
+                                ("rmsnorm", "8192x4096", dict(LOOPED=False, BLOCK_N=4096, ROWS=1)),
+                                ("swiglu", "8192x8192", dict(BLOCK=4096))):
+        sim, sk, ctx = _ctx(op_name, shape, "bf16")
+        t = {ppc: _t(sim, sk, ctx, PROGS_PER_CORE=ppc, multibuffer=True, **cfg) for ppc in (0.25, 0.5, 1)}
+        assert t[0.25].active_cores == 12 and t[1].active_cores == 48
+        assert t[0.25].seconds > 1.5 * t[1].seconds and t[0.5].seconds > 1.1 * t[1].seconds, (op_name, t)
+
+
+def test_a_second_round_of_programs_does_not_pay():
+    sim, sk, ctx = _ctx("softmax", "8192x4096", "bf16")
+    one = _t(sim, sk, ctx, ONLINE=False, BLOCK_N=4096, ROWS=1, PROGS_PER_CORE=1)
+    two = _t(sim, sk, ctx, ONLINE=False, BLOCK_N=4096, ROWS=1, PROGS_PER_CORE=2)
+    assert two.rounds == 2 and two.seconds >= one.seconds
+
+
+@pytest.mark.parametrize("op_name, shape, dtype", [("softmax", "4096x4096", "bf16"), ("rmsnorm", "8192x4096", "bf16"),
+                                                    ("swiglu", "4096x8192", "fp16"), ("add_rmsnorm", "4096x4096", "fp32")])
+def test_910b4_is_slower_than_910b2_on_memory_bound_ops(op_name, shape, dtype):
+    sk = library_skeleton(op_name, "triton_ascend")
+    import random
+    rng = random.Random(1)
+    configs = [sk.space.default_config()] + [Config.of({p.name: rng.choice(p.values) for p in sk.space.params})
+                                             for _ in range(60)]
+    best = {}
+    for chip in ("910B2", "910B4"):
+        land = dict((c.key, e) for c, e in model_space(op_name, shape, dtype, chip, configs=configs))
+        ok = {k: e.seconds for k, e in land.items() if isinstance(e, Estimate)}
+        assert ok
+        best[chip] = (min(ok.values()), ok)
+    assert best["910B4"][0] > 1.3 * best["910B2"][0]
+    common = set(best["910B2"][1]) & set(best["910B4"][1])
+    assert all(best["910B4"][1][k] > best["910B2"][1][k] for k in common)
+
+
+def test_matmul_rides_the_cube_and_its_options_matter():
+    sim, sk, ctx = _ctx("matmul", "4096x4096x4096", "fp16")
+    base = _t(sim, sk, ctx)
+    flops = 2 * 4096**3
+    peak = 8192 * 24 * 1.8e9
+    assert 0.3 < flops / base.seconds / peak < 1.0  # a plausible share of the cube's peak
+    small = _t(sim, sk, ctx, BM=32, BN=32, BK=32)
+    assert small.seconds > 2 * base.seconds
+    off = _t(sim, sk, ctx, multibuffer=False)
+    assert off.seconds > base.seconds
+    flag = _t(sim, sk, ctx, unit_flag=True)
+    assert flag.seconds < base.seconds  # the L0C write-out hides behind the next mmad
+    shallow = _ctx("matmul", "4096x4096x256", "fp16")  # short K: the vector epilogue matters
+    split = _t(*shallow, tile_mix_cube_loop=2, tile_mix_vector_loop=2)
+    serial = _t(*shallow)
+    assert split.seconds < serial.seconds
+
+
+def test_estimates_are_deterministic_and_finite():
+    sim, sk, ctx = _ctx("rope", "1024x32x128", "bf16")
+    a, b = _t(sim, sk, ctx), _t(sim, sk, ctx)
+    assert a == b and math.isfinite(a.seconds) and a.seconds > a.launch_s > 0
+    assert a.gm_bytes >= load_op(builtin_spec("rope", "1024x32x128", "bf16")).bytes * 0.99
