@@ -88,3 +88,11 @@ def test_huge_space_rejected():
 def test_unsatisfiable_constraint_is_reported_per_config():
     s = parse_space("params:\n  A: [1, 2]\nconstraints:\n  - A > 5\n", "x.yaml")
     assert all(s.check(c, {"DTYPE_BYTES": 4, "CORES": 1}) for c in s.configs())
+
+
+def test_bools_and_ints_are_distinct_points():
+    s = parse_space("params:\n  FLAG: bool\n  N: [0, 1]\n", "x.yaml")
+    ctx = {"DTYPE_BYTES": 4, "CORES": 1}
+    assert s.check(Config.of({"FLAG": True, "N": 1}), ctx) is None
+    assert "not a point" in s.check(Config.of({"FLAG": 1, "N": 1}), ctx)
+    assert "not a point" in s.check(Config.of({"FLAG": True, "N": True}), ctx)

@@ -89,7 +89,7 @@ class Space:
 
     def contains(self, config: Config) -> bool:
         d = config.as_dict()
-        return set(d) == set(self.names) and all(d[p.name] in p.values for p in self.params)
+        return set(d) == set(self.names) and all(_member(d[p.name], p.values) for p in self.params)
 
     def evaluate_resources(self, config: Config, context: dict[str, Any]) -> dict[str, float]:
         env = {**context, **config.as_dict()}
@@ -146,6 +146,12 @@ class Space:
             resources=tuple((n, Rule(_expr.parse(t))) for n, t in data.get("resources", {}).items()),
             sizes=tuple(data.get("sizes", [])), default=tuple(sorted(data.get("default", {}).items())),
             source=data.get("source", "<space>"), meta=tuple(sorted(data.get("meta", {}).items())))
+
+
+def _member(value: Any, values: tuple[Any, ...]) -> bool:
+    """`value in values`, except that True is not 1 and 0 is not False: the two would give one
+    point two config keys."""
+    return any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in values)
 
 
 # ---- loading from YAML ------------------------------------------------------------------
@@ -233,7 +239,7 @@ def parse_space(text: str, source: str = "<space>") -> Space:
         for k, v in default.items():
             if k not in byname:
                 raise err(dnode, f"default names unknown param {k!r}")
-            if v not in byname[k].values:
+            if not _member(v, byname[k].values):
                 raise err(dnode, f"default {k}={v!r} is not one of {list(byname[k].values)}")
 
     meta = {k: _data(top[k][1]) for k in ("template", "language", "backend", "description") if k in top}
