@@ -177,7 +177,8 @@ def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s:
         "evaluations": sum(1 for r in records if r.status is not Status.INVALID),
         "invalid": sum(1 for r in records if r.status is Status.INVALID),
         "failures": failures, "wall_s": round(wall_s, 2),
-        "reference": {"what": "torch " + ("eager" if meta["op"]["kind"] == "builtin" else "Model.forward"),
+        "reference": {"what": "the modelled roofline bound (simulated)" if info and info.simulated
+                      else "torch " + ("eager" if meta["op"]["kind"] == "builtin" else "Model.forward"),
                       "median_s": ref_s, "samples": evaluator.reference_samples[:200]},
         "flops": op.flops, "bytes": op.bytes, "best": None,
     }
@@ -190,6 +191,8 @@ def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s:
                 "max_abs_err": winner.measurement.max_abs_err, "trial": winner.trial}
         c = ceiling(op.flops, op.bytes, t, op.spec.dtype, dict(info.peaks) if info else {})
         if c is not None:
+            if info and info.simulated:
+                c["what"] = c["what"].replace("(measured)", "(simulated)")
             best["ceiling"] = c
         summary["best"] = best
     store.write_json("summary.json", summary)
