@@ -260,6 +260,10 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
     skeleton = Skeleton.from_json(store.read_json("skeleton/skeleton.json"))
     # make_evaluator: where evaluations run (the Evaluator signature; default local workers,
     # `executor_ray.RayExecutor.evaluator` for a Ray cluster).
+    if make_evaluator is None:  # a library call: the run's own backend options (e.g. the sim's chip)
+        from .retune import with_backend_options
+        make_evaluator = with_backend_options(None, meta.get("backend_options"),
+                                              tuple(meta["devices"]) if meta.get("devices") else None)
     evaluator = (make_evaluator or Evaluator)(meta["backend"], spec, skeleton, settings, store.path)
     try:
         searcher = Searcher(skeleton.space, meta["sampler"], meta["seed"], meta["storage"],
