@@ -1,6 +1,6 @@
 """Tuned C/OpenMP kernels vs the torch CPU reference, on this machine, in one run.
 
-For each op: a TPE search with the given budget, a random search with the same budget, and a
+For each op: a search with the default sampler (guided) with the given budget, a random search with the same budget, and a
 longer TPE search (4x the budget) as the best-known config of the space (the spaces hold
 1-20 thousand valid configs: too many for an exhaustive sweep on a CPU in one sitting).
 The torch figure is the reference each run times in the same worker (torch eager on the CPU).
@@ -47,9 +47,9 @@ def main() -> None:
     settings = Settings.from_env(runs_dir=args.runs_dir)
     rows = []
     for op in args.ops.split(","):
-        tpe = one(op, "tpe", args.budget, settings, args.seed)
+        tpe = one(op, "guided", args.budget, settings, args.seed)
         rnd = one(op, "random", args.budget, settings, args.seed)
-        long = one(op, "tpe", 4 * args.budget, settings, args.seed + 1)
+        long = one(op, "guided", 4 * args.budget, settings, args.seed + 1)
         rows.append((op, tpe, rnd, long))
         print(json.dumps({"op": op, "tpe": tpe["best"], "random": rnd["best"], "long": long["best"]},
                          default=str), file=sys.stderr)
@@ -60,7 +60,7 @@ def main() -> None:
     info = rows[0][1]["device"]
     print(f"\n{info['name']}, {platform.python_version()}, toolchain {info['toolchain']}, "
           f"peaks {info['peaks']}, {time.strftime('%Y-%m-%d')}\n")
-    print("| op | shape | torch ms | tuned ms (TPE, budget) | speedup | % of ceiling | random ms (same budget) "
+    print("| op | shape | torch ms | tuned ms (default sampler, budget) | speedup | % of ceiling | random ms (same budget) "
           "| best of 4x budget ms | tuned / best-known | search wall s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for op, tpe, rnd, long in rows:
