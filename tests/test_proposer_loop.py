@@ -124,8 +124,10 @@ def test_two_rounds_with_candidates_repairs_and_feedback(env, capsys):
 
     # Round 2 was warm-started with round 1's best configs, which fit its wider space.
     r2_records = Store(run / "rounds/02").records()
-    searched = [r.config.as_dict() for r in r2_records if r.trial >= 0]
-    assert {"BM": 64, "W": 1} in searched[:4]
+    # Asked among the first few (trial numbers follow ask order; records follow completion order,
+    # which parallel evaluations make vary).
+    asked_early = [r.config.as_dict() for r in r2_records if 0 <= r.trial < 4]
+    assert {"BM": 64, "W": 1} in asked_early
     # The checks' evaluations are part of each round's records; nothing ran twice.
     keys = [r.config.key for r in r2_records]
     assert len(keys) == len(set(keys))
