@@ -36,8 +36,10 @@ SMALL = {
 LARGE = {
     "softmax": "8192x8192", "rmsnorm": "8192x8192", "layernorm": "8192x8192",
     "add_rmsnorm": "16384x4096", "swiglu": "8192x14336", "rope": "4096x32x128",
-    "cross_entropy": "4096x32000", "matmul": "4096x4096x4096", "attention": "4x32x4096x128",
-    "attention_causal": "4x32x4096x128",
+    "cross_entropy": "4096x32000", "matmul": "4096x4096x4096", "attention": "1x8x1024x128",
+    # Attention at the benchmark's 4x32x4096x128 would need its float64 reference for the output
+    # shapes whenever the meta-tensor path fails; a smaller shape compiles the same kernel.
+    "attention_causal": "1x8x1024x128",
 }
 ROOT = Path(__file__).resolve().parent.parent
 TRITON_OPS = sorted(op for op, langs in library_skeletons().items() if "triton" in langs)
