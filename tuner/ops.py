@@ -390,11 +390,23 @@ def load_op(spec: OpSpec) -> Op:
     return _CACHE[key]
 
 
-def output_shapes(op: Op) -> list[tuple[tuple[int, ...], Any]]:
-    """Shapes and dtypes of the outputs, from one reference call on seed-0 inputs."""
+def arg_specs(op: Op) -> tuple[list[tuple[tuple[int, ...], Any]], list[tuple[tuple[int, ...], Any]]]:
+    """(shape, dtype) of the kernel's inputs and outputs, as the harness allocates them. The
+    output shapes come from the reference on meta tensors (free), or, for a reference that
+    cannot run on meta tensors, from one real call on seed-0 inputs."""
+    import contextlib
+
+    import torch
     xs = op.make_inputs(0)
-    outs = op.reference([x.double() if x.is_floating_point() else x for x in xs])
-    return [(tuple(o.shape), o.dtype) for o in outs]
+    outs = None
+    with contextlib.suppress(Exception):
+        outs = op.reference([x.to("meta", torch.float64) if x.is_floating_point() else x.to("meta")
+                             for x in xs])
+    if outs is None:
+        outs = op.reference([x.double() if x.is_floating_point() else x for x in xs])
+    dt = xs[0].dtype if xs and xs[0].is_floating_point() else torch.float32
+    return ([(tuple(x.shape), x.dtype) for x in xs],
+            [(tuple(o.shape), dt if o.is_floating_point() else o.dtype) for o in outs])
 
 
 def ceiling(flops: float | None, nbytes: float, seconds: float, dtype: str,

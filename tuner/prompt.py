@@ -24,7 +24,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from .ops import BUILTINS, Op, output_shapes
+from .ops import BUILTINS, Op, arg_specs
 from .skeleton import Skeleton, data_dir, library_skeleton, library_skeletons
 from .values import DeviceInfo, OpSpec
 
@@ -109,7 +109,7 @@ class PromptKit:
         xs = op.make_inputs(0)
         inputs = ", ".join(f"{n} {list(x.shape)} {spec.dtype}" for n, x in zip(op.input_names, xs))
         outputs = ", ".join(f"{n} {list(shape)} {spec.dtype}"
-                            for n, (shape, _) in zip(op.output_names, output_shapes(op)))
+                            for n, (shape, _) in zip(op.output_names, arg_specs(op)[1]))
         work = f"{op.bytes / 1e6:.3g} MB moved at least"
         if op.flops:
             work += f", {op.flops / 1e6:.3g} MFLOP"

@@ -190,22 +190,11 @@ class CudaBackend(Backend):
     def _meta_args(self):
         """Meta tensors with the shapes and dtypes the harness passes (inputs, then outputs)."""
         if self._arg_specs is None:
-            import torch
-            from ..ops import load_op
+            from ..ops import arg_specs, load_op
             if "op" not in self.options:
                 raise BackendUnavailable("the cuda backend compiles ahead for one op: create it "
                                          "with options op=<OpSpec JSON> (the Evaluator does)")
-            op = load_op(OpSpec.from_json(self.options["op"]))
-            xs = op.make_inputs(0)
-            outs = None
-            with contextlib.suppress(Exception):
-                outs = op.reference([x.to("meta", torch.float64) if x.is_floating_point()
-                                     else x.to("meta") for x in xs])
-            if outs is None:  # a reference that cannot run on meta tensors: run it once for real
-                outs = op.reference([x.double() if x.is_floating_point() else x for x in xs])
-            dt = xs[0].dtype if xs and xs[0].is_floating_point() else torch.float32
-            self._arg_specs = ([(tuple(x.shape), x.dtype) for x in xs],
-                               [(tuple(o.shape), dt if o.is_floating_point() else o.dtype) for o in outs])
+            self._arg_specs = arg_specs(load_op(OpSpec.from_json(self.options["op"])))
         import torch
         ins, outs = self._arg_specs
         return ([torch.empty(s, dtype=d, device="meta") for s, d in ins],
