@@ -117,7 +117,6 @@ def retune(old_run: str | Path, settings: Settings, *, device: str | None = None
            seed: int | None = None, time_budget_s: float | None = None, parallel: int | None = None,
            view=None, command: str = "") -> dict[str, Any]:
     """Re-tune `old_run`'s skeleton on the target and return the report (also in retune.json)."""
-    from .evaluate import Evaluator
     from .tune import create_run, execute
     old = Store.open(old_run)
     old_meta = old.meta()
