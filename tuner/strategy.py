@@ -22,9 +22,15 @@ fewer evaluations. Each ask:
   improvement is expected right next to them.
 * **Acquisition.** Expected improvement x P(works) x decay^(steps from the best so far - 1),
   over every config not yet seen (all of them when the space holds up to `ENUMERATE_MAX`;
-  else a random sample plus the neighbours of the best few): a soft trust region that walks
-  outward from the incumbent and gives way when nothing near it looks promising any more.
-  Configs rejected by the space's own formulas (`check`) are never proposed.
+  else a random sample plus the one- and two-step neighbourhoods of the best few): a soft
+  trust region that walks outward from the incumbent and gives way when nothing near it
+  looks promising any more. Configs rejected by the space's own formulas (`check`) are never
+  proposed.
+* **Cost.** An ask is bounded whatever the space and the history: a few thousand candidates,
+  a model conditioned on at most `TRAIN_MAX` points whose hyperparameters are fitted on at
+  most `FIT_MAX` (the GP itself is in `tuner.gp`). Scoring every point of a 32k space with a
+  GP on 200 points cost ~0.8 s an ask; the search barely looks beyond a few steps of the
+  incumbent anyway.
 * **Start.** The caller enqueues the space's default and any warm starts or proposer picks;
   they come first. With nothing timed yet, candidates spread out away from failures.
 
@@ -39,13 +45,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .gp import CHUNK, GP, expected_improvement, matern, sqdist
 from .space import Space
 from .values import Config
 
-ENUMERATE_MAX = 200_000  # spaces up to this size are scored whole on every ask
-SAMPLE_CANDIDATES = 20_000  # else this many random configs plus the best ones' neighbours
-CHUNK = 8192  # candidates per block of kernel evaluations (bounds memory)
-SQRT5 = math.sqrt(5.0)
+ENUMERATE_MAX = 4096  # spaces up to this size are scored whole on every ask
+SAMPLE_CANDIDATES = 2048  # else this many random configs plus the best ones' neighbourhoods
+TRAIN_MAX = 256  # the objective model is conditioned on at most this many timings
+FIT_MAX = 64  # and its hyperparameters fitted on at most this many (bounded cost per ask)
 
 
 # ---- encoding ---------------------------------------------------------------------------------
@@ -114,136 +121,6 @@ def _vkey(v: Any) -> Any:
     return (type(v).__name__ == "bool", v)
 
 
-# ---- a small Gaussian process --------------------------------------------------------------------
-
-def _matern(r: np.ndarray) -> np.ndarray:
-    return (1.0 + SQRT5 * r + (5.0 / 3.0) * r * r) * np.exp(-SQRT5 * r)
-
-
-def _sqdist(a: np.ndarray, b: np.ndarray, ls: np.ndarray) -> np.ndarray:
-    a, b = a / ls, b / ls
-    d = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * a @ b.T
-    return np.maximum(d, 0.0)
-
-
-class GP:
-    """Zero-mean GP on standardised targets; Matérn 5/2 with ARD length scales."""
-
-    LS_BOUNDS = (math.log(0.03), math.log(10.0))
-    LS_PRIOR = (math.log(0.5), 1.0)  # log-normal prior on each length scale
-    NOISE_BOUNDS = (math.log(1e-4), math.log(0.3))
-    SIGNAL_BOUNDS = (math.log(0.05), math.log(20.0))
-
-    def __init__(self, X: np.ndarray, y: np.ndarray, theta0: np.ndarray | None = None, fit: bool = True):
-        self.X = X
-        self.mean, self.scale = float(y.mean()), float(y.std()) or 1.0
-        self.y = (y - self.mean) / self.scale
-        d = X.shape[1]
-        if theta0 is None or len(theta0) != d + 2:
-            theta0 = np.array([math.log(0.5)] * d + [0.0, math.log(0.01)])
-        self.theta = self._fit(theta0) if fit else theta0
-        self._factor()
-
-    def with_points(self, Xp: np.ndarray, yp_std: np.ndarray) -> "GP":
-        """The same GP, conditioned also on points whose standardised targets are `yp_std`."""
-        gp = GP.__new__(GP)
-        gp.X, gp.mean, gp.scale, gp.theta = np.vstack([self.X, Xp]), self.mean, self.scale, self.theta
-        gp.y = np.concatenate([self.y, yp_std])
-        gp._factor()
-        return gp
-
-    def _bounds(self) -> list[tuple[float, float]]:
-        d = self.X.shape[1]
-        return [self.LS_BOUNDS] * d + [self.SIGNAL_BOUNDS, self.NOISE_BOUNDS]
-
-    def _nll(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
-        X, y = self.X, self.y
-        n, d = X.shape
-        ls, s2, nz = np.exp(theta[:d]), math.exp(theta[d]), math.exp(theta[d + 1])
-        diff2 = ((X[:, None, :] - X[None, :, :]) / ls) ** 2  # n n d
-        r = np.sqrt(diff2.sum(-1) + 1e-12)
-        e = np.exp(-SQRT5 * r)
-        kc = s2 * (1.0 + SQRT5 * r + (5.0 / 3.0) * r * r) * e
-        K = kc + (nz + 1e-8) * np.eye(n)
-        try:
-            L = np.linalg.cholesky(K)
-        except np.linalg.LinAlgError:
-            return 1e10, np.zeros_like(theta)
-        Linv = np.linalg.solve(L, np.eye(n))
-        Kinv = Linv.T @ Linv
-        alpha = Kinv @ y
-        mu, sd = self.LS_PRIOR
-        nll = 0.5 * y @ alpha + np.log(np.diag(L)).sum() + 0.5 * (((theta[:d] - mu) / sd) ** 2).sum()
-        W = np.outer(alpha, alpha) - Kinv
-        G = s2 * (5.0 / 3.0) * (1.0 + SQRT5 * r) * e
-        grad = np.empty_like(theta)
-        grad[:d] = -0.5 * np.einsum("ij,ijk->k", W * G, diff2) + (theta[:d] - mu) / sd ** 2
-        grad[d] = -0.5 * (W * kc).sum()
-        grad[d + 1] = -0.5 * np.trace(W) * nz
-        return float(nll), grad
-
-    def _fit(self, theta0: np.ndarray) -> np.ndarray:
-        bounds = self._bounds()
-        lo, hi = np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
-        starts = [np.clip(theta0, lo, hi)]
-        default = np.array([math.log(0.5)] * self.X.shape[1] + [0.0, math.log(0.01)])
-        if not np.allclose(starts[0], default) and len(self.X) <= 12:
-            starts.append(default)
-        best_theta, best_f = starts[0], math.inf
-        for s in starts:
-            theta, f = _minimize(self._nll, s, lo, hi)
-            if f < best_f:
-                best_theta, best_f = theta, f
-        return best_theta
-
-    def _factor(self) -> None:
-        d = self.X.shape[1]
-        self.ls = np.exp(self.theta[:d])
-        self.s2 = math.exp(self.theta[d])
-        self.noise = math.exp(self.theta[d + 1])
-        K = self.s2 * _matern(np.sqrt(_sqdist(self.X, self.X, self.ls))) + (self.noise + 1e-8) * np.eye(len(self.X))
-        self.L = np.linalg.cholesky(K)
-        self.alpha = np.linalg.solve(self.L.T, np.linalg.solve(self.L, self.y))
-
-    def predict(self, Xc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and standard deviation, in standardised units (in chunks: big spaces)."""
-        means, sds = [], []
-        for lo in range(0, len(Xc), CHUNK):
-            ks = self.s2 * _matern(np.sqrt(_sqdist(Xc[lo:lo + CHUNK], self.X, self.ls)))
-            means.append(ks @ self.alpha)
-            v = np.linalg.solve(self.L, ks.T)
-            sds.append(np.sqrt(np.maximum(self.s2 - (v * v).sum(0), 1e-12)))
-        return np.concatenate(means), np.concatenate(sds)
-
-
-def _minimize(f: Callable, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, float]:
-    try:
-        from scipy.optimize import minimize
-    except ImportError:
-        return _projected_descent(f, x0, lo, hi)
-    res = minimize(f, x0, jac=True, method="L-BFGS-B", bounds=list(zip(lo, hi)),
-                   options={"maxiter": 60})
-    return np.clip(res.x, lo, hi), float(res.fun)
-
-
-def _projected_descent(f: Callable, x: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                       iters: int = 80) -> tuple[np.ndarray, float]:
-    fx, g = f(x)
-    step = 0.5
-    for _ in range(iters):
-        while step > 1e-6:
-            nx = np.clip(x - step * g / max(1.0, float(np.abs(g).max())), lo, hi)
-            nf, ng = f(nx)
-            if nf < fx - 1e-9:
-                x, fx, g = nx, nf, ng
-                step *= 1.5
-                break
-            step *= 0.5
-        else:
-            break
-    return x, fx
-
-
 def _logistic(X: np.ndarray, label: np.ndarray, Xc: np.ndarray, l2: float) -> np.ndarray:
     """P(failure) at Xc from an L2-regularised logistic regression on (X, label), by Newton steps.
     Resource limits are roughly linear boundaries in log-sized params (bytes grow as a product
@@ -264,23 +141,6 @@ def _logistic(X: np.ndarray, label: np.ndarray, Xc: np.ndarray, l2: float) -> np
             break
     Ac = np.hstack([Xc, np.ones((len(Xc), 1))])
     return 1.0 / (1.0 + np.exp(-np.clip(Ac @ w, -30, 30)))
-
-
-_SQRT2 = math.sqrt(2.0)
-
-
-def _norm_cdf(z: np.ndarray) -> np.ndarray:
-    # Abramowitz-Stegun 7.1.26 through erf; |error| < 1.5e-7, enough for a ranking.
-    x = np.abs(z) / _SQRT2
-    t = 1.0 / (1.0 + 0.3275911 * x)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    erf = 1.0 - poly * np.exp(-x * x)
-    return 0.5 * (1.0 + np.sign(z) * erf)
-
-
-def expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
-    z = (best - mean) / sd
-    return sd * (z * _norm_cdf(z) + np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi))
 
 
 # ---- the proposer --------------------------------------------------------------------------------
@@ -342,16 +202,29 @@ class Proposer:
         return flat[mask]
 
     def _neighbours(self, good: np.ndarray) -> np.ndarray:
-        out = []
-        for idx in self.enc.unflat(good) if len(good) else []:
-            for j, n in enumerate(self.enc.n_values):
-                for step in (-2, -1, 1, 2) if self.enc.ordered[j] else range(n):
-                    v = idx[j] + step if self.enc.ordered[j] else step
+        """Configs one or two steps of one param from each of `good` (best first), and two
+        params one step each from the best: where the trust region looks, so a sampled
+        candidate set must hold them."""
+        enc, out = self.enc, []
+        for k, idx in enumerate(enc.unflat(good) if len(good) else []):
+            moves = []  # (param, new value)
+            for j, n in enumerate(enc.n_values):
+                for step in (-2, -1, 1, 2) if enc.ordered[j] else range(n):
+                    v = idx[j] + step if enc.ordered[j] else step
                     if 0 <= v < n and v != idx[j]:
+                        moves.append((j, v))
                         nb = idx.copy()
                         nb[j] = v
                         out.append(nb)
-        return self.enc.flat(np.array(out)) if out else np.zeros(0, dtype=np.int64)
+            if k == 0:
+                near = [(j, v) for j, v in moves if not enc.ordered[j] or abs(v - idx[j]) == 1]
+                for a, (j1, v1) in enumerate(near):
+                    for j2, v2 in near[a + 1:]:
+                        if j1 != j2:
+                            nb = idx.copy()
+                            nb[j1], nb[j2] = v1, v2
+                            out.append(nb)
+        return enc.flat(np.array(out)) if out else np.zeros(0, dtype=np.int64)
 
     def _valid(self, flat: int) -> bool:
         if flat in self._invalid:
@@ -398,33 +271,57 @@ class Proposer:
         elif len(ok) < self.n_startup:
             score = self._near(cidx, ranked[0][0]) * (0.5 + rng.random(len(cidx))) * p_ok
         else:
-            X = enc.features(np.array([i for i, _ in ok]))
-            y = np.array([v for _, v in ok])
-            y = np.minimum(y, y.min() + math.log10(self.clip)) if self.clip else y
+            incumbent = ranked[0][0]
+            # Timings (then failures, imputed) for the model, the most useful first when
+            # there are more than the caps allow (see `_keep`).
+            rows = [ok[k] for k in self._keep(ok, incumbent, TRAIN_MAX)]
             if self.impute:  # failures as slow as the clip: no improvement expected near them
-                bad = hard
-                if bad:
-                    X = np.vstack([X, enc.features(np.array(bad))])
-                    y = np.concatenate([y, np.full(len(bad), y.min() + math.log10(self.impute))])
-            refit = self._theta is None or len(ok) <= 30 or len(ok) % 4 == 0
-            gp = GP(X, y, self._theta, fit=refit)
+                rows += [(h, None) for h in (hard[k] for k in self._keep([(h, 0.0) for h in hard], incumbent,
+                                                                         TRAIN_MAX // 4))]
+            X = enc.features(np.array([i for i, _ in rows]))
+            y = np.array([v for _, v in rows if v is not None])
+            y = np.minimum(y, y.min() + math.log10(self.clip)) if self.clip else y
+            y = np.concatenate([y, np.full(len(rows) - len(y), y.min() + math.log10(self.impute or 1.0))])
+            # Hyperparameters: refitted on every ask early on, then every 4th; on at most
+            # FIT_MAX rows (the fit is O(n^3) per step), the model then conditioned on all rows.
+            theta = self._theta
+            if theta is None or len(ok) <= 30 or len(ok) % 4 == 0:
+                fit = self._keep(rows, incumbent, FIT_MAX)
+                theta = GP(X[fit], y[fit], theta).theta
+            gp = GP(X, y, theta, fit=False)
             self._theta, self._ls = gp.theta, gp.ls
             if pending:  # in flight: believe the model's mean there (keeps parallel asks apart)
                 Xp = enc.features(np.array(pending))
                 gp = gp.with_points(Xp, gp.predict(Xp)[0])
             mean, sd = gp.predict(Xc)
             best = float(gp.y.min())
-            score = expected_improvement(mean, sd, best) * p_ok * self._near(cidx, ranked[0][0])
+            score = expected_improvement(mean, sd, best) * p_ok * self._near(cidx, incumbent)
         pick = self._pick(flat, score, rng)
         return None if pick is None else tuple(int(v) for v in enc.unflat(np.array([pick]))[0])
 
-    def _near(self, cidx: np.ndarray, incumbent: tuple[int, ...]) -> np.ndarray:
-        """decay ** (steps from the incumbent - 1): index moves of ordered params, one per
-        changed choice."""
-        inc = np.array(incumbent)
+    def _steps(self, idx: np.ndarray, incumbent: Sequence[int]) -> np.ndarray:
+        """Steps from the incumbent: index moves of ordered params, one per changed choice."""
+        inc = np.asarray(incumbent)
         o = self.enc.ordered
-        dist = np.abs(cidx[:, o] - inc[o]).sum(1) + (cidx[:, ~o] != inc[~o]).sum(1)
-        return self.decay ** np.maximum(dist - 1, 0)
+        return np.abs(idx[:, o] - inc[o]).sum(1) + (idx[:, ~o] != inc[~o]).sum(1)
+
+    def _keep(self, rows: list, incumbent: Sequence[int], cap: int) -> list[int]:
+        """Positions of at most `cap` of `rows` ((index, log seconds or None)), in order: the
+        fastest half, then the nearest to the incumbent (failures, None, count as slowest).
+        Past a few dozen points, far and slow ones no longer change where the next config is
+        picked, and every point costs: O(n^3) to fit, O(candidates x n^2) to ask."""
+        if len(rows) <= cap:
+            return list(range(len(rows)))
+        order = sorted(range(len(rows)), key=lambda k: math.inf if rows[k][1] is None else rows[k][1])
+        keep = order[:cap // 2]
+        rest = np.array(order[cap // 2:])
+        dist = self._steps(np.array([rows[k][0] for k in rest]), incumbent)
+        keep += [int(k) for k in rest[np.argsort(dist, kind="stable")[:cap - len(keep)]]]
+        return sorted(keep)
+
+    def _near(self, cidx: np.ndarray, incumbent: tuple[int, ...]) -> np.ndarray:
+        """decay ** (steps from the incumbent - 1)."""
+        return self.decay ** np.maximum(self._steps(cidx, incumbent) - 1, 0)
 
     def _cliffs_as_failures(self, done):
         """A config far slower than an adjacent one (one param, one step apart) sits past a
@@ -456,7 +353,7 @@ class Proposer:
         noise = rng.random(len(Xc))
         if Xs is None or len(Xs) == 0:
             return noise
-        d = np.sqrt(_sqdist(Xc, Xs, np.ones(Xc.shape[1]))).min(1)
+        d = np.sqrt(sqdist(Xc, Xs, np.ones(Xc.shape[1]))).min(1)
         keep = noise < min(1.0, 64.0 / len(Xc))
         return np.where(keep, 1.0 + d, noise * 1e-3)
 
@@ -480,7 +377,7 @@ class Proposer:
         prior = (label.sum() + 1.0) / (len(label) + 2.0)
         p_fail = np.empty(len(Xc))
         for lo in range(0, len(Xc), CHUNK):
-            w = _matern(np.sqrt(_sqdist(Xc[lo:lo + CHUNK], X_all, np.minimum(ls, 0.5))))
+            w = matern(np.sqrt(sqdist(Xc[lo:lo + CHUNK], X_all, np.minimum(ls, 0.5))))
             p_fail[lo:lo + CHUNK] = (w @ label + 0.5 * prior) / (w.sum(1) + 0.5)
         if self.classifier:
             p_fail = np.maximum(p_fail, _logistic(X_all, label, Xc, self.classifier))
@@ -542,6 +439,7 @@ class GuidedSampler(_optuna_sampler_base()):
         self._encode, self._decode = encode, decode
         self._seed = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**31)
         self._fallback = optuna.samplers.RandomSampler(seed=self._seed)
+        self._complete: dict[int, tuple | None] = {}  # trial number -> (index, value) or None
 
     def reseed_rng(self) -> None:
         self._fallback.reseed_rng()
@@ -559,6 +457,10 @@ class GuidedSampler(_optuna_sampler_base()):
         for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
             if t.number == trial.number:
                 continue
+            if t.number in self._complete:  # a finished trial never changes: decoded once
+                if self._complete[t.number] is not None:
+                    done.append(self._complete[t.number])
+                continue
             if t.state == TS.WAITING:
                 params = t.system_attrs.get("fixed_params") or {}
             elif t.state in (TS.COMPLETE, TS.RUNNING):
@@ -569,12 +471,12 @@ class GuidedSampler(_optuna_sampler_base()):
                 idx = self.proposer.enc.index(self._decode(self.space, params))
             except (KeyError, IndexError, ValueError, TypeError):
                 idx = None
-            if idx is None:
-                continue
             if t.state == TS.COMPLETE:
                 feasible = all(v <= 0.0 for v in t.constraints.values()) and t.value is not None
-                done.append((idx, float(t.value) if feasible else None))
-            else:
+                self._complete[t.number] = None if idx is None else (idx, float(t.value) if feasible else None)
+                if idx is not None:
+                    done.append(self._complete[t.number])
+            elif idx is not None:
                 pending.append(idx)
         rng = np.random.default_rng([self._seed, trial.number])
         idx = self.proposer.propose(done, pending, rng)
