@@ -14,10 +14,10 @@ import numpy as np
 import optuna
 import pytest
 
-from tuner import expr, replay
+from tuner import expr, replay, strategy
 from tuner.search import PENALTY, SAMPLERS, Searcher, decode, distributions, encode
 from tuner.space import Rule, parse_space
-from tuner.strategy import Encoding
+from tuner.strategy import ENUMERATE_MAX, FIT_MAX, Encoding, Proposer
 from tuner.tune import run_search
 from tuner.values import Build, Config, Measurement, Record, Status
 from tests.conftest import FIXTURES
@@ -161,6 +161,36 @@ def test_patience_stops_a_stalled_search_and_is_off_by_default():
     trace = replay.replay_search(land, "guided", 0, budget=200, patience=8)
     assert 8 < len(trace.times) < 80
     assert Searcher(land.space).stalled() is False
+
+
+def test_a_space_too_large_to_score_whole_is_searched_at_a_bounded_cost(monkeypatch):
+    """Past ENUMERATE_MAX configs the candidates are a sample plus the incumbent's
+    neighbourhoods, and the GP is fitted on at most FIT_MAX points: the ask stays cheap, and
+    the local search still walks down a bowl in a 262k-config space."""
+    space = parse_space("params:\n" + "".join(f"  {p}: {{range: [0, 7]}}\n" for p in "ABCDEF"))
+    prop = Proposer(space)
+    assert prop.enc.size > ENUMERATE_MAX
+    target = np.array([3, 4, 2, 5, 1, 6])
+
+    def log_seconds(idx):
+        return float(np.log10(1e-4 * (1 + ((np.array(idx) - target) ** 2).sum())))
+
+    fitted = []
+    real_gp = strategy.GP
+
+    def gp(X, y, theta0=None, fit=True):
+        if fit:
+            fitted.append(len(X))
+        return real_gp(X, y, theta0, fit)
+
+    monkeypatch.setattr(strategy, "GP", gp)
+    done = [((0, 0, 0, 0, 0, 0), log_seconds((0, 0, 0, 0, 0, 0)))]
+    for k in range(90):
+        idx = prop.propose(done, [], np.random.default_rng([0, k]))
+        assert idx not in {i for i, _ in done}
+        done.append((idx, log_seconds(idx)))
+    assert min(y for _, y in done) == pytest.approx(-4.0)  # the optimum itself
+    assert max(fitted) == FIT_MAX
 
 
 # ---- efficiency, pinned with generous bounds ------------------------------------------------
