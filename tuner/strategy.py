@@ -272,12 +272,12 @@ class Proposer:
             score = self._near(cidx, ranked[0][0]) * (0.5 + rng.random(len(cidx))) * p_ok
         else:
             incumbent = ranked[0][0]
-            # Timings (then failures, imputed) for the model, the most useful first when
-            # there are more than the caps allow (see `_keep`).
+            # The model's rows: at most TRAIN_MAX timings, then at most TRAIN_MAX / 4 failures
+            # (the nearest to the incumbent), see `_keep`.
             rows = [ok[k] for k in self._keep(ok, incumbent, TRAIN_MAX)]
             if self.impute:  # failures as slow as the clip: no improvement expected near them
-                rows += [(h, None) for h in (hard[k] for k in self._keep([(h, 0.0) for h in hard], incumbent,
-                                                                         TRAIN_MAX // 4))]
+                failed = [(h, None) for h in hard]
+                rows += [failed[k] for k in self._keep(failed, incumbent, TRAIN_MAX // 4)]
             X = enc.features(np.array([i for i, _ in rows]))
             y = np.array([v for _, v in rows if v is not None])
             y = np.minimum(y, y.min() + math.log10(self.clip)) if self.clip else y
