@@ -36,7 +36,10 @@ from tuner.sweep import load_plan, run_sweep  # noqa: E402
 TASKS = {  # backend -> (op, shape) list; dtype per backend below
     "cuda": [("softmax", "4096x4096"), ("softmax", "16384x2048"), ("rmsnorm", "4096x4096"),
              ("rmsnorm", "16384x2048"), ("layernorm", "4096x4096"), ("swiglu", "4096x8192"),
-             ("add_rmsnorm", "4096x4096"), ("rope", "4096x32x128"), ("cross_entropy", "2048x32000")],
+             ("add_rmsnorm", "4096x4096"), ("rope", "4096x32x128"), ("cross_entropy", "2048x32000"),
+             ("layernorm", "16384x2048"), ("swiglu", "8192x4096"), ("add_rmsnorm", "16384x2048"),
+             ("rope", "16384x8x128"), ("softmax", "8192x8192"), ("rmsnorm", "8192x8192"),
+             ("cross_entropy", "4096x32000")],
     "cpu": [("softmax", "512x1024"), ("softmax", "2048x256"), ("rmsnorm", "512x1024"),
             ("rmsnorm", "2048x256"), ("layernorm", "512x1024"), ("matmul", "128x128x128")],
     "null": [("softmax", f"{m}x512") for m in (64, 128, 256, 512, 1024, 2048, 4096, 8192)],
@@ -44,13 +47,14 @@ TASKS = {  # backend -> (op, shape) list; dtype per backend below
 DTYPE = {"cuda": "bf16", "cpu": "fp32", "null": "fp32"}
 
 
-def sweep_file(out: Path, backend: str, n: int, budget: int) -> Path:
+def sweep_file(out: Path, backend: str, n: int, budget: int, concurrency: int | None = None) -> Path:
     tasks = TASKS[backend][:n]
     ops: dict[str, list[str]] = {}
     for op, shape in tasks:
         ops.setdefault(op, []).append(shape)
     lines = [f"name: bench-{backend}", f'backend: "{backend}"', f"dtypes: [{DTYPE[backend]}]",
-             f"budget: {budget}", "sampler: random", "seed: 7", "ops:"]
+             f"budget: {budget}", "sampler: random", "seed: 7",
+             *([f"concurrency: {concurrency}"] if concurrency else []), "ops:"]
     null = ROOT / "tests/fixtures/null"
     for op, shapes in ops.items():
         lines.append(f"  {op}:")
@@ -122,7 +126,8 @@ def phase(name: str, plan_path: Path, out: Path, settings: Settings, parallel: i
     wall = summary["wall_s"]
     result.update(wall_s=wall, evaluations=summary["evaluations"],
                   evals_per_min=round(60 * summary["evaluations"] / wall, 1) if wall else None,
-                  tasks=summary["tasks"])
+                  tasks_at_once=summary.get("tasks_at_once"),
+                  in_flight_per_task=summary.get("evaluations_in_flight_per_task"), tasks=summary["tasks"])
     return result
 
 
@@ -148,6 +153,7 @@ def main() -> int:
     p.add_argument("--tasks", type=int, default=8)
     p.add_argument("--budget", type=int, default=12, help="evaluations per task")
     p.add_argument("--phases", default="local,ray1,ray")
+    p.add_argument("--concurrency", type=int, help="tasks at once with Ray (default: the sweep's own rule)")
     p.add_argument("--parallel", type=int, help="evaluations in flight per task (default: the executor's)")
     p.add_argument("--bench-budget", type=float, default=0.1, help="seconds of timed repetitions per candidate")
     p.add_argument("--out", default="bench_out/ray_sweep")
@@ -158,7 +164,7 @@ def main() -> int:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     settings = Settings.from_env(runs_dir=str(out / "runs"), cache_dir=str(out / "cache"),
                                  bench_budget_s=args.bench_budget)
-    plan_path = sweep_file(out, args.backend, args.tasks, args.budget)
+    plan_path = sweep_file(out, args.backend, args.tasks, args.budget, args.concurrency)
     # Measure the device's ceilings once, so that no phase pays for it (they are cached).
     from tuner.backends import get_backend
     info = get_backend(args.backend, 0, cache_dir=settings.cache_dir).device_info()

@@ -239,3 +239,21 @@ def test_cpu_backend_through_ray(executor, fast_settings, tmp_path):
     assert statuses == ["OK", "OK", "RUNTIME_ERROR", "RUNTIME_ERROR"]
     assert summary["best"]["config"]["BUG"] == 0
     assert summary["reference"]["median_s"] > 0
+
+
+def test_compile_processes_serve_every_op_of_a_sweep(tmp_path, fast_settings):
+    """The op travels with each compile request: one compile Worker per Ray process, not one per op."""
+    from tuner import executor_ray
+    executor_ray._COMPILE_WORKERS.clear()
+    try:
+        for i, shape in enumerate(["64x512", "128x512", "256x512", "512x512", "1024x512", "64x512"]):
+            options = {"op": builtin_spec("softmax", shape, "fp32").to_json()}
+            (kind, build), _ = executor_ray.compile_in_task(
+                "null", options, fast_settings, None, {}, "time: 0.001\n", str(tmp_path / f"b{i}"), False)
+            assert kind == "ok" and build.status.name == "OK", build
+        workers = list(executor_ray._COMPILE_WORKERS.values())
+        assert len(workers) == 1 and workers[0].started == 1
+    finally:
+        for w in executor_ray._COMPILE_WORKERS.values():
+            w.close()
+        executor_ray._COMPILE_WORKERS.clear()

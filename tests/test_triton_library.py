@@ -131,6 +131,26 @@ def test_compiles_ahead_for_sm90(op_name, tmp_path):
     assert build.binary_hash
 
 
+@pytest.mark.cuda
+def test_one_compile_worker_serves_several_ops(tmp_path, fast_settings):
+    """A sweep's compile process gets each request's op with the request (not one process per op)."""
+    from tuner.worker import Worker
+    worker = Worker("cuda", 0, {"arch": 90, "cores": 132, "cache_dir": str(tmp_path / "cache")}, fast_settings)
+    try:
+        for i, op_name in enumerate(["softmax", "rmsnorm", "softmax"]):
+            spec = builtin_spec(op_name, ["4096x4096", "1000x3000", "512x1024"][i], "bf16")
+            backend = CudaBackend(0, arch=90, cores=132, op=spec.to_json())
+            skeleton = library_skeleton(op_name, "triton")
+            context = _context(backend, load_op(spec))
+            config = sample_configs(skeleton, context, backend.limits(), seed=1)[0][0]
+            build = worker.call("compile", timeout=300, source=skeleton.render(config, context),
+                                workdir=str(tmp_path / f"b{i}"), timeout_s=300, op=spec.to_json())
+            assert build.status is Status.OK, (op_name, build.error)
+        assert worker.started == 1
+    finally:
+        worker.close()
+
+
 # Ragged, moderate shapes for the GPU check (bf16): masks run, references stay cheap.
 GPU = {
     "softmax": "1000x3000", "rmsnorm": "1000x3000", "layernorm": "1000x3000", "add_rmsnorm": "1000x3000",

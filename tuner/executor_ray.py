@@ -114,7 +114,7 @@ def _materialize(artifact: str | None, files_ref: list | None) -> None:
 # ---- inside Ray worker processes -------------------------------------------------------
 
 _COMPILE_WORKERS: "collections.OrderedDict[str, Worker]" = collections.OrderedDict()
-_COMPILE_WORKERS_MAX = 4  # distinct (backend, options) per Ray worker process, e.g. a sweep's ops
+_COMPILE_WORKERS_MAX = 4  # distinct (backend, options) per Ray worker process
 
 
 def compile_in_task(backend: str, options: dict, settings: Settings, log_path: str | None,
@@ -123,6 +123,11 @@ def compile_in_task(backend: str, options: dict, settings: Settings, log_path: s
     tasks, so the backend is imported once per process). Returns two values: the outcome and
     the build folder's files."""
     _apply_env(env)
+    # The op travels with each request, not in the worker's options: a sweep interleaves its
+    # ops on every compile process, and a worker per op (a Python with torch and Triton
+    # imported, seconds to start) thrashed the cache below and bounded the sweep's rate.
+    op = options.get("op")
+    options = {k: v for k, v in options.items() if k != "op"}
     key = json.dumps([backend, options, log_path], sort_keys=True, default=str)
     worker = _COMPILE_WORKERS.pop(key, None)
     if worker is None:
@@ -132,7 +137,7 @@ def compile_in_task(backend: str, options: dict, settings: Settings, log_path: s
         _COMPILE_WORKERS.popitem(last=False)[1].close()
     try:
         build = worker.call("compile", timeout=settings.compile_timeout_s + 15, source=source,
-                            workdir=workdir, timeout_s=settings.compile_timeout_s)
+                            workdir=workdir, timeout_s=settings.compile_timeout_s, op=op)
     except WorkerFailure as e:
         return ("failure", e.kind, e.reason), None
     except WorkerError as e:

@@ -9,9 +9,11 @@ raw samples kept, and an early stop once a candidate is clearly slower than the 
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import traceback
+from collections import OrderedDict
 from typing import Callable
 
 from .ops import Op, load_op
@@ -22,8 +24,30 @@ from .values import Measurement, OpSpec, Status
 # seeded input sets with their references; every candidate is checked on two of them,
 # chosen at random, and a suspiciously fast one on brand-new inputs.
 _POOL_SIZE = 4
-_pool: dict[str, list[tuple[int, list]]] = {}
+_pool: OrderedDict[str, list[tuple[int, list]]] = OrderedDict()
 _rng = random.SystemRandom()
+
+
+def _nbytes(ts: list) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+def _budget(fraction: float, total: int | None, floor: int = 2**30) -> int:
+    return max(floor, int(fraction * total)) if total else floor
+
+
+def _host_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+# One benchmark worker serves every op of a sweep: the sets of ops it measured lately are kept
+# (regenerating them on every switch between interleaved ops would dominate), within a share of
+# the host's memory (an 8192x8192 set with its float64 reference is ~0.7 GB); least recently
+# used ops go first.
+_HOST_BUDGET = _budget(0.25, _host_memory())
 
 
 def _reference(op: Op, seed: int) -> list:
@@ -31,20 +55,54 @@ def _reference(op: Op, seed: int) -> list:
     return op.reference([x.double() if x.is_floating_point() else x for x in xs])
 
 
+def _op_key(op: Op) -> str:
+    return op.spec.key + op.spec.source
+
+
 def _pooled(op: Op) -> list[tuple[int, list]]:
-    key = op.spec.key + op.spec.source
-    if key not in _pool:
-        seeds = [_rng.randrange(1, 2**31) for _ in range(_POOL_SIZE)]
-        _pool[key] = [(s, _reference(op, s)) for s in seeds]
+    key = _op_key(op)
+    if key in _pool:
+        _pool.move_to_end(key)
+        return _pool[key]
+    seeds = [_rng.randrange(1, 2**31) for _ in range(_POOL_SIZE)]
+    _pool[key] = [(s, _reference(op, s)) for s in seeds]
+
+    def held(k: str) -> int:
+        return sum(_nbytes(ref) + _nbytes(_pooled_inputs.get((k, s), [])) for s, ref in _pool[k])
+    while len(_pool) > 1 and sum(held(k) for k in _pool) > _HOST_BUDGET:
+        old, _ = _pool.popitem(last=False)
+        for k in [k for k in _pooled_inputs if k[0] == old]:
+            del _pooled_inputs[k]
+        _drop_device(old)
     return _pool[key]
 
 
 _pooled_inputs: dict[tuple[str, int], list] = {}
+# Pristine inputs and the reference of each pooled seed, kept on the device: moving a float64
+# reference of 64M elements to the GPU and the inputs back for the write check cost more than
+# verifying and timing the kernel (about 1.4 s per candidate at 8192x8192 on an H200). Bounded
+# by a share of the device's memory, least recently used first out; a miss costs one copy.
+# A kernel that writes out of bounds can land in these buffers, so a failed check drops the
+# op's device copies (the host copies are out of a kernel's reach) before the next check.
+_on_device: OrderedDict[tuple[str, int], tuple[object, list, list]] = OrderedDict()
+
+
+def _drop_device(op_key: str) -> None:
+    for k in [k for k in _on_device if k[0] == op_key]:
+        del _on_device[k]
+
+
+def _device_budget(tensors: list) -> int:
+    t = next((t for t in tensors if t.device.type == "cuda"), None)
+    if t is None:
+        return _HOST_BUDGET // 4  # the device is the host (cpu backend): copies of inputs only
+    import torch
+    return _budget(0.2, torch.cuda.get_device_properties(t.device).total_memory)
 
 
 def _inputs(op: Op, seed: int) -> list:
     """The inputs of a seed; a pooled seed's are kept, since they are checked again and again."""
-    key = (op.spec.key + op.spec.source, seed)
+    key = (_op_key(op), seed)
     if key not in _pooled_inputs:
         xs = op.make_inputs(seed)
         if seed not in {s for s, _ in _pool.get(key[0], ())}:
@@ -53,24 +111,52 @@ def _inputs(op: Op, seed: int) -> list:
     return _pooled_inputs[key]
 
 
+def _device_set(backend, op: Op, seed: int, ref: list) -> tuple[list, list]:
+    """(pristine inputs, reference) on the backend's device; kept for a pooled seed."""
+    key = (_op_key(op), seed)
+    hit = _on_device.get(key)
+    if hit is not None and hit[0] is backend:
+        _on_device.move_to_end(key)
+        return hit[1], hit[2]
+    xs = [backend.to_device(x.clone()) for x in _inputs(op, seed)]
+    rs = [backend.to_device(r) for r in ref]
+    if seed in {s for s, _ in _pool.get(key[0], ())}:
+        _on_device[key] = (backend, xs, rs)
+        budget = _device_budget(xs + rs)
+        while len(_on_device) > 1 and sum(_nbytes(v[1]) + _nbytes(v[2]) for v in _on_device.values()) > budget:
+            _on_device.popitem(last=False)
+    return xs, rs
+
+
 def check(backend, kernel, op: Op, seed: int, ref: list) -> tuple[str | None, float, float]:
     """Run once on seed's inputs; return (why it is wrong or None, max abs err, max rel err)."""
+    try:
+        out = _check(backend, kernel, op, seed, ref)
+    except BaseException:
+        _drop_device(_op_key(op))
+        raise
+    if out[0] is not None:
+        _drop_device(_op_key(op))
+    return out
+
+
+def _check(backend, kernel, op: Op, seed: int, ref: list) -> tuple[str | None, float, float]:
     import torch
 
-    host_inputs = _inputs(op, seed)
-    inputs = [backend.to_device(x.clone()) for x in host_inputs]
-    outs = [backend.to_device(torch.full(r.shape, float("nan"), dtype=host_inputs[0].dtype
-                                         if host_inputs and host_inputs[0].is_floating_point()
-                                         else r.dtype)) for r in ref]
+    pristine, ref_dev = _device_set(backend, op, seed, ref)
+    inputs = [x.clone() for x in pristine]
+    dt = pristine[0].dtype if pristine and pristine[0].is_floating_point() else None
+    # Made where the reference lives, so on the device: no host buffer copied over per check.
+    outs = [torch.full(r.shape, float("nan"), dtype=dt or r.dtype, device=r.device) for r in ref_dev]
     backend.launch(kernel, inputs + outs)
     backend.sync()
     atol, rtol = op.tolerance
     max_abs = max_rel = 0.0
-    for name, x, dev in zip(op.input_names, host_inputs, inputs):
-        if not torch.equal(backend.to_host(dev), x):
+    for name, x, dev in zip(op.input_names, pristine, inputs):
+        if not torch.equal(dev, x):  # on the device: no copy back
             return f"the kernel wrote to its input {name}", 0.0, 0.0
-    for name, out, r in zip(op.output_names, outs, ref):
-        o, r = out.double(), backend.to_device(r)  # compare where the output is, not on the host
+    for name, out, r in zip(op.output_names, outs, ref_dev):
+        o = out.double()  # compare where the output is, not on the host
         if o.shape != r.shape:
             return f"output {name} has shape {tuple(o.shape)}, expected {tuple(r.shape)}", 0.0, 0.0
         nan_out, nan_ref = torch.isnan(o), torch.isnan(r)
@@ -147,10 +233,13 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
 
 def _timing_args(backend, op: Op) -> list:
     import torch
-    xs = [backend.to_device(x.clone()) for x in _inputs(op, _rng.choice(_pooled(op))[0])]
-    ref_shapes = [r.shape for r in _pooled(op)[0][1]]
+    seed, ref = _rng.choice(_pooled(op))
+    xs = [x.clone() for x in _device_set(backend, op, seed, ref)[0]]
+    ref_shapes = [r.shape for r in ref]
     dt = xs[0].dtype if xs and xs[0].is_floating_point() else torch.float32
-    return xs + [backend.to_device(torch.empty(s, dtype=dt)) for s in ref_shapes]
+    where = xs[0].device if xs else None
+    return xs + [torch.empty(s, dtype=dt, device=where) if where is not None
+                 else backend.to_device(torch.empty(s, dtype=dt)) for s in ref_shapes]
 
 
 def time_reference(backend, spec: OpSpec, settings: Settings) -> list[float]:

@@ -449,6 +449,8 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
         if owned is not None:
             owned.close()
     summary = sweep_summary(plan, states, time.monotonic() - started, executor)
+    summary["tasks_at_once"] = k
+    summary["evaluations_in_flight_per_task"] = per_task_parallel
     Store(folder).write_json("summary.json", summary)
     return summary
 

@@ -231,6 +231,8 @@ def main() -> None:
             if backend is None:
                 raise RuntimeError(backend_error)
             if method == "compile":
+                if kw.get("op") is not None:
+                    backend.for_op(kw["op"])
                 value = backend.compile(kw["source"], kw["workdir"], kw["timeout_s"])
             elif method == "measure":
                 value = m.measure(backend, kw["artifact"], kw["spec"], kw["settings"],

@@ -46,6 +46,13 @@ class Backend(abc.ABC):
         self.device = device
         self.options = options
 
+    def for_op(self, op_json: str) -> None:
+        """Point this backend at another op (what its ahead-of-time compile prepares for): a
+        compile worker serves every op of a sweep instead of one worker process per op."""
+        if self.options.get("op") != op_json:
+            self.options["op"] = op_json
+            self._arg_specs = None
+
     @classmethod
     def check_available(cls) -> None:
         """Raise BackendUnavailable with a fix-it message if this backend cannot run here."""

@@ -383,6 +383,10 @@ class SimBackend(Backend):
         self._mode: str | None = None
         self._spec = OpSpec.from_json(options["op"]) if options.get("op") else None
 
+    def for_op(self, op_json: str) -> None:
+        super().for_op(op_json)
+        self._spec = OpSpec.from_json(op_json)
+
     # ---- facts ----------------------------------------------------------------------------
 
     def render_context(self, op) -> dict[str, Any]:
