@@ -27,6 +27,13 @@ def test_bad_shape(capsys, shape):
     assert rc == 2 and "bad shape" in err and "MxN" in err
 
 
+def test_shape_too_large_to_verify(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_RUNS_DIR", str(tmp_path / "runs"))
+    rc, err = run(capsys, "tune", "softmax", "--shape", "99999999999x99999999", "--budget", "1")
+    assert rc == 2 and "too large to verify here" in err and "smaller shape" in err
+    assert not any((tmp_path / "runs").glob("*/records.jsonl"))
+
+
 def test_missing_shape(capsys):
     rc, err = run(capsys, "tune", "matmul")
     assert rc == 2 and "--shape is required" in err and "MxNxK" in err
@@ -117,3 +124,20 @@ def test_dtype_the_backend_cannot_run(capsys, tmp_path):
                   "--runs-dir", str(tmp_path / "runs"))
     assert rc == 2 and "bf16" in err and "--dtype fp32" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_problem_file_that_loops_at_import(capsys, tmp_path, monkeypatch):
+    from tuner import ops
+    monkeypatch.setattr(ops, "IMPORT_TIMEOUT_S", 1.0)
+    f = tmp_path / "spin.py"
+    f.write_text("import torch\nwhile True:\n    pass\n")
+    rc, err = run(capsys, "tune", "--op", str(f), "--budget", "1")
+    assert rc == 2 and "importing it took more than 1 s" in err
+
+
+def test_problem_whose_model_cannot_run_its_inputs(capsys, tmp_path):
+    f = tmp_path / "noinputs.py"
+    f.write_text("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+                 "def get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n")
+    rc, err = run(capsys, "tune", "--op", str(f), "--budget", "1")
+    assert rc == 2 and "Model(...)(*get_inputs()) failed" in err and "missing 1 required positional" in err

@@ -8,6 +8,7 @@ Built-in ops live in BUILTINS; a KernelBench-format problem file (`class Model`,
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import math
@@ -283,6 +284,30 @@ _MORE = {"add_rmsnorm": _add_rmsnorm, "swiglu": _swiglu, "rope": _rope, "cross_e
 
 # ---- KernelBench-format problem files ---------------------------------------------------
 
+IMPORT_TIMEOUT_S = 120.0  # a problem file that takes longer to import is refused
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float, message: str):
+    """Raise OpError(message) when the body runs longer than `seconds` (main thread, POSIX;
+    elsewhere no limit): a user's problem file that loops at import must not hang the tool."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise OpError(message)
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def _import_problem(path: Path, overrides: dict[str, int]):
     """Import a problem file under a private module name, then apply size overrides."""
     name = "tuner_problem_" + re.sub(r"\W", "_", path.stem) + f"_{abs(hash(str(path)))}"
@@ -291,7 +316,11 @@ def _import_problem(path: Path, overrides: dict[str, int]):
         raise OpError(f"{path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        with _time_limit(IMPORT_TIMEOUT_S, f"{path}: importing it took more than "
+                         f"{IMPORT_TIMEOUT_S:g} s (does it loop or wait at import?)"):
+            spec.loader.exec_module(module)
+    except OpError:
+        raise
     except BaseException as e:  # a user file may raise anything, SystemExit included
         tb = traceback.format_exception(type(e), e, e.__traceback__)
         excerpt = "".join(tb[-4:]).strip()
@@ -363,8 +392,13 @@ def _kernelbench_op(spec: OpSpec) -> Op:
         with torch.no_grad():
             return as_list(model_dt(*xs[:n_in]))
 
-    sample = make(0)
-    outs = ref([x.double() if x.is_floating_point() else x for x in sample])
+    try:
+        sample = make(0)
+        outs = ref([x.double() if x.is_floating_point() else x for x in sample])
+    except Exception as e:
+        tb = traceback.format_exception(type(e), e, e.__traceback__)
+        raise OpError(f"{spec.source}: Model(...)(*get_inputs()) failed (in float64):\n"
+                      f"{''.join(tb[-3:]).strip()}") from None
     names = tuple(f"in{i}" for i in range(n_in)) + tuple(re.sub(r"\W", "_", n) for n, _ in params)
     moved = sum(x.numel() * x.element_size() for x in sample) + sum(
         o.numel() * DTYPE_BYTES[spec.dtype] for o in outs)
@@ -435,3 +469,23 @@ def render_context(op: Op) -> dict[str, Any]:
     ctx["dtype"] = op.spec.dtype
     ctx["op"] = op.spec.name
     return ctx
+
+
+def check_fits(op: Op, memory_bytes: int | None = None) -> None:
+    """Refuse, before any worker starts, a shape whose verification data cannot fit in this
+    machine's memory: a few seeded input sets are kept with float64 references (see measure),
+    about (sets + 2) float64 copies of every element the op moves."""
+    import os
+    if memory_bytes is None:
+        try:
+            memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return
+    elements = op.bytes / DTYPE_BYTES.get(op.spec.dtype, 4)
+    need = elements * 8 * (4 + 2)
+    if need > memory_bytes:
+        shape = "x".join(str(v) for _, v in op.spec.sizes) or op.spec.name
+        raise OpError(f"{op.spec.name} {shape} {op.spec.dtype} is too large to verify here: its "
+                      f"inputs, outputs and float64 references need about {need / 2**30:.0f} GiB "
+                      f"and this machine has {memory_bytes / 2**30:.0f} GiB of memory; pick a "
+                      f"smaller shape")

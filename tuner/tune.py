@@ -225,7 +225,9 @@ def create_run(settings: Settings, spec: OpSpec, backend: str, skeleton: Skeleto
     `path` puts it at that path (a round of a multi-round run) instead of a new one under
     runs/; `extra` adds keys to its run.json."""
     from . import __version__
+    from .ops import check_fits, load_op
     from .skeleton import EXTENSIONS
+    check_fits(load_op(spec))  # a shape too large to verify fails here, not in a worker
     seed = seed if seed is not None else random.randrange(2**31)
     shape = "x".join(str(v) for _, v in spec.sizes) if spec.kind == "builtin" else "file"
     if path is not None:
