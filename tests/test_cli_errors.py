@@ -141,3 +141,30 @@ def test_problem_whose_model_cannot_run_its_inputs(capsys, tmp_path):
                  "def get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n")
     rc, err = run(capsys, "tune", "--op", str(f), "--budget", "1")
     assert rc == 2 and "Model(...)(*get_inputs()) failed" in err and "missing 1 required positional" in err
+
+
+def test_space_with_no_valid_config_at_this_shape(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_RUNS_DIR", str(tmp_path / "runs"))
+    space = tmp_path / "s.yaml"
+    space.write_text("language: c\nsizes: [M, N]\nparams:\n  A: [1, 2, 3]\nconstraints:\n  - A * M > 1000\n")
+    tpl = tmp_path / "t.c.j2"
+    tpl.write_text("void tuner_kernel(const {{ ctype }} *x, {{ ctype }} *y) {}\n")
+    rc, err = run(capsys, "tune", "softmax", "--shape", "8x8", "--template", str(tpl), "--space", str(space),
+                  "--budget", "2")
+    assert rc == 2 and "none of the 3 configs satisfies" in err and "A * M > 1000" in err
+
+
+def test_template_that_raises_or_runs_away_is_a_compile_error(tmp_path):
+    from tuner.skeleton import Skeleton, SkeletonError, load_skeleton
+    from tuner.values import Config
+    space = tmp_path / "s.yaml"
+    space.write_text("language: c\nparams:\n  A: [1, 2]\n")
+    for text, says in [("a\\n{{ 1 // (A - A) }}\\n", ":2: ZeroDivisionError"),
+                       ("{% for i in range(10**9) %}x{% endfor %}", "OverflowError"),
+                       ("{% for i in range(99999) %}{% for j in range(99999) %}xxxx{% endfor %}{% endfor %}",
+                        "runs away")]:
+        tpl = tmp_path / "t.c.j2"
+        tpl.write_text(text.replace("\\n", "\n"))
+        sk: Skeleton = load_skeleton(tpl, space)
+        with pytest.raises(SkeletonError, match=says):
+            sk.render(Config.of({"A": 1}), {})

@@ -24,6 +24,20 @@ class SkeletonError(ValueError):
     """A template that does not parse or render, or a skeleton that cannot be found."""
 
 
+MAX_SOURCE_CHARS = 4_000_000  # a rendered kernel larger than this is a runaway template
+
+
+def _template_line(e: BaseException) -> int | None:
+    """The template line an exception was raised on (Jinja's compiled code maps to it)."""
+    tb = e.__traceback__
+    line = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
 @dataclass(frozen=True)
 class Skeleton:
     template: str  # the Jinja2 source
@@ -45,12 +59,28 @@ class Skeleton:
     def render(self, config: Config, context: dict[str, Any]) -> str:
         """The kernel source for one config. Every name the template reads must be defined."""
         env = {**context, **config.as_dict()}
+        name = self.template_path or self.name
         try:
-            return _environment().from_string(self.template).render(**env)
+            # Streamed, so that a template that expands without bound fails instead of
+            # filling the memory (the sandbox caps one range, not nested loops).
+            chunks, size = [], 0
+            for chunk in _environment().from_string(self.template).generate(**env):
+                size += len(chunk)
+                if size > MAX_SOURCE_CHARS:
+                    raise SkeletonError(f"{name}: the rendered source passed {MAX_SOURCE_CHARS:,} "
+                                        f"characters for {config}; a loop in the template runs away")
+                chunks.append(chunk)
+            return "".join(chunks)
         except jinja2.TemplateError as e:
             line = getattr(e, "lineno", None)
             where = f":{line}" if line else ""
-            raise SkeletonError(f"{self.template_path or self.name}{where}: {type(e).__name__}: {e}") from None
+            raise SkeletonError(f"{name}{where}: {type(e).__name__}: {e}") from None
+        except SkeletonError:
+            raise
+        except Exception as e:  # {{ 1 // 0 }}, a sandbox limit (OverflowError), a bad filter argument
+            line = _template_line(e)
+            where = f":{line}" if line else ""
+            raise SkeletonError(f"{name}{where}: {type(e).__name__}: {e}") from None
 
     def to_json(self) -> dict[str, Any]:
         return {"template": self.template, "space": self.space.to_json(), "language": self.language,

@@ -278,6 +278,8 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         for config in (skeleton.space.default_config(), *seeds, *warm):
             if skeleton.space.contains(config):
                 searcher.enqueue(config)
+        if not store.records():
+            _refuse_empty_space(skeleton, evaluator)
         view.note(f"measuring the device and the reference on {meta['backend']}…")
         info = evaluator.start()
         if "device" not in meta:
@@ -293,6 +295,27 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         return summarize(store, winner, evaluator, time.monotonic() - started)
     finally:
         evaluator.close()
+
+
+def _refuse_empty_space(skeleton: Skeleton, evaluator: Evaluator, limit: int = 20000) -> None:
+    """A space (small enough to enumerate) where no config satisfies the constraints at this
+    shape and device is an error to fix before any worker starts, not a search of nothing."""
+    from collections import Counter
+
+    from .space import SpaceError
+    space = skeleton.space
+    if space.size > limit:
+        return
+    reasons: Counter[str] = Counter()
+    for config in space.configs():
+        why = evaluator.check(config)
+        if why is None:
+            return
+        reasons[why] += 1
+    common = "; ".join(f"{why} ({n} configs)" for why, n in reasons.most_common(3))
+    raise SpaceError(f"{space.source or skeleton.name}: none of the {space.size} configs satisfies the "
+                     f"space's constraints at this shape on this device; most common: {common}. Loosen "
+                     f"the constraints or add values to the params")
 
 
 # ---- multi-round runs: a proposer writes and revises the skeleton --------------------------
