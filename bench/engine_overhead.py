@@ -5,14 +5,23 @@ constraint filter, rendering, the compile and benchmark worker processes, verifi
 against the reference, records fsynced to disk.
 
     python bench/engine_overhead.py [--budget 200] [--sampler tpe]
+
+numpy's BLAS runs single-threaded unless OPENBLAS_NUM_THREADS (MKL_NUM_THREADS) says otherwise.
 """
 
 import argparse
+import os
 import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+# The guided sampler's GP works on small matrices (a few hundred rows): BLAS threads only
+# contend with the compile and benchmark workers, and on a loaded 2-core machine they made its
+# ask up to 5x slower (spinning threads). Set before numpy loads; the environment overrides.
+for _v in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # numpy's BLAS, not torch's OpenMP
+    os.environ.setdefault(_v, "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
