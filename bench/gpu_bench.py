@@ -11,7 +11,7 @@ memory-bound ops, the cuBLAS bf16 rate for matmul and attention).
 over the same config list (serial compile, then do_bench per config), each with a cold cache.
 
     python bench/gpu_bench.py ops [--ops softmax,matmul] [--budget 40] [--out DIR]
-    python bench/gpu_bench.py autotune [--out DIR]
+    python bench/gpu_bench.py autotune [--part autotune|grid|tpe] [--compile-workers N] [--out DIR]
 
 Writes <out>/gpu_<what>.json (rows appended as they finish) and prints a markdown table.
 """
@@ -48,10 +48,12 @@ CASES = [
 COMPUTE_BOUND = {"matmul:4096x4096x4096", "attention:4x32x4096x128", "attention_causal:4x32x4096x128"}
 
 
+COMPILE_WORKERS = max(1, (os.cpu_count() or 2) - 1)  # --compile-workers
+
+
 def settings_for(out: Path, **kw) -> Settings:
     return Settings.from_env(runs_dir=str(out / "runs"), cache_dir=str(out / "cache"),
-                             compile_workers=max(1, (os.cpu_count() or 2) - 1), bench_budget_s=0.05,
-                             **kw)
+                             compile_workers=COMPILE_WORKERS, bench_budget_s=0.05, **kw)
 
 
 def interleaved(backend, fns: dict, rounds: int = 10, per_round: int = 10) -> dict:
@@ -167,10 +169,6 @@ def print_ops_table(rows: list) -> None:
 # ---- tuning wall time against @triton.autotune ------------------------------------------
 
 def cmd_autotune(args) -> None:
-    import torch
-    import triton
-
-    from tuner.backends.triton_source import load_module
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shape = "4096x4096x4096"
@@ -180,8 +178,37 @@ def cmd_autotune(args) -> None:
     ctx = {**{k: v for k, v in spec.sizes}, "DTYPE_BYTES": 2, "dtype": "bf16", "op": "matmul", "CORES": 132}
     configs = [c for c in skeleton.space.configs()
                if skeleton.space.check(c, ctx, {"smem_bytes": 232448}) is None]
-    result = {"configs": len(configs), "shape": shape}
+    result = {"configs": len(configs), "shape": shape, "compile_workers": COMPILE_WORKERS}
+    path = out / "gpu_autotune.json"
+    if path.is_file():  # parts run in separate commands add to one report
+        result = {**json.loads(path.read_text()), **result}
+    if args.part in ("all", "autotune"):
+        _autotune_part(args, out, skeleton, spec, op, configs, ctx, result)
+    for label, sampler, budget in [("tuner_grid", "grid", len(configs)), ("tuner_tpe60", "tpe", 60)]:
+        if args.part not in ("all", label.split("_")[1].rstrip("60")):
+            continue
+        # The tuner: every config (grid), then TPE with a budget; each run has its own cold cache.
+        settings = settings_for(out)
+        store = create_run(settings, spec, "cuda", skeleton, sampler, seed=0,
+                           command=f"bench/gpu_bench.py autotune ({label})")
+        t0 = time.monotonic()
+        s = execute(store, settings, budget)
+        result[f"{label}_wall_s"] = round(time.monotonic() - t0, 1)
+        result[f"{label}_evaluations"] = s["evaluations"]
+        result[f"{label}_best_ms"] = round(s["best"]["median_s"] * 1e3, 4) if s["best"] else None
+        result[f"{label}_best"] = s["best"]["config"] if s["best"] else None
+        result[f"{label}_failures"] = {k: v["count"] for k, v in s["failures"].items()}
+        if "autotune_wall_s" in result:
+            result[f"{label}_speedup_vs_autotune"] = round(result["autotune_wall_s"] / result[f"{label}_wall_s"], 2)
+        print(json.dumps(result), flush=True)
+        path.write_text(json.dumps(result, indent=1))
 
+
+def _autotune_part(args, out, skeleton, spec, op, configs, ctx, result) -> None:
+    import torch
+    import triton
+
+    from tuner.backends.triton_source import load_module
     # @triton.autotune over the same list, cold cache, in this process.
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotune_cache_", dir=out)
     mod_path = out / "autotune_kernel.py"
@@ -208,22 +235,6 @@ def cmd_autotune(args) -> None:
     print(json.dumps(result), flush=True)
     (out / "gpu_autotune.json").write_text(json.dumps(result, indent=1))
 
-    # The tuner: every config (grid), then TPE with a budget; each run has its own cold cache.
-    for label, sampler, budget in [("tuner_grid", "grid", len(configs)), ("tuner_tpe60", "tpe", 60)]:
-        settings = settings_for(out)
-        store = create_run(settings, spec, "cuda", skeleton, sampler, seed=0,
-                           command=f"bench/gpu_bench.py autotune ({label})")
-        t0 = time.monotonic()
-        s = execute(store, settings, budget)
-        result[f"{label}_wall_s"] = round(time.monotonic() - t0, 1)
-        result[f"{label}_evaluations"] = s["evaluations"]
-        result[f"{label}_best_ms"] = round(s["best"]["median_s"] * 1e3, 4) if s["best"] else None
-        result[f"{label}_best"] = s["best"]["config"] if s["best"] else None
-        result[f"{label}_failures"] = {k: v["count"] for k, v in s["failures"].items()}
-        result[f"{label}_speedup_vs_autotune"] = round(result["autotune_wall_s"] / result[f"{label}_wall_s"], 2)
-        print(json.dumps(result), flush=True)
-        (out / "gpu_autotune.json").write_text(json.dumps(result, indent=1))
-
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -237,8 +248,14 @@ def main() -> None:
     o.set_defaults(fn=cmd_ops)
     a = sub.add_parser("autotune")
     a.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
+    a.add_argument("--part", default="all", choices=["all", "autotune", "grid", "tpe"],
+                   help="run one part (each within a command's time limit); parts add to one report")
     a.set_defaults(fn=cmd_autotune)
+    for sp in (o, a):
+        sp.add_argument("--compile-workers", type=int, help="compile processes (default: CPUs - 1)")
     args = p.parse_args()
+    global COMPILE_WORKERS
+    COMPILE_WORKERS = args.compile_workers or COMPILE_WORKERS
     args.fn(args)
 
 
