@@ -101,7 +101,12 @@ def summary_table(s: dict[str, Any], run_dir: str = "") -> Table:
             t.add_row(f"vs {ref.get('what', 'reference')}",
                       f"{best['speedup_vs_reference']:.2f}x (reference {fmt_time(ref.get('median_s'))})")
     else:
-        t.add_row("best config", "none: no config passed verification")
+        if not s["evaluations"] and s["invalid"]:
+            t.add_row("best config", f"none: every config the sampler proposed ({s['invalid']}) broke the "
+                                     f"space's constraints; give the space a `default:` that satisfies "
+                                     f"them, or loosen them")
+        else:
+            t.add_row("best config", "none: no config passed verification")
     t.add_row("evaluated", f"{s['evaluations']} of {s['space_size']} configs "
                            f"({s['invalid']} more rejected by constraints, never compiled)")
     fails = {k: v for k, v in s.get("failures", {}).items() if k != "INVALID"}
