@@ -108,3 +108,11 @@ def test_ray_sweep_gives_the_local_winners(tmp_path):
         kb = sorted((r.config.key, r.status.value) for r in Store(remote / "tasks" / name).records())
         assert ka == kb
     assert json.loads((remote / "summary.json").read_text())["executor"] == "ray"
+
+
+def test_a_shape_yaml_reads_as_a_number_says_quote_it(tmp_path):
+    from tuner.sweep import SweepError, load_plan
+    f = tmp_path / "s.yaml"
+    f.write_text("backend: cpu\nops:\n  softmax: {shapes: [64x64, 0x40]}\n")
+    with pytest.raises(SweepError, match="bad shape 64: a number.*quoted if it starts with 0x"):
+        load_plan(f)

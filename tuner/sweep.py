@@ -155,7 +155,13 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
         op = str(entry.get("op", name))
         if op not in BUILTINS:
             raise SweepError(f"{where}: unknown op {op!r}; built-in ops: {', '.join(BUILTINS)}")
-        shapes = _list(entry.get("shapes"), "shapes", where)
+        raw = entry.get("shapes")
+        for shape in raw if isinstance(raw, list) else [raw]:
+            if isinstance(shape, int) and not isinstance(shape, bool):
+                raise SweepError(f"{where}: bad shape {shape!r}: a number, not a string like 64x128 (YAML "
+                                 f"reads 0x.. as a hexadecimal number); write it MxN..., quoted if it "
+                                 f"starts with 0x")
+        shapes = _list(raw, "shapes", where)
         if not shapes:
             raise SweepError(f"{where}: give `shapes: [...]`, e.g. shapes: [{'x'.join(['1024'] * len(BUILTINS[op].size_names))}]")
         template = entry.get("template")
