@@ -168,3 +168,11 @@ def test_template_that_raises_or_runs_away_is_a_compile_error(tmp_path):
         sk: Skeleton = load_skeleton(tpl, space)
         with pytest.raises(SkeletonError, match=says):
             sk.render(Config.of({"A": 1}), {})
+
+
+def test_model_proposer_without_key_or_endpoint(capsys, tmp_path, monkeypatch):
+    for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "TUNER_LLM_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TUNER_RUNS_DIR", str(tmp_path / "runs"))
+    rc, err = run(capsys, "tune", "softmax", "--shape", "64x64", "--proposer", "openai", "--llm", "m")
+    assert rc == 2 and "needs a key" in err and "--llm-base-url" in err

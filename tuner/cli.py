@@ -138,6 +138,10 @@ def cmd_tune(args) -> int:
             llm = LLMConfig.from_env(api_key=args.llm_api_key, **_llm_overrides(args))
             if llm is None and args.proposer == "openai":
                 raise LLMError("--proposer openai needs a model: --llm MODEL or TUNER_LLM_MODEL")
+            if llm is not None and not (llm.base_url or os.environ.get("OPENAI_BASE_URL") or llm.api_key):
+                # The default endpoint is a hosted API: without a key every call is refused.
+                raise LLMError("the default OpenAI endpoint needs a key: set OPENAI_API_KEY (or "
+                               "--llm-api-key), or point --llm-base-url at your own server")
         if llm is not None:
             if options:
                 raise BackendUnavailable("--chip with a model proposer is not supported yet; "
