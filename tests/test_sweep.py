@@ -116,3 +116,24 @@ def test_a_shape_yaml_reads_as_a_number_says_quote_it(tmp_path):
     f.write_text("backend: cpu\nops:\n  softmax: {shapes: [64x64, 0x40]}\n")
     with pytest.raises(SweepError, match="bad shape 64: a number.*quoted if it starts with 0x"):
         load_plan(f)
+
+
+def test_runs_of_a_local_sweep_share_their_worker_processes(fast_settings, tmp_path):
+    import functools
+
+    from tuner.evaluate import Evaluator, WorkerPools
+    from tuner.ops import builtin_spec
+    from tuner.skeleton import library_skeleton
+    from tuner.tune import create_run, execute
+    pools = WorkerPools(fast_settings, tmp_path / "workers.log")
+    try:
+        for op, shape in [("softmax", "16x100"), ("rmsnorm", "8x64"), ("softmax", "4x32")]:
+            store = create_run(fast_settings, builtin_spec(op, shape, "fp32"), "cpu", library_skeleton(op, "c"),
+                               "random", seed=1, path=tmp_path / f"{op}-{shape}")
+            summary = execute(store, fast_settings, 2, make_evaluator=functools.partial(Evaluator, workers=pools))
+            assert summary["best"] is not None, summary["failures"]
+        [(compilers, benchers)] = pools._pools.values()
+        assert len(compilers) == fast_settings.n_compile_workers and len(benchers) == 1
+        assert benchers[0].started == 1 and all(w.started <= 1 for w in compilers)  # kept across runs
+    finally:
+        pools.close()

@@ -11,6 +11,7 @@ A candidate's fault is always a Record; only faults of the tool raise.
 from __future__ import annotations
 
 import hashlib
+import json
 import queue
 import threading
 import time
@@ -25,9 +26,43 @@ from .values import Build, Config, DeviceInfo, Measurement, OpSpec, Record, Stat
 from .worker import Worker, WorkerFailure
 
 
+class WorkerPools:
+    """Worker processes shared by runs that follow one another (the tasks of a local sweep): a
+    Python with torch and Triton imported, on a GPU with a CUDA context, takes seconds to start,
+    once per sweep instead of once per task. The op travels with each request; workers are
+    keyed by backend, devices and the other options. `close` ends them."""
+
+    def __init__(self, settings: Settings, log_path: str | Path):
+        self.settings, self.log_path = settings, str(log_path)
+        self._pools: dict[str, tuple[list[Worker], list[Worker]]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, backend: str, devices: tuple[int, ...], options: dict,
+            limit_memory: bool) -> tuple[list[Worker], list[Worker]]:
+        """(compile workers, one benchmark worker per device)."""
+        opts = {k: v for k, v in options.items() if k != "op"}
+        key = json.dumps([backend, list(devices), opts], sort_keys=True, default=str)
+        with self._lock:
+            if key not in self._pools:
+                s, log = self.settings, self.log_path
+                compilers = [Worker(backend, devices[0], opts, s, log, limit_memory)
+                             for _ in range(s.n_compile_workers)]
+                benchers = [Worker(backend, d, opts, s, log, limit_memory) for d in devices]
+                self._pools[key] = (compilers, benchers)
+            return self._pools[key]
+
+    def close(self) -> None:
+        with self._lock:
+            for compilers, benchers in self._pools.values():
+                for w in compilers + benchers:
+                    w.close()
+            self._pools.clear()
+
+
 class Evaluator:
     def __init__(self, backend: str, spec: OpSpec, skeleton: Skeleton, settings: Settings,
-                 workdir: str | Path, devices: tuple[int, ...] = (0,), options: dict | None = None):
+                 workdir: str | Path, devices: tuple[int, ...] = (0,), options: dict | None = None,
+                 workers: WorkerPools | None = None):
         self.backend_name, self.spec, self.skeleton, self.settings = backend, spec, skeleton, settings
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -40,11 +75,18 @@ class Evaluator:
         self.limits = self.backend.limits()
         log = str(self.workdir / "workers.log")
         limit_mem = self.backend.limit_memory
+        # Borrowed workers (a sweep's) outlive this evaluator; its own end with it.
+        self._owns_workers = workers is None
+        if workers is not None:
+            compilers, self.bench_workers = workers.get(backend, tuple(devices), self.options, limit_mem)
+        else:
+            compilers = [Worker(backend, device, self.options, settings, log, limit_mem)
+                         for _ in range(settings.n_compile_workers)]
+            # One benchmark worker per device; a measurement takes whichever is free.
+            self.bench_workers = [Worker(backend, d, self.options, settings, log, limit_mem) for d in devices]
         self._compilers: queue.Queue[Worker] = queue.Queue()
-        for _ in range(settings.n_compile_workers):
-            self._compilers.put(Worker(backend, device, self.options, settings, log, limit_mem))
-        # One benchmark worker per device; a measurement takes whichever is free.
-        self.bench_workers = [Worker(backend, d, self.options, settings, log, limit_mem) for d in devices]
+        for w in compilers:
+            self._compilers.put(w)
         self._benchers: queue.Queue[Worker] = queue.Queue()
         for w in self.bench_workers:
             self._benchers.put(w)
@@ -68,6 +110,8 @@ class Evaluator:
         return self.device_info
 
     def close(self) -> None:
+        if not self._owns_workers:
+            return
         for w in self.bench_workers:
             w.close()
         while not self._compilers.empty():
@@ -109,7 +153,7 @@ class Evaluator:
             with self._quiet or nullcontext():
                 return worker.call("compile", timeout=self.settings.compile_timeout_s + 15,
                                    source=source, workdir=str(self.workdir / "build" / digest),
-                                   timeout_s=self.settings.compile_timeout_s)
+                                   timeout_s=self.settings.compile_timeout_s, op=self.options["op"])
         except WorkerFailure as e:
             status = Status.COMPILE_TIMEOUT if e.kind == "timeout" else Status.COMPILE_ERROR
             return Build(status, error=f"compiler: {e.reason}")

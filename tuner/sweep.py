@@ -32,6 +32,7 @@ cluster's slots (devices + compile CPUs).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import hashlib
 import math
 import sys
@@ -391,6 +392,9 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
                 per_task_parallel = max(2, math.ceil(ex.default_parallel(plan.backend) / k))
         elif executor == "local":
             k = 1
+            from .evaluate import Evaluator, WorkerPools
+            owned = WorkerPools(settings, folder / "workers.log")  # one set of workers for every task
+            make_evaluator = functools.partial(Evaluator, workers=owned)
         else:
             raise SweepError(f"unknown executor {executor!r}; one of local, ray")
         with SweepView(states, view_enabled) as view:
