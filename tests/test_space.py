@@ -96,3 +96,27 @@ def test_bools_and_ints_are_distinct_points():
     assert s.check(Config.of({"FLAG": True, "N": 1}), ctx) is None
     assert "not a point" in s.check(Config.of({"FLAG": 1, "N": 1}), ctx)
     assert "not a point" in s.check(Config.of({"FLAG": True, "N": True}), ctx)
+
+
+def test_violation_measures_how_far_a_config_is_from_valid():
+    from tuner.expr import parse
+    e = parse("BM * BK * STAGES * 2 <= 1000 and W in (4, 8)")
+    assert e.violation({"BM": 10, "BK": 10, "STAGES": 2, "W": 4}) == 0.0
+    small = e.violation({"BM": 10, "BK": 10, "STAGES": 6, "W": 4})
+    large = e.violation({"BM": 40, "BK": 10, "STAGES": 6, "W": 4})
+    assert 0 < small < large
+    assert e.violation({"BM": 10, "BK": 10, "STAGES": 2, "W": 2}) >= 1.0
+    assert parse("A < 2 or B < 2").violation({"A": 3, "B": 100}) < parse("B < 2").violation({"B": 100})
+
+
+def test_repair_walks_an_invalid_default_to_a_valid_config_nearby():
+    params = "".join(f"  {n}: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n" for n in "ABCDEFGHIJKL")
+    space = parse_space("language: c\nparams:\n" + params + "constraints:\n"
+                        "  - A + B + C + D + E + F + G + H + I + J + K + L < 20\n")
+    default = space.default_config()
+    assert space.check(default, {}) is not None  # 12 x 5 = 60: the valid configs are 5e-8 of the space
+    fixed = space.repair(default, {})
+    assert fixed is not None and space.check(fixed, {}) is None
+    assert sum(fixed.as_dict().values()) == 19  # the least change that satisfies it
+    impossible = parse_space("language: c\nparams:\n  A: [1, 2]\nconstraints:\n  - A > 5\n")
+    assert impossible.repair(impossible.default_config(), {}) is None

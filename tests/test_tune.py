@@ -154,3 +154,15 @@ def test_kernelbench_problem_file_on_cpu(tmp_path, monkeypatch):
     assert rc == 0
     summary = json.loads((only_run(runs) / "summary.json").read_text())
     assert summary["best"] is not None and summary["evaluations"] == 4
+
+
+def test_a_default_invalid_at_this_shape_starts_the_search_next_to_it(tmp_path, monkeypatch):
+    fast_env(monkeypatch, tmp_path)
+    runs = tmp_path / "runs"
+    # BM <= M: the default BM=32 is invalid at M=16; the nearest valid config is BM=16, rest kept.
+    assert main(["tune", "softmax", "--shape", "16x512", *NULL, "--budget", "3", "--seed", "1",
+                 "--runs-dir", str(runs), "--quiet"]) == 0
+    records = Store.open(only_run(runs)).records()
+    assert records[0].status is Status.INVALID and records[0].config.as_dict()["BM"] == 32
+    assert records[1].config.as_dict() == {"BM": 16, "BN": 32, "WARPS": 2, "STAGES": 1}
+    assert records[1].status is not Status.INVALID

@@ -51,6 +51,13 @@ class Expr:
     def __call__(self, env: dict[str, Any]) -> Any:
         return _eval(self.tree.body, env, self.text)
 
+    def violation(self, env: dict[str, Any]) -> float:
+        """0 when the expression holds; else how far it is from holding, for a search that
+        walks an invalid config towards a valid one: a failed numeric comparison counts its
+        relative gap |a - b| / (|a| + |b|) (so a smem overflow of 2x is further than one of
+        10 %), anything else that fails counts 1. `and` adds up, `or` takes the nearest."""
+        return _violation(self.tree.body, env, self.text)
+
     def __reduce__(self):  # AST nodes pickle, but re-parsing is smaller and always valid
         return (parse, (self.text,))
 
@@ -170,3 +177,29 @@ def _eval(node: ast.AST, env: dict[str, Any], text: str) -> Any:
         except (TypeError, ValueError, ZeroDivisionError, OverflowError) as e:
             raise ExprError(f"{node.func.id}(): {e} in {text!r}") from None  # type: ignore[attr-defined]
     raise ExprError(f"unreachable: {type(node).__name__} in {text!r}")
+
+
+_ORDERED_CMP = (ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq)
+
+
+def _violation(node: ast.AST, env: dict[str, Any], text: str) -> float:
+    if isinstance(node, ast.BoolOp):
+        parts = [_violation(v, env, text) for v in node.values]
+        return sum(parts) if isinstance(node.op, ast.And) else min(parts)
+    if isinstance(node, ast.Compare):
+        total, left = 0.0, _eval(node.left, env, text)
+        for op, comp in zip(node.ops, node.comparators):
+            right = _eval(comp, env, text)
+            try:
+                ok = _CMPOPS[type(op)](left, right)
+            except TypeError as e:
+                raise ExprError(f"{e} in {text!r}") from None
+            if not ok:
+                numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (left, right))
+                if numeric and isinstance(op, _ORDERED_CMP):
+                    total += 1e-3 + abs(left - right) / (abs(left) + abs(right) + 1e-12)
+                else:
+                    total += 1.0
+            left = right
+        return total
+    return 0.0 if _eval(node, env, text) else 1.0

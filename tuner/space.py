@@ -126,6 +126,53 @@ class Space:
             return f"expression error: {e}"
         return None
 
+    def violation(self, config: Config, context: dict[str, Any],
+                  limits: dict[str, float] | None = None) -> float:
+        """0 for a valid config; else how far it is from valid (resources over their limit by
+        their relative excess, constraints by `Expr.violation`; an expression error counts
+        100). Only for steering `repair`; `check` says why."""
+        try:
+            env = {**context, **config.as_dict()}
+            total = 0.0
+            for name, value in self.evaluate_resources(config, context).items():
+                env[name] = value
+                limit = (limits or {}).get(name)
+                if limit is not None and value > limit:
+                    total += 1e-3 + (value - limit) / (abs(value) + abs(limit) + 1e-12)
+            for rule in self.constraints:
+                total += rule.expr.violation(env)
+            return total
+        except _expr.ExprError:
+            return 100.0
+
+    def repair(self, config: Config, context: dict[str, Any], limits: dict[str, float] | None = None,
+               max_steps: int = 100) -> Config | None:
+        """A valid config near `config`: one param at a time, the move that most reduces the
+        violation (ties: the smallest move), until valid. None when no move helps. For a
+        default that the constraints reject at this shape, so the search starts next to what
+        the space's author meant, not at random in a space that may be mostly invalid."""
+        current = config.as_dict()
+        v = self.violation(config, context, limits)
+        for _ in range(max_steps):
+            if v == 0.0:
+                return Config.of(current)
+            best = None
+            for p in self.params:
+                i = p.values.index(current[p.name]) if current[p.name] in p.values else 0
+                for j, value in enumerate(p.values):
+                    if j == i:
+                        continue
+                    trial = Config.of({**current, p.name: value})
+                    tv = self.violation(trial, context, limits)
+                    key = (tv, abs(j - i))
+                    if tv < v and (best is None or key < best[0]):
+                        best = (key, p.name, value)
+            if best is None:
+                return None
+            current[best[1]] = best[2]
+            v = best[0][0]
+        return Config.of(current) if v == 0.0 else None
+
     # ---- serialisation -------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:

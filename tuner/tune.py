@@ -275,7 +275,12 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         if meta.get("warm_start"):  # run dirs / landscapes measured elsewhere: their best first
             from .replay import warm_starts
             warm = warm_starts(meta["warm_start"], skeleton.space)
-        for config in (skeleton.space.default_config(), *seeds, *warm):
+        default = skeleton.space.default_config()
+        starts = [default]
+        if evaluator.check(default) is not None:  # rejected at this shape: start next to it
+            near = skeleton.space.repair(default, evaluator.context, evaluator.limits)
+            starts += [near] if near is not None else []
+        for config in (*starts, *seeds, *warm):
             if skeleton.space.contains(config):
                 searcher.enqueue(config)
         if not store.records():
