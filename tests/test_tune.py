@@ -166,3 +166,19 @@ def test_a_default_invalid_at_this_shape_starts_the_search_next_to_it(tmp_path, 
     assert records[0].status is Status.INVALID and records[0].config.as_dict()["BM"] == 32
     assert records[1].config.as_dict() == {"BM": 16, "BN": 32, "WARPS": 2, "STAGES": 1}
     assert records[1].status is not Status.INVALID
+
+
+def test_a_space_whose_constraints_leave_almost_nothing_still_gets_searched(tmp_path, monkeypatch):
+    fast_env(monkeypatch, tmp_path)
+    names = "ABCDEFGHIJKL"
+    space = tmp_path / "s.yaml"
+    space.write_text("language: script\nparams:\n" + "".join(f"  {n}: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n" for n in names)
+                     + f"constraints:\n  - {' + '.join(names)} < 20\n")  # valid: 5e-8 of 1e12 configs
+    tpl = tmp_path / "t.txt.j2"
+    tpl.write_text("time: {{ 1e-4 * (1 + A + 2 * B) }}\n")
+    runs = tmp_path / "runs"
+    assert main(["tune", "softmax", "--shape", "16x64", "--backend", "null", "--template", str(tpl),
+                 "--space", str(space), "--budget", "6", "--seed", "2", "--runs-dir", str(runs), "--quiet"]) == 0
+    records = Store.open(only_run(runs)).records()
+    ok = [r for r in records if r.status is Status.OK]
+    assert len(ok) == 6 and len({r.config.key for r in ok}) == 6

@@ -165,14 +165,18 @@ class Proposer:
     * `impute`: hard failures also enter the objective model as this factor slower than the
       best (no improvement is expected next to them); None: off. Cliffs do not: the fast
       configs often sit right next to one.
+    * `repair`: config -> a valid config near it, or None (`Space.repair` under the run's
+      sizes and limits). When no candidate passes `check` (a space whose constraints leave
+      a tiny valid share, as model-written spaces can), the best few are repaired instead.
     """
 
     def __init__(self, space: Space, check: Callable[[Config], str | None] | None = None,
                  n_startup: int = 1, clip: float = 2.0, cliff: float | None = 2.5,
                  decay: float = 0.1, classifier: float | None = 1.0, dominance: bool | str = True,
-                 impute: float | None = 2.0):
+                 impute: float | None = 2.0, repair: Callable[[Config], Config | None] | None = None):
         self.enc = Encoding(space)
         self.check = check
+        self.repair = repair
         self.n_startup = n_startup
         self.clip = clip
         self.cliff = cliff
@@ -234,12 +238,23 @@ class Proposer:
         self._invalid.add(int(flat))
         return False
 
-    def _pick(self, flat: np.ndarray, score: np.ndarray, rng: np.random.Generator) -> int | None:
-        """The best-scoring candidate that the space's formulas accept (ties at random)."""
+    def _pick(self, flat: np.ndarray, score: np.ndarray, rng: np.random.Generator,
+              seen: np.ndarray | None = None) -> int | None:
+        """The best-scoring candidate that the space's formulas accept (ties at random); when
+        none does, the nearest valid config to one of the best few (`repair`) not yet seen."""
         order = np.lexsort((rng.random(len(flat)), -score))
         for i in order[:5000]:
             if self._valid(int(flat[i])):
                 return int(flat[i])
+        if self.repair is not None:
+            taken = set() if seen is None else set(int(f) for f in seen)
+            for i in order[:8]:
+                fixed = self.repair(self.enc.config(self.enc.unflat(flat[i:i + 1])[0]))
+                idx = self.enc.index(fixed) if fixed is not None else None
+                if idx is not None:
+                    f = int(self.enc.flat(np.array([idx]))[0])
+                    if f not in taken and self._valid(f):
+                        return f
         return None
 
     # -- the step --
@@ -262,7 +277,7 @@ class Proposer:
             return None
         cidx = enc.unflat(flat)
         if enc.dim == 0:
-            pick = self._pick(flat, np.zeros(len(flat)), rng)
+            pick = self._pick(flat, np.zeros(len(flat)), rng, seen)
             return None if pick is None else tuple(int(v) for v in enc.unflat(np.array([pick]))[0])
         Xc = enc.features(cidx)
         p_ok = self._feasibility(cidx, Xc, done, hard)
@@ -296,7 +311,7 @@ class Proposer:
             mean, sd = gp.predict(Xc)
             best = float(gp.y.min())
             score = expected_improvement(mean, sd, best) * p_ok * self._near(cidx, incumbent)
-        pick = self._pick(flat, score, rng)
+        pick = self._pick(flat, score, rng, seen)
         return None if pick is None else tuple(int(v) for v in enc.unflat(np.array([pick]))[0])
 
     def _steps(self, idx: np.ndarray, incumbent: Sequence[int]) -> np.ndarray:

@@ -268,9 +268,12 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
                                               tuple(meta["devices"]) if meta.get("devices") else None)
     evaluator = (make_evaluator or Evaluator)(meta["backend"], spec, skeleton, settings, store.path)
     try:
+        # The guided sampler repairs candidates when a space's constraints reject nearly all.
+        repair = {"repair": lambda c: skeleton.space.repair(c, evaluator.context, evaluator.limits, 30)}
         searcher = Searcher(skeleton.space, meta["sampler"], meta["seed"], meta["storage"],
                             study_name=meta.get("study_name", "tuner"), check=evaluator.check,
-                            patience=meta.get("patience"))
+                            patience=meta.get("patience"),
+                            sampler_options=repair if meta["sampler"] == "guided" else None)
         warm: tuple[Config, ...] = ()
         if meta.get("warm_start"):  # run dirs / landscapes measured elsewhere: their best first
             from .replay import warm_starts
