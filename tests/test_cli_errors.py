@@ -176,3 +176,12 @@ def test_model_proposer_without_key_or_endpoint(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("TUNER_RUNS_DIR", str(tmp_path / "runs"))
     rc, err = run(capsys, "tune", "softmax", "--shape", "64x64", "--proposer", "openai", "--llm", "m")
     assert rc == 2 and "needs a key" in err and "--llm-base-url" in err
+
+
+def test_problem_without_skeleton_shows_the_entry_signature_with_integer_inputs(capsys, tmp_path):
+    f = tmp_path / "gather.py"
+    f.write_text("import torch\nclass Model(torch.nn.Module):\n    def forward(self, idx, w):\n        return w[idx]\n"
+                 "def get_inputs():\n    return [torch.randint(0, 100, (64,)), torch.randn(100, 32)]\n"
+                 "def get_init_inputs():\n    return []\n")
+    rc, err = run(capsys, "tune", "--op", str(f), "--backend", "cpu", "--budget", "1")
+    assert rc == 2 and "void tuner_kernel(const int64_t *in0, const {{ ctype }} *in1, {{ ctype }} *out0)" in err
