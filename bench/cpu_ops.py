@@ -47,11 +47,11 @@ def main() -> None:
     settings = Settings.from_env(runs_dir=args.runs_dir)
     rows = []
     for op in args.ops.split(","):
-        tpe = one(op, "guided", args.budget, settings, args.seed)
+        tuned = one(op, "guided", args.budget, settings, args.seed)
         rnd = one(op, "random", args.budget, settings, args.seed)
         long = one(op, "guided", 4 * args.budget, settings, args.seed + 1)
-        rows.append((op, tpe, rnd, long))
-        print(json.dumps({"op": op, "tpe": tpe["best"], "random": rnd["best"], "long": long["best"]},
+        rows.append((op, tuned, rnd, long))
+        print(json.dumps({"op": op, "tuned": tuned["best"], "random": rnd["best"], "long": long["best"]},
                          default=str), file=sys.stderr)
 
     def ms(s):
@@ -63,14 +63,14 @@ def main() -> None:
     print("| op | shape | torch ms | tuned ms (default sampler, budget) | speedup | % of ceiling | random ms (same budget) "
           "| best of 4x budget ms | tuned / best-known | search wall s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for op, tpe, rnd, long in rows:
-        b = tpe["best"]
-        known = min(x["best"]["median_s"] for x in (tpe, rnd, long) if x.get("best"))
+    for op, tuned, rnd, long in rows:
+        b = tuned["best"]
+        known = min(x["best"]["median_s"] for x in (tuned, rnd, long) if x.get("best"))
         ceil = b.get("ceiling") or {}
-        print(f"| {op} | {SHAPES[op]} | {tpe['reference']['median_s'] * 1e3:.3f} | {ms(tpe)} ({args.budget}) | "
+        print(f"| {op} | {SHAPES[op]} | {tuned['reference']['median_s'] * 1e3:.3f} | {ms(tuned)} ({args.budget}) | "
               f"{b['speedup_vs_reference']:.2f}x | {ceil.get('percent', 0):.0f} % of {ceil.get('value', 0):g} "
               f"{ceil.get('unit', '')} | {ms(rnd)} | {ms(long)} | {b['median_s'] / known:.2f} | "
-              f"{tpe['search_wall_s']:.0f} |")
+              f"{tuned['search_wall_s']:.0f} |")
 
 
 if __name__ == "__main__":
