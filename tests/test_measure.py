@@ -40,16 +40,19 @@ def test_interleaved_ops_do_not_regenerate_their_references(monkeypatch):
     assert len(calls) == 3 * measure._POOL_SIZE  # one pool per op, made once
 
 
-def test_a_kernel_that_writes_its_input_is_caught_and_leaves_the_pool_clean(monkeypatch):
+def test_a_stray_write_into_the_kept_inputs_is_caught_and_does_not_stay(monkeypatch):
     monkeypatch.setattr(measure, "_pool", type(measure._pool)())
+    monkeypatch.setattr(measure, "_on_device", type(measure._on_device)())
     backend = HostBackend()
     op = load_op(builtin_spec("softmax", "8x64", "fp32"))
     seed, ref = measure._pooled(op)[0]
+    assert measure.check(backend, softmax_kernel, op, seed, ref)[0] is None
 
-    def scribbler(x, y):
+    def scribbler(x, y):  # an out-of-bounds write that lands in the kept pristine copy
         softmax_kernel(x, y)
-        x.zero_()
+        measure._on_device[(measure._op_key(op), seed)][1][0].zero_()
 
     why, _, _ = measure.check(backend, scribbler, op, seed, ref)
     assert why and "wrote to its input x" in why
+    # The kept copies were dropped: the next check starts again from the host's.
     assert measure.check(backend, softmax_kernel, op, seed, ref)[0] is None

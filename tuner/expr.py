@@ -155,17 +155,7 @@ def _eval(node: ast.AST, env: dict[str, Any], text: str) -> Any:
                 return result
         return result
     if isinstance(node, ast.Compare):
-        left = _eval(node.left, env, text)
-        for op, comp in zip(node.ops, node.comparators):
-            right = _eval(comp, env, text)
-            try:
-                ok = _CMPOPS[type(op)](left, right)
-            except TypeError as e:
-                raise ExprError(f"{e} in {text!r}") from None
-            if not ok:
-                return False
-            left = right
-        return True
+        return all(ok for _, _, _, ok in _comparisons(node, env, text))
     if isinstance(node, ast.IfExp):
         return _eval(node.body if _eval(node.test, env, text) else node.orelse, env, text)
     if isinstance(node, (ast.Tuple, ast.List)):
@@ -182,24 +172,34 @@ def _eval(node: ast.AST, env: dict[str, Any], text: str) -> Any:
 _ORDERED_CMP = (ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq)
 
 
+def _comparisons(node: ast.Compare, env: dict[str, Any], text: str, lazy: bool = True):
+    """(op, left, right, holds) for each link of a (chained) comparison; `lazy` stops after
+    the first that fails, as Python does (later operands are not evaluated)."""
+    left = _eval(node.left, env, text)
+    for op, comp in zip(node.ops, node.comparators):
+        right = _eval(comp, env, text)
+        try:
+            ok = bool(_CMPOPS[type(op)](left, right))
+        except TypeError as e:
+            raise ExprError(f"{e} in {text!r}") from None
+        yield op, left, right, ok
+        if lazy and not ok:
+            return
+        left = right
+
+
 def _violation(node: ast.AST, env: dict[str, Any], text: str) -> float:
     if isinstance(node, ast.BoolOp):
         parts = [_violation(v, env, text) for v in node.values]
         return sum(parts) if isinstance(node.op, ast.And) else min(parts)
     if isinstance(node, ast.Compare):
-        total, left = 0.0, _eval(node.left, env, text)
-        for op, comp in zip(node.ops, node.comparators):
-            right = _eval(comp, env, text)
-            try:
-                ok = _CMPOPS[type(op)](left, right)
-            except TypeError as e:
-                raise ExprError(f"{e} in {text!r}") from None
+        total = 0.0
+        for op, left, right, ok in _comparisons(node, env, text, lazy=False):
             if not ok:
                 numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (left, right))
                 if numeric and isinstance(op, _ORDERED_CMP):
                     total += 1e-3 + abs(left - right) / (abs(left) + abs(right) + 1e-12)
                 else:
                     total += 1.0
-            left = right
         return total
     return 0.0 if _eval(node, env, text) else 1.0

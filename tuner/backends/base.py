@@ -45,6 +45,7 @@ class Backend(abc.ABC):
     def __init__(self, device: int = 0, **options: Any) -> None:
         self.device = device
         self.options = options
+        self._arg_specs = None  # the op's argument shapes and dtypes, once asked for
 
     def for_op(self, op_json: str) -> None:
         """Point this backend at another op (what its ahead-of-time compile prepares for): a
@@ -52,6 +53,21 @@ class Backend(abc.ABC):
         if self.options.get("op") != op_json:
             self.options["op"] = op_json
             self._arg_specs = None
+
+    def meta_args(self):
+        """Meta tensors with the shapes and dtypes the harness passes the op's kernel (inputs,
+        then outputs): what a backend that compiles ahead launches `launch` on."""
+        if self._arg_specs is None:
+            from ..ops import arg_specs, load_op
+            from ..values import OpSpec
+            if "op" not in self.options:
+                raise BackendUnavailable(f"the {self.name} backend compiles ahead for one op: create "
+                                         f"it with options op=<OpSpec JSON> (the Evaluator does)")
+            self._arg_specs = arg_specs(load_op(OpSpec.from_json(self.options["op"])))
+        import torch
+        ins, outs = self._arg_specs
+        return ([torch.empty(s, dtype=d, device="meta") for s, d in ins],
+                [torch.empty(s, dtype=d, device="meta") for s, d in outs])
 
     @classmethod
     def check_available(cls) -> None:

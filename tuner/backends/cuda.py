@@ -38,9 +38,9 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from ..values import Build, DeviceInfo, OpSpec, Status
+from ..values import Build, DeviceInfo, Status
 from .base import Backend, BackendUnavailable
-from .triton_source import Forbidden, check_source, load_module
+from .triton_source import Forbidden, check_source, load_module, warm_launch
 
 # Shared memory per block (opt-in maximum) by compute capability, for when no device is asked.
 SMEM_OPTIN = {70: 98304, 75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 101376,
@@ -58,7 +58,6 @@ class CudaBackend(Backend):
         self._props = None
         self._flush_buf = None
         self._events = None
-        self._arg_specs = None
         self._used_cuda = False
 
     # ---- availability and facts -------------------------------------------------------
@@ -166,39 +165,9 @@ class CudaBackend(Backend):
         return Build(Status.OK, artifact=str(path), compile_s=dt, binary_hash=h.hexdigest()[:16])
 
     def _warm(self, module) -> list:
-        """Call `launch` on meta tensors with every launch turned into a compile-only warm-up."""
-        import torch
-        from triton.runtime import jit
-        inputs, outputs = self._meta_args()
-        compiled: list = []
-        original = jit.JITFunction.run
-
-        def run(fn, *args, grid, warmup, **kwargs):
-            kernel = original(fn, *args, grid=grid, warmup=True, **kwargs)
-            compiled.append(kernel)
-            return kernel
-
+        """Compile-only launches on meta tensors, for this device's architecture."""
         with _compile_only(self._arch()):
-            jit.JITFunction.run = run
-            try:
-                with torch.no_grad():
-                    module.launch(*inputs, *outputs)
-            finally:
-                jit.JITFunction.run = original
-        return compiled
-
-    def _meta_args(self):
-        """Meta tensors with the shapes and dtypes the harness passes (inputs, then outputs)."""
-        if self._arg_specs is None:
-            from ..ops import arg_specs, load_op
-            if "op" not in self.options:
-                raise BackendUnavailable("the cuda backend compiles ahead for one op: create it "
-                                         "with options op=<OpSpec JSON> (the Evaluator does)")
-            self._arg_specs = arg_specs(load_op(OpSpec.from_json(self.options["op"])))
-        import torch
-        ins, outs = self._arg_specs
-        return ([torch.empty(s, dtype=d, device="meta") for s, d in ins],
-                [torch.empty(s, dtype=d, device="meta") for s, d in outs])
+            return warm_launch(module, *self.meta_args())
 
     # ---- run ----------------------------------------------------------------------------
 

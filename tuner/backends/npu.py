@@ -53,9 +53,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..values import Build, DeviceInfo, OpSpec, Status
+from ..values import Build, DeviceInfo, Status
 from .base import Backend, BackendUnavailable
-from .triton_source import Forbidden, check_source, load_module
+from .triton_source import Forbidden, check_source, load_module, warm_launch
 
 # ---- Ascend compile options ------------------------------------------------------------------
 
@@ -349,7 +349,6 @@ class NpuBackend(Backend):
         self._events = None
         self._bench_cache: tuple[Any, float] | None = None
         self._used_npu = False
-        self._arg_specs = None
 
     # ---- availability and facts ---------------------------------------------------------
 
@@ -486,40 +485,8 @@ class NpuBackend(Backend):
         return Build(Status.OK, artifact=str(path), compile_s=dt, binary_hash=h.hexdigest()[:16] or digest)
 
     def _warm(self, module) -> list:
-        """Call `launch` on meta tensors with every kernel launch turned into a compile-only
-        warm-up (Triton's `run(..., warmup=True)`), so the bishengir compile happens here, in
-        the compile pool, and the benchmark worker's first launch hits the shared cache."""
-        import torch
-        from triton.runtime import jit
-        inputs, outputs = self._meta_args()
-        compiled: list = []
-        original = jit.JITFunction.run
-
-        def run(fn, *args, grid, warmup, **kwargs):
-            kernel = original(fn, *args, grid=grid, warmup=True, **kwargs)
-            compiled.append(kernel)
-            return kernel
-
-        jit.JITFunction.run = run
-        try:
-            with torch.no_grad():
-                module.launch(*inputs, *outputs)
-        finally:
-            jit.JITFunction.run = original
-        return compiled
-
-    def _meta_args(self):
-        """Meta tensors with the shapes and dtypes the harness passes (inputs, then outputs)."""
-        if self._arg_specs is None:
-            from ..ops import arg_specs, load_op
-            if "op" not in self.options:
-                raise BackendUnavailable("the npu backend compiles ahead for one op: create it with "
-                                         "options op=<OpSpec JSON> (the Evaluator does)")
-            self._arg_specs = arg_specs(load_op(OpSpec.from_json(self.options["op"])))
-        import torch
-        ins, outs = self._arg_specs
-        return ([torch.empty(s, dtype=d, device="meta") for s, d in ins],
-                [torch.empty(s, dtype=d, device="meta") for s, d in outs])
+        """Compile-only launches on meta tensors: the bishengir compile happens here."""
+        return warm_launch(module, *self.meta_args())
 
     # ---- run ----------------------------------------------------------------------------
 
