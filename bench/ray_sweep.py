@@ -77,7 +77,7 @@ def phase(name: str, plan_path: Path, out: Path, settings: Settings, parallel: i
     plan = load_plan(plan_path)
     folder = out / name
     result: dict = {"phase": name}
-    t0 = time.monotonic()
+    t0, t0_unix = time.monotonic(), time.time()
     if name == "local":
         summary = run_sweep(plan, settings, "local", out=str(folder), view_enabled=True, parallel=parallel)
         result["startup_s"] = 0.0
@@ -106,11 +106,15 @@ def phase(name: str, plan_path: Path, out: Path, settings: Settings, parallel: i
                     os.kill(victim[3], signal.SIGKILL)
                     kill["at_s"] = round(time.monotonic() - t1, 2)
                 threading.Thread(target=killer, daemon=True).start()
-            t1 = time.monotonic()
+            t1, result["unix_start"] = time.monotonic(), time.time()
             summary = run_sweep(plan, settings, "ray", out=str(folder), view_enabled=True,
                                 ray_executor=ex, parallel=parallel)
             pool = ex.pool(plan.backend)
-            result.update(replaced=pool.replaced, lost_actors=pool.lost, retries=ex.retries)
+            result.update(replaced=pool.replaced, lost_actors=pool.lost, retries=ex.retries,
+                          # the share of the sweep's wall time each device actor was serving a
+                          # request: near 100 % means the devices bound the sweep
+                          actor_busy_pct=[round(100 * s.busy_s / max(summary["wall_s"], 1e-9), 1)
+                                          for s in pool.slots])
             if kill:
                 after = all_lines(folder)
                 lost = [t for t, lines in kill["before"].items() if after.get(t, [])[:len(lines)] != lines]
@@ -124,6 +128,14 @@ def phase(name: str, plan_path: Path, out: Path, settings: Settings, parallel: i
         finally:
             ex.close()
     wall = summary["wall_s"]
+    # How long the tasks took to start: the first recorded evaluation, per task, from the start.
+    starts = []
+    for t in (folder / "tasks").glob("*") if (folder / "tasks").is_dir() else []:
+        times = [r.time for r in Store(t).records() if r.time]
+        if times:
+            starts.append(min(times) - result.get("unix_start", t0_unix))
+    if starts:
+        result["first_record_s"] = {"min": round(min(starts), 1), "max": round(max(starts), 1)}
     result.update(wall_s=wall, evaluations=summary["evaluations"],
                   evals_per_min=round(60 * summary["evaluations"] / wall, 1) if wall else None,
                   tasks_at_once=summary.get("tasks_at_once"),
@@ -206,14 +218,14 @@ def main() -> int:
     print(f"\n{report['device']}, {report['cpus']} CPUs, {report.get('gpus')} GPUs; {args.tasks} tasks x "
           f"{args.budget} evaluations, random sampler, bench budget {args.bench_budget} s")
     print(f"Ray cluster start: {report.get('ray_cluster_start_s', '-')} s (once); 'actors s': placing the phase's device actors")
-    print("| phase | devices | sweep wall s | evaluations | evals/min | actors s | retries | replaced |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| phase | devices | sweep wall s | evaluations | evals/min | actors s | actors busy % | retries | replaced |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in report["phases"]:
         if "error" in r:
             print(f"| {r['phase']} | error: {r['error'].strip().splitlines()[-1][:150]} |")
             continue
         print(f"| {r['phase']} | {r.get('devices', 1)} | {r['wall_s']} | {r['evaluations']} | {r['evals_per_min']} | "
-              f"{r['startup_s']} | {r.get('retries', '-')} | {r.get('replaced', '-')} |")
+              f"{r['startup_s']} | {r.get('actor_busy_pct', '-')} | {r.get('retries', '-')} | {r.get('replaced', '-')} |")
     for pair, rows in report.get("agreement", {}).items():
         same = sum(x["same"] for x in rows)
         near = [x.get("b_winner_in_a_ratio") for x in rows if not x["same"]]

@@ -21,6 +21,17 @@ class HostBackend:
     def sync(self):
         pass
 
+    def data_device(self):
+        return None
+
+
+class DeviceMadeBackend(HostBackend):
+    """A backend that makes its verification sets on its own device (here the host's torch
+    device, the path a GPU takes): seeds are pooled, nothing is kept on the host's side."""
+
+    def data_device(self):
+        return "cpu"
+
 
 def softmax_kernel(x, y):
     y.copy_(torch.softmax(x.float(), -1).to(y.dtype))
@@ -56,3 +67,97 @@ def test_a_stray_write_into_the_kept_inputs_is_caught_and_does_not_stay(monkeypa
     assert why and "wrote to its input x" in why
     # The kept copies were dropped: the next check starts again from the host's.
     assert measure.check(backend, softmax_kernel, op, seed, ref)[0] is None
+
+
+def test_a_data_device_backend_makes_its_sets_there_once_and_again_after_a_stray_write(monkeypatch):
+    monkeypatch.setattr(measure, "_pool", type(measure._pool)())
+    monkeypatch.setattr(measure, "_seeds", {})
+    monkeypatch.setattr(measure, "_on_device", type(measure._on_device)())
+    made = []
+    backend = DeviceMadeBackend()
+    ops = [load_op(builtin_spec("softmax", f"{m}x64", "fp32")) for m in (8, 16)]
+    for op in ops:
+        real = op.make_inputs
+        monkeypatch.setattr(op, "make_inputs", lambda seed, device=None, real=real: made.append(seed) or real(seed, device))
+    for _ in range(3):
+        for op in ops:
+            for seed, ref in measure._rng.sample(measure._pooled(op, backend), 2):
+                assert ref is None  # nothing on the host's side
+                assert measure.check(backend, softmax_kernel, op, seed, ref)[0] is None
+    assert not measure._pool and len(set(made)) == len(made) <= 2 * measure._POOL_SIZE
+
+    op = ops[0]
+    seed, _ = measure._pooled(op, backend)[0]
+    pristine = [x.clone() for x in measure._device_set(backend, op, seed, None)[0]]
+
+    def scribbler(x, y):
+        softmax_kernel(x, y)
+        measure._on_device[(measure._op_key(op), seed)][1][0].zero_()
+
+    why, _, _ = measure.check(backend, scribbler, op, seed, None)
+    assert why and "wrote to its input x" in why
+    assert (measure._op_key(op), seed) not in measure._on_device
+    # Made again from the seed: the same inputs as before the stray write, and they verify.
+    assert torch.equal(measure._device_set(backend, op, seed, None)[0][0], pristine[0])
+    assert measure.check(backend, softmax_kernel, op, seed, None)[0] is None
+
+
+
+HOST_TENSOR_MODEL = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Makes a host tensor in forward: its reference cannot run on a GPU."""
+
+    def forward(self, x):
+        return x * torch.arange(x.shape[-1], dtype=x.dtype) / 7
+
+
+M, N = 64, 96
+
+
+def get_inputs():
+    return [torch.randn(M, N)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+@__import__("pytest").mark.cuda
+def test_on_a_gpu_sets_are_made_there_and_problem_files_still_verify(tmp_path, fast_settings):
+    """Builtins make their sets on the GPU; a problem file's Model with parameters is moved
+    there (time_reference runs it on GPU inputs); one that makes host tensors in forward gets
+    its reference made on the host and still verifies."""
+    from pathlib import Path
+
+    from tuner.backends.cuda import CudaBackend
+    from tuner.ops import spec_from_problem_file
+    backend = CudaBackend(0)
+    op = load_op(builtin_spec("softmax", "256x512", "fp32"))
+    for seed, ref in measure._rng.sample(measure._pooled(op, backend), 2):
+        assert ref is None
+        assert measure.check(backend, softmax_kernel, op, seed, ref)[0] is None
+        assert measure._on_device[(measure._op_key(op), seed)][1][0].device.type == "cuda"
+
+    linear = Path(__file__).parent / "fixtures/kernelbench/linear.py"
+    lop = load_op(spec_from_problem_file(linear))
+    assert measure.time_reference(backend, lop.spec, fast_settings)
+
+    def linear_kernel(x, w, b, y):
+        y.copy_(torch.nn.functional.linear(x, w, b))
+    for seed, ref in measure._pooled(lop, backend):
+        assert measure.check(backend, linear_kernel, lop, seed, ref)[0] is None
+
+    path = tmp_path / "host_tensor.py"
+    path.write_text(HOST_TENSOR_MODEL)
+    hop = load_op(spec_from_problem_file(path))
+
+    def host_tensor_kernel(x, y):
+        y.copy_(x * torch.arange(x.shape[-1], dtype=x.dtype, device=x.device) / 7)
+    seed, ref = measure._pooled(hop, backend)[0]
+    assert measure.check(backend, host_tensor_kernel, hop, seed, ref)[0] is None
+    assert measure._op_key(hop) in measure._HOST_ONLY

@@ -230,6 +230,8 @@ class _Slot:
     def __init__(self, index: int, actor, info: dict):
         self.index, self.actor, self.info = index, actor, info
         self.busy: str | None = None  # what it is doing, for progress views and tests
+        self.since = 0.0  # when the request in hand began
+        self.busy_s = 0.0  # seconds spent serving requests: how loaded the device was
 
 
 class DevicePool:
@@ -294,10 +296,11 @@ class DevicePool:
             except queue.Empty:
                 continue
             if slot in self.slots:
-                slot.busy = what
+                slot.busy, slot.since = what, time.monotonic()
                 return slot
 
     def release(self, slot: _Slot) -> None:
+        slot.busy_s += time.monotonic() - slot.since
         slot.busy = None
         if slot in self.slots:
             self.free.put(slot)

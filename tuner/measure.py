@@ -50,17 +50,38 @@ def _host_memory() -> int | None:
 _HOST_BUDGET = _budget(0.25, _host_memory())
 
 
-def _reference(op: Op, seed: int) -> list:
-    xs = op.make_inputs(seed)
-    return op.reference([x.double() if x.is_floating_point() else x for x in xs])
+def _reference(op: Op, seed: int, device=None) -> list:
+    """The float64 reference for a seed's inputs, made on `device` (None: the host)."""
+    return _reference_of(op, op.make_inputs(seed, device))
+
+
+_HOST_ONLY: set[str] = set()  # ops whose reference failed on the device: made on the host
+
+
+def _reference_of(op: Op, xs: list) -> list:
+    doubles = [x.double() if x.is_floating_point() else x for x in xs]
+    where = doubles[0].device if doubles else None
+    key = _op_key(op)
+    if where is not None and where.type != "cpu" and key not in _HOST_ONLY:
+        try:
+            return [r.to(where) for r in op.reference(doubles)]
+        except Exception:  # noqa: BLE001 - a reference written for the host (a problem file's)
+            _HOST_ONLY.add(key)
+    return [r.to(where) if where is not None else r for r in op.reference([x.cpu() for x in doubles])]
 
 
 def _op_key(op: Op) -> str:
     return op.spec.key + op.spec.source
 
 
-def _pooled(op: Op) -> list[tuple[int, list]]:
+def _pooled(op: Op, backend=None) -> list[tuple[int, list | None]]:
+    """The op's pooled seeds with their host references; (seed, None) for a backend that makes
+    its sets on its own device (see _device_set), where nothing is kept on the host."""
     key = _op_key(op)
+    if backend is not None and backend.data_device() is not None:
+        if key not in _seeds:
+            _seeds[key] = [_rng.randrange(1, 2**31) for _ in range(_POOL_SIZE)]
+        return [(s, None) for s in _seeds[key]]
     if key in _pool:
         _pool.move_to_end(key)
         return _pool[key]
@@ -77,13 +98,16 @@ def _pooled(op: Op) -> list[tuple[int, list]]:
     return _pool[key]
 
 
+_seeds: dict[str, list[int]] = {}  # op -> pooled seeds, for backends with a data device
 _pooled_inputs: dict[tuple[str, int], list] = {}
 # Pristine inputs and the reference of each pooled seed, kept on the device: moving a float64
 # reference of 64M elements to the GPU and the inputs back for the write check cost more than
 # verifying and timing the kernel (about 1.4 s per candidate at 8192x8192 on an H200). Bounded
-# by a share of the device's memory, least recently used first out; a miss costs one copy.
+# by a share of the device's memory, least recently used first out; a miss costs one copy, or,
+# on a backend with a data device, making the set again from its seed there (milliseconds).
 # A kernel that writes out of bounds can land in these buffers, so a failed check drops the
-# op's device copies (the host copies are out of a kernel's reach) before the next check.
+# op's device copies (the host copies, and a seed, are out of a kernel's reach) before the
+# next check.
 _on_device: OrderedDict[tuple[str, int], tuple[object, list, list]] = OrderedDict()
 
 
@@ -111,16 +135,22 @@ def _inputs(op: Op, seed: int) -> list:
     return _pooled_inputs[key]
 
 
-def _device_set(backend, op: Op, seed: int, ref: list) -> tuple[list, list]:
-    """(pristine inputs, reference) on the backend's device; kept for a pooled seed."""
+def _device_set(backend, op: Op, seed: int, ref: list | None) -> tuple[list, list]:
+    """(pristine inputs, reference) on the backend's device; kept for a pooled seed. `ref` is
+    None when the backend makes its sets on its data device (from the seed, there)."""
     key = (_op_key(op), seed)
     hit = _on_device.get(key)
     if hit is not None and hit[0] is backend:
         _on_device.move_to_end(key)
         return hit[1], hit[2]
-    xs = [backend.to_device(x.clone()) for x in _inputs(op, seed)]
-    rs = [backend.to_device(r) for r in ref]
-    if seed in {s for s, _ in _pool.get(key[0], ())}:
+    where = backend.data_device()
+    if where is not None:
+        xs = op.make_inputs(seed, where)
+        rs = ref if ref is not None else _reference_of(op, xs)
+    else:
+        xs = [backend.to_device(x.clone()) for x in _inputs(op, seed)]
+        rs = [backend.to_device(r) for r in ref]
+    if seed in {s for s, _ in _pool.get(key[0], ())} or seed in _seeds.get(key[0], ()):
         _on_device[key] = (backend, xs, rs)
         budget = _device_budget(xs + rs)
         while len(_on_device) > 1 and sum(_nbytes(v[1]) + _nbytes(v[2]) for v in _on_device.values()) > budget:
@@ -128,7 +158,7 @@ def _device_set(backend, op: Op, seed: int, ref: list) -> tuple[list, list]:
     return xs, rs
 
 
-def check(backend, kernel, op: Op, seed: int, ref: list) -> tuple[str | None, float, float]:
+def check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | None, float, float]:
     """Run once on seed's inputs; return (why it is wrong or None, max abs err, max rel err)."""
     try:
         out = _check(backend, kernel, op, seed, ref)
@@ -140,7 +170,7 @@ def check(backend, kernel, op: Op, seed: int, ref: list) -> tuple[str | None, fl
     return out
 
 
-def _check(backend, kernel, op: Op, seed: int, ref: list) -> tuple[str | None, float, float]:
+def _check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | None, float, float]:
     import torch
 
     pristine, ref_dev = _device_set(backend, op, seed, ref)
@@ -205,7 +235,7 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
         return Measurement(Status.RUNTIME_ERROR, detail=f"load failed: {type(e).__name__}: {e}"[:2000])
     max_abs = max_rel = 0.0
     try:
-        for seed, ref in _rng.sample(_pooled(op), 2):
+        for seed, ref in _rng.sample(_pooled(op, backend), 2):
             why, a, r = check(backend, kernel, op, seed, ref)
             max_abs, max_rel = max(max_abs, a), max(max_rel, r)
             if why:
@@ -222,7 +252,7 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
         # Too good to be true until shown otherwise: re-check on inputs never seen before.
         for _ in range(2):
             seed = _rng.randrange(1, 2**31)
-            why, _, _ = check(backend, kernel, op, seed, _reference(op, seed))
+            why, _, _ = check(backend, kernel, op, seed, _reference(op, seed, backend.data_device()))
             if why:
                 return Measurement(Status.SUSPECT, tuple(samples), max_abs, max_rel,
                                    f"{reference_s / median:.1f}x faster than the reference, but "
@@ -233,9 +263,10 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
 
 def _timing_args(backend, op: Op) -> list:
     import torch
-    seed, ref = _rng.choice(_pooled(op))
-    xs = [x.clone() for x in _device_set(backend, op, seed, ref)[0]]
-    ref_shapes = [r.shape for r in ref]
+    seed, ref = _rng.choice(_pooled(op, backend))
+    pristine, ref_dev = _device_set(backend, op, seed, ref)
+    xs = [x.clone() for x in pristine]
+    ref_shapes = [r.shape for r in ref_dev]
     dt = xs[0].dtype if xs and xs[0].is_floating_point() else torch.float32
     where = xs[0].device if xs else None
     return xs + [torch.empty(s, dtype=dt, device=where) if where is not None
@@ -245,7 +276,8 @@ def _timing_args(backend, op: Op) -> list:
 def time_reference(backend, spec: OpSpec, settings: Settings) -> list[float]:
     """Samples of the torch implementation a user would run today, on the same device."""
     op = load_op(spec)
-    xs = [backend.to_device(x) for x in op.make_inputs(1)]
+    where = backend.data_device()
+    xs = op.make_inputs(1, where) if where is not None else [backend.to_device(x) for x in op.make_inputs(1)]
     samples, _ = bench(backend, lambda: op.torch_impl(xs), settings)
     return samples
 
@@ -255,7 +287,7 @@ def recheck(backend, artifact: str, spec: OpSpec) -> str | None:
     op = load_op(spec)
     kernel = backend.load(artifact, op)
     seed = _rng.randrange(1, 2**31)
-    why, _, _ = check(backend, kernel, op, seed, _reference(op, seed))
+    why, _, _ = check(backend, kernel, op, seed, _reference(op, seed, backend.data_device()))
     return why
 
 

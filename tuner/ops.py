@@ -44,7 +44,7 @@ class Op:
     spec: OpSpec
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
-    make_inputs: Callable[[int], list]  # seed -> tensors in the op's dtype
+    make_inputs: Callable[..., list]  # (seed, device=None) -> tensors in the op's dtype, there
     reference: Callable[[list], list]  # float64 inputs -> float64 outputs
     torch_impl: Callable[[list], list]  # inputs in the op's dtype -> outputs (what users run today)
     flops: float | None
@@ -124,20 +124,19 @@ def _builtin_op(spec: OpSpec) -> Op:
     nbytes = DTYPE_BYTES[spec.dtype]
     atol, rtol = TOLERANCE[spec.dtype]
 
-    def gen(seed: int) -> torch.Generator:
-        return torch.Generator().manual_seed(seed)
+    gen = _Draw
 
     if spec.name == "softmax":
-        def make(seed):
-            return [torch.randn(M, N, generator=gen(seed), dtype=torch.float64).mul_(3).to(dt)]
+        def make(seed, device=None):
+            return [gen(seed, device).randn(M, N, dtype=torch.float64).mul_(3).to(dt)]
         ref = lambda xs: [torch.softmax(xs[0], -1)]  # noqa: E731
         impl = ref
         flops, moved = 5.0 * M * N, 2.0 * M * N * nbytes
     elif spec.name == "rmsnorm":
-        def make(seed):
-            g = gen(seed)
-            return [torch.randn(M, N, generator=g, dtype=torch.float64).to(dt),
-                    (1 + 0.1 * torch.randn(N, generator=g, dtype=torch.float64)).to(dt)]
+        def make(seed, device=None):
+            g = gen(seed, device)
+            return [g.randn(M, N, dtype=torch.float64).to(dt),
+                    (1 + 0.1 * g.randn(N, dtype=torch.float64)).to(dt)]
 
         def ref(xs):
             x, w = xs
@@ -145,21 +144,21 @@ def _builtin_op(spec: OpSpec) -> Op:
         impl = lambda xs: [F.rms_norm(xs[0], (N,), xs[1], RMS_EPS)]  # noqa: E731
         flops, moved = 4.0 * M * N, (2.0 * M * N + N) * nbytes
     elif spec.name == "layernorm":
-        def make(seed):
-            g = gen(seed)
-            return [torch.randn(M, N, generator=g, dtype=torch.float64).add_(0.5).to(dt),
-                    (1 + 0.1 * torch.randn(N, generator=g, dtype=torch.float64)).to(dt),
-                    (0.1 * torch.randn(N, generator=g, dtype=torch.float64)).to(dt)]
+        def make(seed, device=None):
+            g = gen(seed, device)
+            return [g.randn(M, N, dtype=torch.float64).add_(0.5).to(dt),
+                    (1 + 0.1 * g.randn(N, dtype=torch.float64)).to(dt),
+                    (0.1 * g.randn(N, dtype=torch.float64)).to(dt)]
         ref = lambda xs: [F.layer_norm(xs[0], (N,), xs[1], xs[2], LN_EPS)]  # noqa: E731
         impl = ref
         flops, moved = 7.0 * M * N, (2.0 * M * N + 2 * N) * nbytes
     elif spec.name == "matmul":
         K = s["K"]
 
-        def make(seed):
-            g = gen(seed)
-            return [torch.randn(M, K, generator=g, dtype=torch.float64).to(dt),
-                    torch.randn(K, N, generator=g, dtype=torch.float64).to(dt)]
+        def make(seed, device=None):
+            g = gen(seed, device)
+            return [g.randn(M, K, dtype=torch.float64).to(dt),
+                    g.randn(K, N, dtype=torch.float64).to(dt)]
         ref = lambda xs: [xs[0] @ xs[1]]  # noqa: E731
         impl = ref
         flops, moved = 2.0 * M * N * K, (M * K + K * N + M * N) * nbytes
@@ -171,6 +170,30 @@ def _builtin_op(spec: OpSpec) -> Op:
     else:  # pragma: no cover - BUILTINS and this chain are edited together
         raise OpError(f"unreachable: builtin {spec.name!r} has no definition")
     return Op(spec, b.inputs, b.outputs, make, ref, impl, flops, moved, (atol, rtol))
+
+
+class _Draw:
+    """Seeded random tensors made on one device (the host unless told otherwise). A GPU makes
+    the verification sets of a large shape in milliseconds where the host takes seconds per
+    set, and every device worker of a sweep makes its own. The same seed gives the same
+    tensors on the same kind of device, not across kinds (their generators differ)."""
+
+    def __init__(self, seed: int, device=None):
+        import torch
+        self.device = torch.device(device or "cpu")
+        self.g = torch.Generator(device=self.device).manual_seed(seed)
+
+    def randn(self, *shape, dtype=None):
+        import torch
+        return torch.randn(*shape, generator=self.g, dtype=dtype, device=self.device)
+
+    def rand(self, *shape):
+        import torch
+        return torch.rand(*shape, generator=self.g, device=self.device)
+
+    def randint(self, low: int, high: int, shape: tuple):
+        import torch
+        return torch.randint(low, high, shape, generator=self.g, device=self.device)
 
 
 def _compute_device(xs: list):
@@ -186,10 +209,10 @@ def _add_rmsnorm(s, dt, nbytes, gen):
     import torch.nn.functional as F
     M, N = s["M"], s["N"]
 
-    def make(seed):
-        g = gen(seed)
-        return [torch.randn(M, N, generator=g).to(dt), torch.randn(M, N, generator=g).to(dt),
-                (1 + 0.1 * torch.randn(N, generator=g)).to(dt)]
+    def make(seed, device=None):
+        g = gen(seed, device)
+        return [g.randn(M, N).to(dt), g.randn(M, N).to(dt),
+                (1 + 0.1 * g.randn(N)).to(dt)]
 
     def ref(xs):
         x, r, w = xs
@@ -207,9 +230,9 @@ def _swiglu(s, dt, nbytes, gen):
     import torch.nn.functional as F
     M, N = s["M"], s["N"]
 
-    def make(seed):
-        g = gen(seed)
-        return [torch.randn(M, N, generator=g).mul_(2).to(dt), torch.randn(M, N, generator=g).to(dt)]
+    def make(seed, device=None):
+        g = gen(seed, device)
+        return [g.randn(M, N).mul_(2).to(dt), g.randn(M, N).to(dt)]
     ref = lambda xs: [xs[0] * torch.sigmoid(xs[0]) * xs[1]]  # noqa: E731
     impl = lambda xs: [F.silu(xs[0]) * xs[1]]  # noqa: E731
     return make, ref, impl, 6.0 * M * N, 3.0 * M * N * nbytes
@@ -221,10 +244,10 @@ def _rope(s, dt, nbytes, gen):
     if D % 2:
         raise OpError(f"rope needs an even head dim D, got {D}")
 
-    def make(seed):
-        g = gen(seed)
-        theta = torch.rand(T, D // 2, generator=g) * (2 * math.pi)
-        return [torch.randn(T, H, D, generator=g).to(dt), theta.cos().to(dt), theta.sin().to(dt)]
+    def make(seed, device=None):
+        g = gen(seed, device)
+        theta = g.rand(T, D // 2) * (2 * math.pi)
+        return [g.randn(T, H, D).to(dt), theta.cos().to(dt), theta.sin().to(dt)]
 
     def rope(xs):
         x, c, sn = xs
@@ -239,9 +262,9 @@ def _cross_entropy(s, dt, nbytes, gen):
     import torch.nn.functional as F
     M, V = s["M"], s["V"]
 
-    def make(seed):
-        g = gen(seed)
-        return [torch.randn(M, V, generator=g).mul_(2).to(dt), torch.randint(0, V, (M,), generator=g)]
+    def make(seed, device=None):
+        g = gen(seed, device)
+        return [g.randn(M, V).mul_(2).to(dt), g.randint(0, V, (M,))]
 
     def ref(xs):
         dev = _compute_device(xs)
@@ -258,9 +281,9 @@ def _attention(causal):
         import torch.nn.functional as F
         B, H, S, D = s["B"], s["H"], s["S"], s["D"]
 
-        def make(seed):
-            g = gen(seed)
-            return [torch.randn(B, H, S, D, generator=g).to(dt) for _ in range(3)]
+        def make(seed, device=None):
+            g = gen(seed, device)
+            return [g.randn(B, H, S, D).to(dt) for _ in range(3)]
 
         def ref(xs):
             dev = _compute_device(xs)
@@ -374,23 +397,30 @@ def _kernelbench_op(spec: OpSpec) -> Op:
     def cast(t):
         return t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
 
-    def make(seed: int) -> list:
-        torch.manual_seed(seed)
-        xs = module.get_inputs()
-        return [cast(x) for x in xs] + [cast(t.clone()) for _, t in params]
+    def make(seed: int, device=None) -> list:
+        torch.manual_seed(seed)  # get_inputs draws on the host; moved where asked after
+        xs = [cast(x) for x in module.get_inputs()] + [cast(t.clone()) for _, t in params]
+        return [x.to(device) if device is not None and isinstance(x, torch.Tensor) else x for x in xs]
 
     n_in = len(module.get_inputs())
 
     def as_list(out) -> list:
         return list(out) if isinstance(out, (tuple, list)) else [out]
 
+    def on_inputs_device(model, xs):
+        # The model's parameters go where the inputs are (a GPU worker's): in place, a no-op
+        # once there. A model that makes host tensors in forward still fails there; the
+        # verifier then computes its reference on the host (measure._reference_of).
+        dev = next((x.device for x in xs if isinstance(x, torch.Tensor)), None)
+        return model.to(dev) if dev is not None else model
+
     def ref(xs):  # parameters come from the model itself; the kernel receives them as inputs
         with torch.no_grad():
-            return as_list(model64(*xs[:n_in]))
+            return as_list(on_inputs_device(model64, xs)(*xs[:n_in]))
 
     def impl(xs):
         with torch.no_grad():
-            return as_list(model_dt(*xs[:n_in]))
+            return as_list(on_inputs_device(model_dt, xs)(*xs[:n_in]))
 
     try:
         sample = make(0)

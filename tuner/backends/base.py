@@ -94,6 +94,12 @@ class Backend(abc.ABC):
     def to_device(self, tensor):
         return tensor
 
+    def data_device(self):
+        """Where verification inputs and their float64 references are made and kept: a torch
+        device that makes them fast (a GPU), or None to make them on the host and copy them
+        over (the host, or a device without fast float64)."""
+        return None
+
     def to_host(self, tensor):
         return tensor
 

@@ -188,6 +188,9 @@ class CudaBackend(Backend):
     def to_host(self, tensor):
         return tensor.cpu()
 
+    def data_device(self):
+        return None if self.interpret else f"cuda:{self.device}"
+
     def launch(self, kernel: Any, args: list) -> None:
         kernel(*args)
 
