@@ -10,7 +10,7 @@ memory-bound ops, the cuBLAS bf16 rate for matmul and attention).
 4096^3 bf16: the tuner (every config, grid; and TPE with a budget) against @triton.autotune
 over the same config list (serial compile, then do_bench per config), each with a cold cache.
 
-    python bench/gpu_bench.py ops [--ops softmax,matmul] [--budget 40] [--out DIR]
+    python bench/gpu_bench.py ops [--ops softmax,matmul] [--cases matmul:16x14336x4096] [--budget 40] [--out DIR]
     python bench/gpu_bench.py autotune [--part autotune|grid|tpe] [--compile-workers N] [--out DIR]
 
 Writes <out>/gpu_<what>.json (rows appended as they finish) and prints a markdown table.
@@ -133,8 +133,9 @@ def cmd_ops(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     wanted = set(args.ops.split(",")) if args.ops else None
+    cases = [tuple(c.split(":", 1)) for c in args.cases.split(",")] if args.cases else CASES
     rows, seen = [], set()
-    for op_name, shape in CASES:
+    for op_name, shape in cases:
         if (wanted and op_name not in wanted) or (args.first and op_name in seen):
             continue
         seen.add(op_name)
@@ -244,6 +245,7 @@ def main() -> None:
     o.add_argument("--budget", type=int, default=40, help="configs per tuning run (x2 for matmul, attention)")
     o.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     o.add_argument("--first", action="store_true", help="only the first shape of each op")
+    o.add_argument("--cases", help="op:shape pairs instead of the built-in list, e.g. matmul:16x14336x4096")
     o.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     o.set_defaults(fn=cmd_ops)
     a = sub.add_parser("autotune")

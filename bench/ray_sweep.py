@@ -136,6 +136,11 @@ def phase(name: str, plan_path: Path, out: Path, settings: Settings, parallel: i
             starts.append(min(times) - result.get("unix_start", t0_unix))
     if starts:
         result["first_record_s"] = {"min": round(min(starts), 1), "max": round(max(starts), 1)}
+    # Each task's own start: device facts and the reference timed, then its first evaluation.
+    for what in ("device_and_reference_s", "first_evaluation_s"):
+        got = sorted(t["timeline"][what] for t in summary["tasks"] if what in t.get("timeline", {}))
+        if got:
+            result[what] = {"min": got[0], "median": got[len(got) // 2], "max": got[-1]}
     result.update(wall_s=wall, evaluations=summary["evaluations"],
                   evals_per_min=round(60 * summary["evaluations"] / wall, 1) if wall else None,
                   tasks_at_once=summary.get("tasks_at_once"),

@@ -207,6 +207,9 @@ def _check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | 
     return None, max_abs, max_rel
 
 
+_CHUNK = 32  # timed repetitions queued before the host waits and checks for an early stop
+
+
 def bench(backend, fn: Callable[[], None], settings: Settings,
           best_s: float | None = None) -> tuple[list[float], bool]:
     """Raw samples of `fn` in seconds, and whether timing stopped early (clearly slower)."""
@@ -218,9 +221,12 @@ def bench(backend, fn: Callable[[], None], settings: Settings,
     backend.sync()
     reps = int(max(settings.min_reps, min(settings.max_reps, settings.bench_budget_s / max(est, 1e-7))))
     samples: list[float] = []
-    for i in range(reps):
-        samples.append(backend.time_call(fn))
-        if (best_s is not None and i + 1 >= settings.min_reps
+    while len(samples) < reps:
+        # In chunks (queued, waited for once): min_reps first, so that a clearly slower
+        # candidate stops as early as before, then larger ones.
+        chunk = settings.min_reps if not samples else _CHUNK
+        samples.extend(backend.time_calls(fn, min(chunk, reps - len(samples))))
+        if (best_s is not None and len(samples) >= settings.min_reps
                 and statistics.median(samples) > settings.early_stop_factor * best_s):
             return samples, True
     return samples, False

@@ -23,7 +23,7 @@ class Settings:
     warmup_s: float = 0.02
     min_reps: int = 5
     max_reps: int = 2000
-    early_stop_factor: float = 3.0  # stop timing a candidate once its median is this x the best
+    early_stop_factor: float = 1.5  # stop timing a candidate once its median (of min_reps or more) is this x the best
     retime_top: int = 3  # the top few re-timed interleaved before the winner is named
     suspect_speedup: float = 10.0  # faster than this x the reference: re-verify before trusting
     compile_workers: int = 0  # 0: one per CPU core

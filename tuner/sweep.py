@@ -479,7 +479,8 @@ def sweep_summary(plan: Plan, states: list[TaskState], wall_s: float, executor: 
                      "best_config": best.get("config"), "ceiling_percent": ceiling.get("percent"),
                      "ceiling_what": ceiling.get("what"), "speedup_vs_reference": best.get("speedup_vs_reference"),
                      "reference_s": (summ.get("reference") or {}).get("median_s"), "failures": fails,
-                     "device": (summ.get("device") or {}).get("name"), "task_wall_s": round(s.wall_s, 2)})
+                     "device": (summ.get("device") or {}).get("name"), "task_wall_s": round(s.wall_s, 2),
+                     "timeline": summ.get("timeline") or {}})
     return {"name": plan.name, "source": plan.source, "backend": plan.backend, "executor": executor,
             "wall_s": round(wall_s, 2), "tasks": rows,
             "evaluations": sum(r["evaluations"] or 0 for r in rows)}

@@ -158,7 +158,8 @@ def pick_winner(store: Store, evaluator: Evaluator, settings: Settings,
     return None
 
 
-def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s: float) -> dict:
+def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s: float,
+              timeline: dict | None = None) -> dict:
     meta = store.meta()
     op = load_op(OpSpec.from_json(meta["op"]))
     records = store.records()
@@ -176,7 +177,7 @@ def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s:
         "skeleton": meta.get("skeleton"), "space_size": evaluator.skeleton.space.size,
         "evaluations": sum(1 for r in records if r.status is not Status.INVALID),
         "invalid": sum(1 for r in records if r.status is Status.INVALID),
-        "failures": failures, "wall_s": round(wall_s, 2),
+        "failures": failures, "wall_s": round(wall_s, 2), "timeline": timeline or {},
         "reference": {"what": "the modelled roofline bound (simulated)" if info and info.simulated
                       else "torch " + ("eager" if meta["op"]["kind"] == "builtin" else "Model.forward"),
                       "median_s": ref_s, "samples": evaluator.reference_samples[:200]},
@@ -289,18 +290,24 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         if not store.records():
             _refuse_empty_space(skeleton, evaluator)
         view.note(f"measuring the device and the reference on {meta['backend']}…")
+        started_unix = time.time() - (time.monotonic() - started)
         info = evaluator.start()
+        timeline = {"device_and_reference_s": round(time.monotonic() - started, 2)}
         if "device" not in meta:
             store.write_meta({**meta, "device": info.to_json()})
         progress = run_search(store, evaluator, searcher, budget, time_budget_s,
                               parallel or getattr(evaluator, "default_parallel", None)
                               or settings.n_compile_workers, view)
+        timeline["search_done_s"] = round(time.monotonic() - started, 2)
+        firsts = [r.time for r in store.records() if r.status is not Status.INVALID and r.time >= started_unix]
+        if firsts:  # where a short run's time went: starting up or searching
+            timeline["first_evaluation_s"] = round(min(firsts) - started_unix, 2)
         progress.phase = "re-timing the top configs"
         view(progress)
         winner = pick_winner(store, evaluator, settings)
         if winner is not None:
             write_best(store, skeleton, evaluator, winner)
-        return summarize(store, winner, evaluator, time.monotonic() - started)
+        return summarize(store, winner, evaluator, time.monotonic() - started, timeline)
     finally:
         evaluator.close()
 

@@ -18,7 +18,8 @@ Contract for implementers:
   problem (the parent kills and replaces it), not the backend's.
 * `time_call(fn)` returns the seconds of one call of `fn`, with the caches flushed before
   it and the flush itself not timed (device events on accelerators, a monotonic clock on
-  the CPU).
+  the CPU). `time_calls(fn, n)` returns n such samples; an accelerator may queue them all
+  and wait once, so the device does not idle while the host launches the next repetition.
 """
 
 from __future__ import annotations
@@ -111,3 +112,6 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def time_call(self, fn: Callable[[], None]) -> float: ...
+
+    def time_calls(self, fn: Callable[[], None], n: int) -> list[float]:
+        return [self.time_call(fn) for _ in range(n)]

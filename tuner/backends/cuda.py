@@ -200,23 +200,35 @@ class CudaBackend(Backend):
             torch.cuda.synchronize(self.device)
 
     def time_call(self, fn: Callable[[], None]) -> float:
+        return self.time_calls(fn, 1)[0]
+
+    def time_calls(self, fn: Callable[[], None], n: int) -> list[float]:
         if self.interpret:
-            t0 = time.perf_counter()
-            fn()
-            return time.perf_counter() - t0
+            out = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t0)
+            return out
         import torch
         if self._flush_buf is None:
             l2 = self._properties().L2_cache_size
             self._flush_buf = torch.empty(max(256 * 2**20, 4 * l2), dtype=torch.int8,
                                           device=f"cuda:{self.device}")
-            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        start, end = self._events
-        self._flush_buf.zero_()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e-3
+            self._events = []
+        while len(self._events) < n:
+            self._events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+        # Queued back to back and waited for once: with a wait after each repetition the GPU
+        # idled while Python launched the next flush and kernel (tens of microseconds, as long
+        # as a small kernel itself). Each repetition still has its own flush and its own events.
+        pairs = self._events[:n]
+        for start, end in pairs:
+            self._flush_buf.zero_()
+            start.record()
+            fn()
+            end.record()
+        pairs[-1][1].synchronize()
+        return [start.elapsed_time(end) * 1e-3 for start, end in pairs]
 
     @property
     def context_lost(self) -> bool:
