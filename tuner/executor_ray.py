@@ -117,17 +117,10 @@ _COMPILE_WORKERS: "collections.OrderedDict[str, Worker]" = collections.OrderedDi
 _COMPILE_WORKERS_MAX = 4  # distinct (backend, options) per Ray worker process
 
 
-def compile_in_task(backend: str, options: dict, settings: Settings, log_path: str | None,
-                    env: dict, source: str, workdir: str, limit_memory: bool):
-    """Body of a compile task: compile in this Ray worker process's own Worker (kept across
-    tasks, so the backend is imported once per process). Returns two values: the outcome and
-    the build folder's files."""
-    _apply_env(env)
-    # The op travels with each request, not in the worker's options: a sweep interleaves its
-    # ops on every compile process, and a worker per op (a Python with torch and Triton
-    # imported, seconds to start) thrashed the cache below and bounded the sweep's rate.
-    op = options.get("op")
-    options = {k: v for k, v in options.items() if k != "op"}
+def _compile_worker(backend: str, options: dict, settings: Settings, log_path: str | None,
+                    limit_memory: bool) -> Worker:
+    """This Ray worker process's compile Worker for (backend, options), kept across tasks so
+    the backend is imported once per process."""
     key = json.dumps([backend, options, log_path], sort_keys=True, default=str)
     worker = _COMPILE_WORKERS.pop(key, None)
     if worker is None:
@@ -135,6 +128,20 @@ def compile_in_task(backend: str, options: dict, settings: Settings, log_path: s
     _COMPILE_WORKERS[key] = worker
     while len(_COMPILE_WORKERS) > _COMPILE_WORKERS_MAX:
         _COMPILE_WORKERS.popitem(last=False)[1].close()
+    return worker
+
+
+def compile_in_task(backend: str, options: dict, settings: Settings, log_path: str | None,
+                    env: dict, source: str, workdir: str, limit_memory: bool):
+    """Body of a compile task: compile in this Ray worker process's own Worker. Returns two
+    values: the outcome and the build folder's files."""
+    _apply_env(env)
+    # The op travels with each request, not in the worker's options: a sweep interleaves its
+    # ops on every compile process, and a worker per op (a Python with torch and Triton
+    # imported, seconds to start) thrashed the cache above and bounded the sweep's rate.
+    op = options.get("op")
+    options = {k: v for k, v in options.items() if k != "op"}
+    worker = _compile_worker(backend, options, settings, log_path, limit_memory)
     try:
         build = worker.call("compile", timeout=settings.compile_timeout_s + 15, source=source,
                             workdir=workdir, timeout_s=settings.compile_timeout_s, op=op)
@@ -144,6 +151,19 @@ def compile_in_task(backend: str, options: dict, settings: Settings, log_path: s
         return ("error", str(e)), None
     files = _read_files(workdir) if build.status is Status.OK else None
     return ("ok", build), files
+
+
+def warm_in_task(backend: str, options: dict, settings: Settings, log_path: str | None,
+                 env: dict, limit_memory: bool) -> int:
+    """Body of a warm-up task: start this Ray worker process's compile Worker and import the
+    backend's compiler in it, so that a sweep's first compiles do not each pay for a Python
+    with torch and Triton starting (tens of seconds when every CPU starts one at once)."""
+    _apply_env(env)
+    if log_path:  # the run folder may not exist yet: the warm-up runs before any task starts
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    options = {k: v for k, v in options.items() if k != "op"}
+    _compile_worker(backend, options, settings, log_path, limit_memory).call("warm", timeout=300)
+    return os.getpid()
 
 
 class DeviceActor:
@@ -248,8 +268,17 @@ class DevicePool:
         cls = backend_class(backend)
         self.limit_memory = cls.limit_memory
         actors = [self._new_actor(i) for i in range(n)]
-        for i, a in enumerate(actors):
-            info = self._wait_ready(a, i)
+        infos = [self._wait_ready(a, i) for i, a in enumerate(actors)]
+        # Start each actor's benchmark Worker (a Python importing torch and the backend) now,
+        # all at once, rather than on the first request of the first task to reach it. The
+        # options are an evaluator's less the op (which requests carry), so it is reused.
+        warm = {"cache_dir": executor.settings.cache_dir}
+        for ref in [a.call.remote(warm, "warm", 300) for a in actors]:
+            try:
+                executor.ray.get(ref, timeout=360)
+            except Exception:  # noqa: BLE001 - not fatal: the first request starts it anyway
+                pass
+        for i, (a, info) in enumerate(zip(actors, infos)):
             slot = _Slot(i, a, info)
             self.slots.append(slot)
             self.free.put(slot)
@@ -364,6 +393,7 @@ class RayExecutor:
         self._pool_lock = threading.Lock()
         self._quiet: dict[str, threading.Lock] = {}
         self._compile_remote = None
+        self._warming: dict[str, list] = {}  # backend -> refs of compile warm-up tasks
 
     # ---- cluster facts -------------------------------------------------------------------
 
@@ -404,8 +434,39 @@ class RayExecutor:
     def pool(self, backend: str) -> DevicePool:
         with self._pool_lock:
             if backend not in self._pools:
+                self._warm_compiles(backend)  # while the device actors are placed
                 self._pools[backend] = DevicePool(self, backend, self.n_devices(backend))
             return self._pools[backend]
+
+    def _warm_compiles(self, backend: str) -> None:
+        """Start a compile Worker in as many Ray worker processes as there are compile slots,
+        without waiting: later compile tasks reuse those processes (idle workers are kept,
+        see `connect`). Evaluators' options are the settings' cache dir plus the op, which
+        compile tasks strip, so these Workers are the ones compiles look up."""
+        ray = self.ray
+        remote = ray.remote(num_cpus=1, max_retries=0)(warm_in_task)
+        options = {"cache_dir": self.settings.cache_dir}
+        limit = backend_class(backend).limit_memory
+        self._warming[backend] = [
+            remote.remote(backend, options, self.settings, self.log_path, self.worker_env, limit)
+            for _ in range(self.compile_slots(backend))]
+
+    def wait_warm(self, backend: str, timeout: float = 300.0) -> int:
+        """Wait for the compile warm-up of `backend` (benches: before their clock starts);
+        returns how many compile processes came up. A failed warm-up is not an error: a
+        compile starts its own Worker anyway."""
+        refs = self._warming.pop(backend, [])
+        if not refs:
+            return 0
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        ok = 0
+        for r in ready:
+            try:
+                self.ray.get(r)
+                ok += 1
+            except Exception:  # noqa: BLE001 - see the docstring
+                pass
+        return ok
 
     def quiet_lock(self, backend: str) -> threading.Lock:
         """For backends whose timing must not overlap compiles (cpu): one lock for every

@@ -247,6 +247,9 @@ def main() -> None:
                 value = m.time_many(backend, kw["artifacts"], kw["spec"], kw["settings"])
             elif method == "ping":
                 value = os.getpid()
+            elif method == "warm":
+                backend.warm()
+                value = os.getpid()
             else:
                 raise ValueError(f"unknown worker method {method!r}")
             reply = ("ok", value)

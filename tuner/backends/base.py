@@ -95,6 +95,9 @@ class Backend(abc.ABC):
     def to_device(self, tensor):
         return tensor
 
+    def warm(self) -> None:
+        """Import what compiling needs (a compile worker started ahead of its first request)."""
+
     def data_device(self):
         """Where verification inputs and their float64 references are made and kept: a torch
         device that makes them fast (a GPU), or None to make them on the host and copy them

@@ -188,6 +188,11 @@ class CudaBackend(Backend):
     def to_host(self, tensor):
         return tensor.cpu()
 
+    def warm(self) -> None:
+        import torch  # noqa: F401 - the imports are the warm-up: seconds of a compile's start
+        import triton.compiler  # noqa: F401
+        import triton.language  # noqa: F401
+
     def data_device(self):
         return None if self.interpret else f"cuda:{self.device}"
 
