@@ -182,3 +182,24 @@ def test_a_space_whose_constraints_leave_almost_nothing_still_gets_searched(tmp_
     records = Store.open(only_run(runs)).records()
     ok = [r for r in records if r.status is Status.OK]
     assert len(ok) == 6 and len({r.config.key for r in ok}) == 6
+
+
+def test_warm_up_starts_every_compile_worker_before_any_compile(fast_settings, tmp_path):
+    """The compile workers start while the device and the reference are measured, not after."""
+    from tuner.evaluate import Evaluator
+    from tuner.ops import builtin_spec
+    from tuner.skeleton import load_skeleton
+    skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
+    ev = Evaluator("null", builtin_spec("softmax", "64x512", "fp32"), skeleton, fast_settings, tmp_path / "run")
+    try:
+        workers = list(ev._compilers.queue)
+        assert workers and all(w.proc is None for w in workers)
+        ev.warm_up()
+        ev.start()
+        for t in ev._warming:
+            t.join(timeout=60)
+        assert all(w.proc is not None and w.proc.poll() is None for w in workers)
+        assert ev._compilers.qsize() == len(workers)  # every one back, ready for compiles
+    finally:
+        ev.close()
+    assert all(w.proc is None for w in workers)

@@ -681,6 +681,9 @@ class RayEvaluator(Evaluator):
             return out[1]
         return f"re-check failed: {out[2] if out[0] == 'failure' else out[1]}"
 
+    def warm_up(self) -> None:
+        """The executor warms its compile processes when it places the device actors."""
+
     def close(self) -> None:
         """The actors belong to the executor; an evaluator has nothing of its own to close."""
 

@@ -291,6 +291,7 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
             _refuse_empty_space(skeleton, evaluator)
         view.note(f"measuring the device and the reference on {meta['backend']}…")
         started_unix = time.time() - (time.monotonic() - started)
+        evaluator.warm_up()
         info = evaluator.start()
         timeline = {"device_and_reference_s": round(time.monotonic() - started, 2)}
         if "device" not in meta:
