@@ -185,3 +185,14 @@ def test_problem_without_skeleton_shows_the_entry_signature_with_integer_inputs(
                  "def get_init_inputs():\n    return []\n")
     rc, err = run(capsys, "tune", "--op", str(f), "--backend", "cpu", "--budget", "1")
     assert rc == 2 and "void tuner_kernel(const int64_t *in0, const {{ ctype }} *in1, {{ ctype }} *out0)" in err
+
+
+def test_problem_whose_inputs_are_not_all_tensors(capsys, tmp_path):
+    path = tmp_path / "intarg.py"
+    path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+                    "    def forward(self, x, k):\n        return x * k\n\n\n"
+                    "def get_inputs():\n    return [torch.randn(64), 3]\n\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    rc, err = run(capsys, "tune", "--op", str(path), "--backend", "cpu", "--budget", "1",
+                  "--runs-dir", str(tmp_path / "runs"))
+    assert rc == 2 and "value of type int at position 1" in err and "get_init_inputs()" in err

@@ -424,6 +424,15 @@ def _kernelbench_op(spec: OpSpec) -> Op:
 
     try:
         sample = make(0)
+    except Exception as e:
+        tb = traceback.format_exception(type(e), e, e.__traceback__)
+        raise OpError(f"{spec.source}: get_inputs() failed:\n{''.join(tb[-3:]).strip()}") from None
+    for i, x in enumerate(sample[:n_in]):
+        if not isinstance(x, torch.Tensor):
+            raise OpError(f"{spec.source}: get_inputs() returned a value of type {type(x).__name__} at position {i}; "
+                          f"kernels take tensors only: make it a module constant or an argument of "
+                          f"get_init_inputs() (Model.__init__) instead")
+    try:
         outs = ref([x.double() if x.is_floating_point() else x for x in sample])
     except Exception as e:
         tb = traceback.format_exception(type(e), e, e.__traceback__)
