@@ -45,10 +45,18 @@ def test_plan_expands_ops_shapes_dtypes(tmp_path):
     ("ops: {softmax: {}}", "shapes"),
     ("budget: 3\ntotal_budget: 9\nops: {softmax: {shapes: [64x64]}}", "not both"),
     ("bogus: 1\nops: {softmax: {shapes: [64x64]}}", "unknown key"),
+    ("ops: {x.py: {shapes: [64]}}", "goes under `problem:`"),
+    ("ops: {relu: {problem: KB/relu.py, sizes: [{dim: 64}]}}", "its own `template:` and `space:`"),
+    ("ops: {relu: {problem: KB/relu.py, sizes: [{dim: 6.5}], template: KB/relu_null.txt.j2, "
+     "space: KB/relu_null.yaml}}", "constant names to integers"),
+    ("ops: {relu: {problem: KB/relu.py, sizes: [{nope: 3}], template: KB/relu_null.txt.j2, "
+     "space: KB/relu_null.yaml}}", "nope"),
+    ("ops: {relu: {problem: KB/missing.py, template: KB/relu_null.txt.j2, space: KB/relu_null.yaml}}",
+     "does not exist"),
 ])
 def test_bad_sweep_files_fail_before_any_run(tmp_path, capsys, text, words):
     f = tmp_path / "bad.yaml"
-    f.write_text(text)
+    f.write_text(text.replace("KB/", str(FIXTURES / "kernelbench") + "/"))
     with pytest.raises(SweepError, match=words):
         load_plan(f, "null" if "backend" not in text else None)
     assert main(["sweep", str(f), "--out", str(tmp_path / "out"), "--quiet"]) == 2
@@ -137,3 +145,27 @@ def test_runs_of_a_local_sweep_share_their_worker_processes(fast_settings, tmp_p
         assert benchers[0].started == 1 and all(w.started <= 1 for w in compilers)  # kept across runs
     finally:
         pools.close()
+
+
+def test_a_sweep_over_a_problem_file_runs_one_task_per_sizes_override(tmp_path, capsys):
+    kb = FIXTURES / "kernelbench"
+    f = tmp_path / "kb.yaml"
+    f.write_text(f"""backend: "null"
+budget: 3
+ops:
+  relu:
+    problem: {kb / 'relu.py'}
+    sizes: [{{batch_size: 4}}, {{batch_size: 8, dim: 256}}]
+    template: {kb / 'relu_null.txt.j2'}
+    space: {kb / 'relu_null.yaml'}
+""")
+    plan = load_plan(f)
+    assert [t.key for t in plan.tasks] == ["relu-batch_size=4-fp32-null", "relu-batch_size=8_dim=256-fp32-null"]
+    assert plan.tasks[1].spec.size_dict() == {"batch_size": 8, "dim": 256}
+    out = tmp_path / "out"
+    assert main(["sweep", str(f), "--out", str(out), "--quiet", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [r["state"] for r in summary["tasks"]] == ["done", "done"]
+    assert all(r["evaluations"] == 3 and r["best_s"] for r in summary["tasks"])
+    meta = Store.open(summary["tasks"][1]["run"]).meta()
+    assert meta["op"]["kind"] == "kernelbench" and meta["op"]["sizes"] == {"batch_size": 8, "dim": 256}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import statistics
+import time
 import traceback
 from collections import OrderedDict
 from typing import Callable
@@ -214,12 +215,18 @@ def bench(backend, fn: Callable[[], None], settings: Settings,
           best_s: float | None = None) -> tuple[list[float], bool]:
     """Raw samples of `fn` in seconds, and whether timing stopped early (clearly slower)."""
     first = backend.time_call(fn)  # also a warm-up: first-touch, lazy loading
+    t0 = time.perf_counter()
     est = min(first, backend.time_call(fn))
+    # The budget is wall time: a repetition costs its cache flush and launch too. Sized from
+    # the kernel's time alone, a 20 us kernel on the cpu backend (whose flush writes twice the
+    # last-level cache, milliseconds) got max_reps repetitions: ~15 s per candidate, ~90 s
+    # for the re-timing of a 3-evaluation run.
+    per_rep = max(est, time.perf_counter() - t0, 1e-7)
     n_warm = int(min(100, settings.warmup_s / max(est, 1e-7)))
     for _ in range(n_warm):
         fn()
     backend.sync()
-    reps = int(max(settings.min_reps, min(settings.max_reps, settings.bench_budget_s / max(est, 1e-7))))
+    reps = int(max(settings.min_reps, min(settings.max_reps, settings.bench_budget_s / per_rep)))
     samples: list[float] = []
     while len(samples) < reps:
         # In chunks (queued, waited for once): min_reps first, so that a clearly slower

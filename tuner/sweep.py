@@ -14,9 +14,13 @@ A sweep file (YAML):
       softmax: {shapes: [256x1024, 4096x4096]}
       rmsnorm: {shapes: [1024x4096], dtypes: [fp32]}
       mykernel: {op: softmax, shapes: [64x128], template: t.txt.j2, space: s.yaml}
+      mylinear: {problem: linear.py, sizes: [{batch: 8}, {batch: 64}], template: l.c.j2, space: l.yaml}
 
 `ops` may also be a list of mappings with an `op:` key. A task whose op has no library skeleton
 for the backend's language names a `template` and `space` (paths relative to the sweep file).
+A `problem:` entry is a KernelBench-format problem file (as `tuner tune --op FILE`), with its
+own template and space; `sizes:` lists overrides of its module-level integer constants, one
+task each (default: the file's own sizes).
 
 Every task is a whole run directory, `<sweep>/tasks/<op>-<shape>-<dtype>-<backend>`, created by
 `tune.create_run` and searched by `tune.execute`, so that re-running the same command resumes:
@@ -43,7 +47,7 @@ from pathlib import Path
 import yaml
 
 from .backends import BackendUnavailable, default_backend, get_backend
-from .ops import BUILTINS, OpError, builtin_spec, load_op
+from .ops import BUILTINS, OpError, builtin_spec, load_op, spec_from_problem_file
 from .settings import Settings
 from .skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
 from .store import Store, StoreError
@@ -52,7 +56,7 @@ from .values import OpSpec
 
 TOP_KEYS = {"name", "backend", "dtypes", "budget", "total_budget", "time_budget_s", "total_time_s",
             "sampler", "seed", "ops", "out", "concurrency"}
-OP_KEYS = {"op", "shapes", "dtypes", "template", "space", "budget"}
+OP_KEYS = {"op", "shapes", "dtypes", "template", "space", "budget", "problem", "sizes"}
 
 
 class SweepError(ValueError):
@@ -68,13 +72,17 @@ class Task:
     template: str | None = None
     space: str | None = None
     budget: int | None = None  # set by the plan
+    problem: str | None = None  # a problem file: `shape` is then a label of `sizes`
+    sizes: tuple[tuple[str, int], ...] = ()
 
     @property
     def key(self) -> str:
         return f"{self.op}-{self.shape}-{self.dtype}-{self.backend}"
 
-    @property
+    @functools.cached_property
     def spec(self) -> OpSpec:
+        if self.problem:  # imports the file (bounded in time): once per task
+            return spec_from_problem_file(self.problem, self.dtype, dict(self.sizes))
         return builtin_spec(self.op, self.shape, self.dtype)
 
     def skeleton(self) -> Skeleton:
@@ -112,6 +120,39 @@ def _list(value, what: str, where: str) -> list:
     if isinstance(value, list) and all(isinstance(v, (str, int)) for v in value):
         return [str(v) for v in value]
     raise SweepError(f"{where}: {what} must be a list, e.g. [256x1024, 1024x4096]")
+
+
+def _problem_tasks(name: str, entry: dict, base: Path, backend: str, dtypes: list[str], where: str,
+                   budgets: dict[str, int]) -> list[Task]:
+    """The tasks of a `problem:` entry: one per sizes override and dtype."""
+    if entry.get("shapes") is not None or entry.get("op") is not None:
+        raise SweepError(f"{where}: a `problem:` entry takes `sizes:` (overrides of the file's integer "
+                         f"constants, e.g. sizes: [{{batch: 64}}]), not `shapes:` or `op:`")
+    if not entry.get("template") or not entry.get("space"):
+        raise SweepError(f"{where}: a `problem:` entry needs its own `template:` and `space:` (there is "
+                         f"no library skeleton for a problem file)")
+    problem = str(base / str(entry["problem"]))
+    raw = entry.get("sizes")
+    sizes_list = raw if isinstance(raw, list) else [raw or {}]
+    tasks = []
+    for sizes in sizes_list:
+        if not isinstance(sizes, dict) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in sizes.values()):
+            raise SweepError(f"{where}: each `sizes:` item maps constant names to integers, e.g. "
+                             f"{{batch: 64, features: 4096}}; got {sizes!r}")
+        sizes_t = tuple(sorted((str(k), int(v)) for k, v in sizes.items()))
+        label = "_".join(f"{k}={v}" for k, v in sizes_t) or "default"
+        for dtype in _list(entry.get("dtypes", dtypes), "dtypes", where):
+            t = Task(str(name), label, str(dtype), backend, str(base / entry["template"]),
+                     str(base / entry["space"]), problem=problem, sizes=sizes_t)
+            try:
+                t.spec
+            except OpError as e:
+                raise SweepError(f"{where}: {e}") from None
+            tasks.append(t)
+            if entry.get("budget") is not None:
+                budgets[t.key] = int(entry["budget"])
+    return tasks
 
 
 def load_plan(path: str | Path, backend: str | None = None) -> Plan:
@@ -153,9 +194,17 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
         unknown = set(entry) - OP_KEYS
         if unknown:
             raise SweepError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(OP_KEYS))}")
+        if entry.get("problem") is not None:
+            tasks.extend(t for t in _problem_tasks(name, entry, base, backend, dtypes, where, budgets)
+                         if all(o.key != t.key for o in tasks))
+            continue
+        if entry.get("sizes") is not None:
+            raise SweepError(f"{where}: `sizes:` is for `problem:` entries; a built-in op takes `shapes:`")
         op = str(entry.get("op", name))
         if op not in BUILTINS:
-            raise SweepError(f"{where}: unknown op {op!r}; built-in ops: {', '.join(BUILTINS)}")
+            hint = (" (a problem file goes under `problem:`, with its `template:` and `space:`)"
+                    if op.endswith(".py") else "")
+            raise SweepError(f"{where}: unknown op {op!r}; built-in ops: {', '.join(BUILTINS)}{hint}")
         raw = entry.get("shapes")
         for shape in raw if isinstance(raw, list) else [raw]:
             if isinstance(shape, int) and not isinstance(shape, bool):
