@@ -161,3 +161,16 @@ def test_on_a_gpu_sets_are_made_there_and_problem_files_still_verify(tmp_path, f
     seed, ref = measure._pooled(hop, backend)[0]
     assert measure.check(backend, host_tensor_kernel, hop, seed, ref)[0] is None
     assert measure._op_key(hop) in measure._HOST_ONLY
+
+
+def test_output_shapes_on_meta_tensors_leave_a_problem_models_weights_alone():
+    """arg_specs runs the reference on meta tensors; a Model with parameters must still give
+    the same float64 reference afterwards (its weights are not moved to meta)."""
+    from pathlib import Path
+
+    from tuner.ops import arg_specs, spec_from_problem_file
+    op = load_op(spec_from_problem_file(Path(__file__).parent / "fixtures/kernelbench/linear.py"))
+    xs = [x.double() for x in op.make_inputs(5)]
+    before = op.reference(xs)[0].clone()
+    assert arg_specs(op)[1] == [((8, 32), torch.float32)]
+    assert torch.equal(op.reference(xs)[0], before)

@@ -443,10 +443,13 @@ class RayExecutor:
         without waiting: later compile tasks reuse those processes (idle workers are kept,
         see `connect`). Evaluators' options are the settings' cache dir plus the op, which
         compile tasks strip, so these Workers are the ones compiles look up."""
+        cls = backend_class(backend)
+        if cls.exclusive_timing:  # (cpu) processes starting would disturb the first timings
+            return
         ray = self.ray
         remote = ray.remote(num_cpus=1, max_retries=0)(warm_in_task)
         options = {"cache_dir": self.settings.cache_dir}
-        limit = backend_class(backend).limit_memory
+        limit = cls.limit_memory
         self._warming[backend] = [
             remote.remote(backend, options, self.settings, self.log_path, self.worker_env, limit)
             for _ in range(self.compile_slots(backend))]

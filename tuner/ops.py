@@ -407,12 +407,20 @@ def _kernelbench_op(spec: OpSpec) -> Op:
     def as_list(out) -> list:
         return list(out) if isinstance(out, (tuple, list)) else [out]
 
+    on_device: dict = {}  # (model id, device) -> a copy of the model there
+
     def on_inputs_device(model, xs):
-        # The model's parameters go where the inputs are (a GPU worker's): in place, a no-op
-        # once there. A model that makes host tensors in forward still fails there; the
+        # A copy of the model with its parameters where the inputs are (a GPU worker's); the
+        # host's model itself is never moved (meta inputs, for output shapes, would wipe its
+        # weights). A model that makes host tensors in forward still fails on a GPU; the
         # verifier then computes its reference on the host (measure._reference_of).
         dev = next((x.device for x in xs if isinstance(x, torch.Tensor)), None)
-        return model.to(dev) if dev is not None else model
+        if dev is None or dev.type in ("cpu", "meta"):
+            return model
+        key = (id(model), str(dev))
+        if key not in on_device:
+            on_device[key] = copy.deepcopy(model).to(dev)
+        return on_device[key]
 
     def ref(xs):  # parameters come from the model itself; the kernel receives them as inputs
         with torch.no_grad():
