@@ -39,6 +39,7 @@ import concurrent.futures as cf
 import functools
 import hashlib
 import math
+import re
 import sys
 import threading
 import time
@@ -143,7 +144,7 @@ def _problem_tasks(name: str, entry: dict, base: Path, backend: str, dtypes: lis
         sizes_t = tuple(sorted((str(k), int(v)) for k, v in sizes.items()))
         label = "_".join(f"{k}={v}" for k, v in sizes_t) or "default"
         for dtype in _list(entry.get("dtypes", dtypes), "dtypes", where):
-            t = Task(str(name), label, str(dtype), backend, str(base / entry["template"]),
+            t = Task(re.sub(r"[^\w.-]", "_", str(name)), label, str(dtype), backend, str(base / entry["template"]),
                      str(base / entry["space"]), problem=problem, sizes=sizes_t)
             try:
                 t.spec
