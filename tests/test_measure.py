@@ -174,3 +174,12 @@ def test_output_shapes_on_meta_tensors_leave_a_problem_models_weights_alone():
     before = op.reference(xs)[0].clone()
     assert arg_specs(op)[1] == [((8, 32), torch.float32)]
     assert torch.equal(op.reference(xs)[0], before)
+
+
+def test_a_shape_that_does_not_fit_the_device_says_pick_a_smaller_shape(fast_settings):
+    class FullDevice(HostBackend):
+        def to_device(self, t):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 64.00 GiB (GPU 0; 139.8 GiB total)")
+    spec = builtin_spec("softmax", "8x64", "fp32")
+    with __import__("pytest").raises(MemoryError, match="do not fit the device's memory .*pick a smaller shape"):
+        measure.time_reference(FullDevice(), spec, fast_settings)

@@ -290,8 +290,16 @@ def time_reference(backend, spec: OpSpec, settings: Settings) -> list[float]:
     """Samples of the torch implementation a user would run today, on the same device."""
     op = load_op(spec)
     where = backend.data_device()
-    xs = op.make_inputs(1, where) if where is not None else [backend.to_device(x) for x in op.make_inputs(1)]
-    samples, _ = bench(backend, lambda: op.torch_impl(xs), settings)
+    try:
+        xs = op.make_inputs(1, where) if where is not None else [backend.to_device(x) for x in op.make_inputs(1)]
+        samples, _ = bench(backend, lambda: op.torch_impl(xs), settings)
+    except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        if "out of memory" not in str(e).lower():
+            raise
+        # The first thing a run puts on the device: say what to change, not only what broke.
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise MemoryError(f"{spec.key}: the inputs and the torch reference at this shape do not fit "
+                          f"the device's memory ({first[:300]}); pick a smaller shape") from None
     return samples
 
 
