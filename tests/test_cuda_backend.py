@@ -127,3 +127,22 @@ def test_tune_softmax_end_to_end(fast_settings):
     assert summary["device"]["peaks"]["copy_gbps"] > 100
     assert summary["best"]["speedup_vs_reference"] > 1.0
     assert (store.path / "best" / "kernel.py").is_file()
+
+
+def test_gpu_ceilings_are_measured_once_per_process_and_the_highest_is_kept(tmp_path, monkeypatch):
+    """A ceiling measured while the GPU was shared is too low; a later process measures again
+    and the cache keeps the highest figure (no GPU needed: the measurement is stood in for)."""
+    from tuner.backends import cuda
+    rates = iter([{"copy_gbps": 3000.0, "bf16_gflops": 700000.0},   # measured under load
+                  {"copy_gbps": 4200.0, "bf16_gflops": 650000.0}])  # a later, quieter process
+    calls = []
+    monkeypatch.setattr(cuda, "measure_peaks", lambda backend: calls.append(1) or next(rates))
+    monkeypatch.setattr(cuda, "_MEASURED", {})
+    first = cuda._cached_peaks("H200|132|580", str(tmp_path), None)
+    assert first == {"copy_gbps": 3000.0, "bf16_gflops": 700000.0}
+    assert cuda._cached_peaks("H200|132|580", str(tmp_path), None) == first and len(calls) == 1
+    monkeypatch.setattr(cuda, "_MEASURED", {})  # a new process
+    assert cuda._cached_peaks("H200|132|580", str(tmp_path), None) == {"copy_gbps": 4200.0, "bf16_gflops": 700000.0}
+    assert len(calls) == 2
+    saved = json.loads((tmp_path / "cuda_peaks.json").read_text())["H200|132|580"]
+    assert saved == {"copy_gbps": 4200.0, "bf16_gflops": 700000.0}
