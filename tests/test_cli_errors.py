@@ -127,8 +127,8 @@ def test_dtype_the_backend_cannot_run(capsys, tmp_path):
 
 
 def test_problem_file_that_loops_at_import(capsys, tmp_path, monkeypatch):
-    from tuner import ops
-    monkeypatch.setattr(ops, "IMPORT_TIMEOUT_S", 1.0)
+    from tuner import problem
+    monkeypatch.setattr(problem, "IMPORT_TIMEOUT_S", 1.0)
     f = tmp_path / "spin.py"
     f.write_text("import torch\nwhile True:\n    pass\n")
     rc, err = run(capsys, "tune", "--op", str(f), "--budget", "1")

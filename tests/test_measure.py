@@ -135,7 +135,7 @@ def test_on_a_gpu_sets_are_made_there_and_problem_files_still_verify(tmp_path, f
     from pathlib import Path
 
     from tuner.backends.cuda import CudaBackend
-    from tuner.ops import spec_from_problem_file
+    from tuner.problem import spec_from_problem_file
     backend = CudaBackend(0)
     op = load_op(builtin_spec("softmax", "256x512", "fp32"))
     for seed, ref in measure._rng.sample(measure._pooled(op, backend), 2):
@@ -168,7 +168,8 @@ def test_output_shapes_on_meta_tensors_leave_a_problem_models_weights_alone():
     the same float64 reference afterwards (its weights are not moved to meta)."""
     from pathlib import Path
 
-    from tuner.ops import arg_specs, spec_from_problem_file
+    from tuner.ops import arg_specs
+    from tuner.problem import spec_from_problem_file
     op = load_op(spec_from_problem_file(Path(__file__).parent / "fixtures/kernelbench/linear.py"))
     xs = [x.double() for x in op.make_inputs(5)]
     before = op.reference(xs)[0].clone()

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from . import __version__
 from .backends import BACKENDS, BackendUnavailable, default_backend, get_backend
-from .ops import BUILTINS, OpError, builtin_spec, load_op, spec_from_problem_file
+from .ops import BUILTINS, OpError, builtin_spec, load_op
+from .problem import spec_from_problem_file
 from .search import SAMPLERS, SearchError
 from .settings import Settings
 from .skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton

@@ -91,6 +91,7 @@ class Evaluator:
         for w in self.bench_workers:
             self._benchers.put(w)
         self._quiet = threading.Lock() if self.backend.exclusive_timing else None
+        self._warming: list[threading.Thread] = []  # see warm_up
         self._by_source: dict[str, tuple[Build, Measurement]] = {}
         self._source_lock = threading.Lock()
         self.device_info: DeviceInfo | None = None
@@ -131,7 +132,7 @@ class Evaluator:
             t.start()
 
     def close(self) -> None:
-        for t in getattr(self, "_warming", ()):
+        for t in self._warming:
             t.join(timeout=310)  # every worker is back in its queue before the queue is closed
         if not self._owns_workers:
             return

@@ -3,20 +3,14 @@
 `OpSpec` (in values.py) is the picklable identity; `load_op(spec)` gives the live `Op`
 in whichever process needs it (the benchmark worker computes references there).
 Built-in ops live in BUILTINS; a KernelBench-format problem file (`class Model`,
-`get_inputs`, `get_init_inputs`) loads through `spec_from_problem_file`.
+`get_inputs`, `get_init_inputs`) loads through `tuner.problem`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import importlib.util
 import math
 import re
-import sys
-import traceback
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from .values import OpSpec
@@ -305,154 +299,6 @@ _MORE = {"add_rmsnorm": _add_rmsnorm, "swiglu": _swiglu, "rope": _rope, "cross_e
          "attention": _attention(False), "attention_causal": _attention(True)}
 
 
-# ---- KernelBench-format problem files ---------------------------------------------------
-
-IMPORT_TIMEOUT_S = 120.0  # a problem file that takes longer to import is refused
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: float, message: str):
-    """Raise OpError(message) when the body runs longer than `seconds` (main thread, POSIX;
-    elsewhere no limit): a user's problem file that loops at import must not hang the tool."""
-    import signal
-    import threading
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        yield
-        return
-
-    def expire(signum, frame):
-        raise OpError(message)
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
-def _import_problem(path: Path, overrides: dict[str, int]):
-    """Import a problem file under a private module name, then apply size overrides."""
-    name = "tuner_problem_" + re.sub(r"\W", "_", path.stem) + f"_{abs(hash(str(path)))}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise OpError(f"{path}: not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    try:
-        with _time_limit(IMPORT_TIMEOUT_S, f"{path}: importing it took more than "
-                         f"{IMPORT_TIMEOUT_S:g} s (does it loop or wait at import?)"):
-            spec.loader.exec_module(module)
-    except OpError:
-        raise
-    except BaseException as e:  # a user file may raise anything, SystemExit included
-        tb = traceback.format_exception(type(e), e, e.__traceback__)
-        excerpt = "".join(tb[-4:]).strip()
-        raise OpError(f"{path}: failed to import:\n{excerpt}") from None
-    for attr in ("Model", "get_inputs", "get_init_inputs"):
-        if not hasattr(module, attr):
-            raise OpError(f"{path}: a KernelBench-format problem defines class Model(nn.Module), "
-                          f"get_inputs() and get_init_inputs(); {attr} is missing")
-    sizes = _module_sizes(module)
-    for k, v in overrides.items():
-        if k not in sizes:
-            raise OpError(f"{path}: no module-level integer {k!r} to override; "
-                          f"it has {', '.join(sorted(sizes)) or 'none'}")
-        setattr(module, k, v)
-    return module
-
-
-def _module_sizes(module) -> dict[str, int]:
-    return {k: v for k, v in vars(module).items()
-            if isinstance(v, int) and not isinstance(v, bool) and not k.startswith("_")}
-
-
-def spec_from_problem_file(path: str | Path, dtype: str = "fp32",
-                           overrides: dict[str, int] | None = None) -> OpSpec:
-    path = Path(path).resolve()
-    if not path.is_file():
-        raise OpError(f"problem file {path} does not exist")
-    if dtype not in DTYPES:
-        raise OpError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
-    module = _import_problem(path, overrides or {})
-    sizes = _module_sizes(module)
-    sys.modules.pop(module.__name__, None)
-    return OpSpec(name=path.stem, source=str(path), sizes=tuple(sorted(sizes.items())),
-                  dtype=dtype, kind="kernelbench")
-
-
-def _kernelbench_op(spec: OpSpec) -> Op:
-    import torch
-
-    module = _import_problem(Path(spec.source), spec.size_dict())
-    dt = torch_dtype(spec.dtype)
-    try:
-        torch.manual_seed(0)  # parameters are fixed for the run; inputs are fresh per seed
-        model = module.Model(*module.get_init_inputs()).eval()
-    except Exception as e:
-        raise OpError(f"{spec.source}: Model(*get_init_inputs()) failed: {type(e).__name__}: {e}") from None
-    params = [(n, t.detach()) for n, t in [*model.named_parameters(), *model.named_buffers()]]
-    model64 = copy.deepcopy(model).double()
-    model_dt = copy.deepcopy(model).to(dt) if dt is not torch.float64 else model64
-
-    def cast(t):
-        return t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-
-    def make(seed: int, device=None) -> list:
-        torch.manual_seed(seed)  # get_inputs draws on the host; moved where asked after
-        xs = [cast(x) for x in module.get_inputs()] + [cast(t.clone()) for _, t in params]
-        return [x.to(device) if device is not None and isinstance(x, torch.Tensor) else x for x in xs]
-
-    n_in = len(module.get_inputs())
-
-    def as_list(out) -> list:
-        return list(out) if isinstance(out, (tuple, list)) else [out]
-
-    on_device: dict = {}  # (model id, device) -> a copy of the model there
-
-    def on_inputs_device(model, xs):
-        # A copy of the model with its parameters where the inputs are (a GPU worker's); the
-        # host's model itself is never moved (meta inputs, for output shapes, would wipe its
-        # weights). A model that makes host tensors in forward still fails on a GPU; the
-        # verifier then computes its reference on the host (measure._reference_of).
-        dev = next((x.device for x in xs if isinstance(x, torch.Tensor)), None)
-        if dev is None or dev.type in ("cpu", "meta"):
-            return model
-        key = (id(model), str(dev))
-        if key not in on_device:
-            on_device[key] = copy.deepcopy(model).to(dev)
-        return on_device[key]
-
-    def ref(xs):  # parameters come from the model itself; the kernel receives them as inputs
-        with torch.no_grad():
-            return as_list(on_inputs_device(model64, xs)(*xs[:n_in]))
-
-    def impl(xs):
-        with torch.no_grad():
-            return as_list(on_inputs_device(model_dt, xs)(*xs[:n_in]))
-
-    try:
-        sample = make(0)
-    except Exception as e:
-        tb = traceback.format_exception(type(e), e, e.__traceback__)
-        raise OpError(f"{spec.source}: get_inputs() failed:\n{''.join(tb[-3:]).strip()}") from None
-    for i, x in enumerate(sample[:n_in]):
-        if not isinstance(x, torch.Tensor):
-            raise OpError(f"{spec.source}: get_inputs() returned a value of type {type(x).__name__} at position {i}; "
-                          f"kernels take tensors only: make it a module constant or an argument of "
-                          f"get_init_inputs() (Model.__init__) instead")
-    try:
-        outs = ref([x.double() if x.is_floating_point() else x for x in sample])
-    except Exception as e:
-        tb = traceback.format_exception(type(e), e, e.__traceback__)
-        raise OpError(f"{spec.source}: Model(...)(*get_inputs()) failed (in float64):\n"
-                      f"{''.join(tb[-3:]).strip()}") from None
-    names = tuple(f"in{i}" for i in range(n_in)) + tuple(re.sub(r"\W", "_", n) for n, _ in params)
-    moved = sum(x.numel() * x.element_size() for x in sample) + sum(
-        o.numel() * DTYPE_BYTES[spec.dtype] for o in outs)
-    return Op(spec, names, tuple(f"out{i}" for i in range(len(outs))), make, ref, impl,
-              None, float(moved), TOLERANCE[spec.dtype])
-
-
 _CACHE: dict[str, Op] = {}
 
 
@@ -465,7 +311,8 @@ def load_op(spec: OpSpec) -> Op:
                 raise OpError(f"unknown op {spec.name!r}; built-in ops: {', '.join(BUILTINS)}")
             _CACHE[key] = _builtin_op(spec)
         elif spec.kind == "kernelbench":
-            _CACHE[key] = _kernelbench_op(spec)
+            from .problem import problem_op  # imports this module: loaded when first needed
+            _CACHE[key] = problem_op(spec)
         else:
             raise OpError(f"unknown op kind {spec.kind!r}")
     return _CACHE[key]

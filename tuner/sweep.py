@@ -48,7 +48,8 @@ from pathlib import Path
 import yaml
 
 from .backends import BackendUnavailable, default_backend, get_backend
-from .ops import BUILTINS, OpError, builtin_spec, load_op, spec_from_problem_file
+from .ops import BUILTINS, OpError, builtin_spec, load_op
+from .problem import spec_from_problem_file
 from .settings import Settings
 from .skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
 from .store import Store, StoreError
