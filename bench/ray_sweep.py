@@ -119,7 +119,9 @@ def phase(name: str, plan_path: Path, out: Path, settings: Settings, parallel: i
                           # the share of the sweep's wall time each device actor was serving a
                           # request: near 100 % means the devices bound the sweep
                           actor_busy_pct=[round(100 * s.busy_s / max(summary["wall_s"], 1e-9), 1)
-                                          for s in pool.slots])
+                                          for s in pool.slots],
+                          # requests served by the task's home actor (see DevicePool)
+                          home_pct=round(100 * (1 - pool.away / max(pool.requests, 1)), 1))
             if kill:
                 after = all_lines(folder)
                 lost = [t for t, lines in kill["before"].items() if after.get(t, [])[:len(lines)] != lines]
@@ -142,7 +144,7 @@ def phase(name: str, plan_path: Path, out: Path, settings: Settings, parallel: i
     if starts:
         result["first_record_s"] = {"min": round(min(starts), 1), "max": round(max(starts), 1)}
     # Each task's own start: device facts and the reference timed, then its first evaluation.
-    for what in ("device_and_reference_s", "first_evaluation_s"):
+    for what in ("device_s", "device_and_reference_s", "first_evaluation_s"):
         got = sorted(t["timeline"][what] for t in summary["tasks"] if what in t.get("timeline", {}))
         if got:
             result[what] = {"min": got[0], "median": got[len(got) // 2], "max": got[-1]}

@@ -257,3 +257,41 @@ def test_compile_processes_serve_every_op_of_a_sweep(tmp_path, fast_settings):
         for w in executor_ray._COMPILE_WORKERS.values():
             w.close()
         executor_ray._COMPILE_WORKERS.clear()
+
+
+def test_device_pool_keeps_a_task_at_home_and_lends_only_an_idle_device():
+    """The pool's choice, without actors: requests go to their home actor; a free actor is
+    taken by another's request only while none of its own waits for it."""
+    import time
+
+    from tuner.executor_ray import DevicePool, _Slot
+    pool = DevicePool.__new__(DevicePool)
+    pool.backend = "null"
+    pool.slots = [_Slot(0, None, {}), _Slot(1, None, {})]
+    pool.free = list(pool.slots)
+    pool.lock = threading.Lock()
+    pool.cond = threading.Condition(pool.lock)
+    pool.homed, pool.waiting, pool.requests, pool.away = {}, {}, 0, 0
+
+    assert [pool.home(), pool.home(), pool.home()] == [0, 1, 0]
+    pool.leave(0)
+    pool.leave(0)
+    assert pool.home() == 0  # the one with the fewest again
+
+    assert pool.acquire("a", home=1).index == 1  # home, though actor 0 is free too
+    s0 = pool.acquire("b", home=1)  # home busy, actor 0 idle: lent
+    assert s0.index == 0 and pool.away == 1
+    got = {}
+
+    def want(name, home):
+        got[name] = pool.acquire(name, home=home)
+    waiters = [threading.Thread(target=want, args=("for 1", 1)), threading.Thread(target=want, args=("for 0", 0))]
+    for t in waiters:
+        t.start()
+        time.sleep(0.2)
+    pool.release(pool.slots[1])  # actor 1 frees: its own request takes it, not actor 0's
+    waiters[0].join(timeout=5)
+    assert got["for 1"].index == 1 and "for 0" not in got
+    pool.release(s0)
+    waiters[1].join(timeout=5)
+    assert got["for 0"].index == 0 and pool.away == 1 and pool.requests == 4

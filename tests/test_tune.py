@@ -203,3 +203,70 @@ def test_warm_up_starts_every_compile_worker_before_any_compile(fast_settings, t
     finally:
         ev.close()
     assert all(w.proc is None for w in workers)
+
+
+def _slow_reference_evaluator(delay_s: float, fail: BaseException | None = None):
+    """An Evaluator on the null backend whose reference takes `delay_s` (and then fails with
+    `fail`, when given); it notes when the reference ended and when compiles and measurements
+    began."""
+    from tuner.evaluate import Evaluator
+
+    class SlowReference(Evaluator):
+        events: list = []
+
+        def _time_reference(self):
+            time.sleep(delay_s)
+            self.events.append(("reference done", time.monotonic()))
+            if fail is not None:
+                raise fail
+            return super()._time_reference()
+
+        def compile(self, source, digest):
+            self.events.append(("compile", time.monotonic()))
+            return super().compile(source, digest)
+
+        def measure(self, build, best_s=None):
+            self.events.append(("measure", time.monotonic()))
+            return super().measure(build, best_s)
+    return SlowReference
+
+
+def test_first_compiles_overlap_the_reference_and_no_candidate_is_timed_beside_it(tmp_path, monkeypatch):
+    from tuner.ops import builtin_spec
+    from tuner.settings import Settings
+    from tuner.skeleton import load_skeleton
+    from tuner.tune import create_run, execute
+    fast_env(monkeypatch, tmp_path)
+    settings = Settings.from_env(runs_dir=str(tmp_path / "runs"), compile_workers=2)
+    skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
+    store = create_run(settings, builtin_spec("softmax", "64x512", "fp32"), "null", skeleton,
+                       sampler="random", seed=1)
+    make = _slow_reference_evaluator(2.0)
+    summary = execute(store, settings, 6, parallel=2, make_evaluator=make)
+    events = make.events
+    done = next(t for what, t in events if what == "reference done")
+    compiles = [t for what, t in events if what == "compile"]
+    measures = [t for what, t in events if what == "measure"]
+    assert compiles and min(compiles) < done, "no compile began while the reference was timed"
+    assert measures and min(measures) >= done, "a candidate was timed beside the reference"
+    assert summary["reference"]["median_s"] > 0 and summary["evaluations"] == 6
+    tl = summary["timeline"]
+    assert tl["device_s"] <= tl["device_and_reference_s"] <= tl["search_done_s"]
+
+
+def test_a_reference_that_fails_in_the_background_fails_the_run_and_keeps_the_records(tmp_path, monkeypatch):
+    from tuner.ops import builtin_spec
+    from tuner.settings import Settings
+    from tuner.skeleton import load_skeleton
+    from tuner.tune import create_run, execute
+    fast_env(monkeypatch, tmp_path)
+    settings = Settings.from_env(runs_dir=str(tmp_path / "runs"), compile_workers=2)
+    skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
+    store = create_run(settings, builtin_spec("softmax", "64x512", "fp32"), "null", skeleton,
+                       sampler="random", seed=1)
+    make = _slow_reference_evaluator(0.5, MemoryError("inputs do not fit; pick a smaller shape"))
+    with pytest.raises(MemoryError, match="pick a smaller shape"):
+        execute(store, settings, 6, parallel=2, make_evaluator=make)
+    assert not [t for what, t in make.events if what == "measure"]
+    # Nothing half-done was written as a measurement; the run can be resumed once fixed.
+    assert all(r.status is not Status.OK for r in Store.open(store.path).records())

@@ -97,18 +97,55 @@ class Evaluator:
         self.device_info: DeviceInfo | None = None
         self.reference_samples: list[float] = []
         self.reference_s: float | None = None
+        self.reference_done: float | None = None  # time.monotonic() when it was timed
+        self._reference_thread: threading.Thread | None = None  # see start(wait=False)
+        self._reference_error: BaseException | None = None
 
     # ---- set-up ------------------------------------------------------------------------
 
-    def start(self) -> DeviceInfo:
-        """Device facts (measured ceilings included) and the reference's time, once per run."""
-        with self._bencher() as worker:
-            self.device_info = worker.call("device_info", timeout=600)
-            self.reference_samples = worker.call(
-                "time_reference", timeout=max(600, self.settings.run_timeout_s),
-                spec=self.spec, settings=self.settings)
-        self.reference_s = sorted(self.reference_samples)[len(self.reference_samples) // 2]
+    def start(self, wait: bool = True) -> DeviceInfo:
+        """Device facts (measured ceilings included) and the reference's time, once per run.
+
+        wait=False returns after the device facts and times the reference in the background:
+        the first compiles overlap it, and no candidate is timed beside it (evaluate waits for
+        it before measuring). A backend whose timing must have the machine to itself (cpu)
+        always waits: a compile beside the reference would slow the reference."""
+        self.device_info = self._device_info()
+        if wait or self._quiet is not None:
+            self._take_reference()
+            return self.device_info
+
+        def run() -> None:
+            try:
+                self._take_reference()
+            except BaseException as e:  # noqa: BLE001 - raised again where it is waited for
+                self._reference_error = e
+        self._reference_thread = threading.Thread(target=run, daemon=True, name="reference")
+        self._reference_thread.start()
         return self.device_info
+
+    def wait_reference(self) -> None:
+        """Block until the reference is timed; its failure is the run's, raised here."""
+        t = self._reference_thread
+        if t is not None:
+            t.join()
+        if self._reference_error is not None:
+            raise self._reference_error
+
+    def _take_reference(self) -> None:
+        samples = self._time_reference()
+        self.reference_samples = samples
+        self.reference_s = sorted(samples)[len(samples) // 2]
+        self.reference_done = time.monotonic()
+
+    def _device_info(self) -> DeviceInfo:
+        with self._bencher() as worker:
+            return worker.call("device_info", timeout=600)
+
+    def _time_reference(self) -> list[float]:
+        with self._bencher() as worker:
+            return worker.call("time_reference", timeout=max(600, self.settings.run_timeout_s),
+                               spec=self.spec, settings=self.settings)
 
     def warm_up(self) -> None:
         """Start the compile workers (a Python importing the backend's compiler, each) in the
@@ -132,6 +169,8 @@ class Evaluator:
             t.start()
 
     def close(self) -> None:
+        if self._reference_thread is not None:
+            self._reference_thread.join(timeout=max(600, self.settings.run_timeout_s) + 30)
         for t in self._warming:
             t.join(timeout=310)  # every worker is back in its queue before the queue is closed
         if not self._owns_workers:
@@ -165,6 +204,7 @@ class Evaluator:
         if build.status is not Status.OK:
             meas = Measurement(build.status)
         else:
+            self.wait_reference()
             meas = self.measure(build, best_s)
         if meas.status is not Status.RUN_TIMEOUT:  # a hang may be load-dependent; allow a retry
             with self._source_lock:

@@ -255,14 +255,23 @@ class _Slot:
 
 
 class DevicePool:
-    """The device actors of one backend; a request takes whichever is free."""
+    """The device actors of one backend. Each evaluator has a home actor (the one with the
+    fewest evaluators when it is made), and its requests go there; a request takes another
+    free actor only when no request of that actor's own is waiting. So a task's candidates are
+    timed on one device wherever the load allows (two GPUs of one model differ by a few per
+    cent, more than the gaps a search ranks on), and each actor makes the verification sets of
+    its own tasks only, while no device idles while requests wait."""
 
     def __init__(self, executor: "RayExecutor", backend: str, n: int):
         self.executor, self.backend = executor, backend
         self.resource = ACCELERATORS.get(backend)
         self.slots: list[_Slot] = []
-        self.free: queue.Queue[_Slot] = queue.Queue()
+        self.free: list[_Slot] = []
         self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.homed: dict[int, int] = {}  # slot index -> evaluators at home there
+        self.waiting: dict[int, int] = {}  # slot index -> requests waiting for their home
+        self.requests = self.away = 0  # requests served, and those served away from home
         self.replaced = 0  # actors that died and were replaced
         self.lost = 0  # actors that died and could not be placed again
         cls = backend_class(backend)
@@ -281,7 +290,7 @@ class DevicePool:
         for i, (a, info) in enumerate(zip(actors, infos)):
             slot = _Slot(i, a, info)
             self.slots.append(slot)
-            self.free.put(slot)
+            self.free.append(slot)
 
     def _new_actor(self, index: int):
         ray, ex = self.executor.ray, self.executor
@@ -314,25 +323,54 @@ class DevicePool:
                 f"backend (it needs {need}) within {self.executor.place_timeout_s:g} s; "
                 f"cluster resources: {ray.cluster_resources()}") from None
 
-    def acquire(self, what: str) -> _Slot:
-        while True:
-            with self.lock:
-                if not self.slots:
-                    raise RayUnavailable(f"every {self.backend} device actor died and none could "
-                                         f"be placed again; see the Ray logs")
+    def home(self) -> int:
+        """A home for a new evaluator: the live actor with the fewest; `leave` gives it back."""
+        with self.lock:
+            index = min((s.index for s in self.slots), key=lambda i: (self.homed.get(i, 0), i), default=0)
+            self.homed[index] = self.homed.get(index, 0) + 1
+            return index
+
+    def leave(self, index: int) -> None:
+        with self.lock:
+            self.homed[index] = max(0, self.homed.get(index, 0) - 1)
+
+    def acquire(self, what: str, home: int | None = None) -> _Slot:
+        with self.cond:
+            if home is not None:
+                self.waiting[home] = self.waiting.get(home, 0) + 1
             try:
-                slot = self.free.get(timeout=1.0)
-            except queue.Empty:
-                continue
-            if slot in self.slots:
-                slot.busy, slot.since = what, time.monotonic()
-                return slot
+                while True:
+                    if not self.slots:
+                        raise RayUnavailable(f"every {self.backend} device actor died and none could "
+                                             f"be placed again; see the Ray logs")
+                    slot = self._pick(home)
+                    if slot is not None:
+                        self.free.remove(slot)
+                        self.requests += 1
+                        self.away += home is not None and slot.index != home
+                        slot.busy, slot.since = what, time.monotonic()
+                        return slot
+                    self.cond.wait(timeout=1.0)
+            finally:
+                if home is not None:
+                    self.waiting[home] -= 1
+
+    def _pick(self, home: int | None) -> _Slot | None:
+        free = [s for s in self.free if s in self.slots]
+        mine = [s for s in free if s.index == home]
+        if mine:
+            return mine[0]
+        # Another's home only while none of its own requests waits for it: they take it next.
+        others = [s for s in free if not self.waiting.get(s.index, 0)]
+        return others[0] if others else None
 
     def release(self, slot: _Slot) -> None:
-        slot.busy_s += time.monotonic() - slot.since
-        slot.busy = None
-        if slot in self.slots:
-            self.free.put(slot)
+        with self.cond:
+            slot.busy_s += time.monotonic() - slot.since
+            slot.busy = None
+            if slot in self.slots:
+                self.free.append(slot)
+            self.cond.notify_all()
 
     def replace(self, slot: _Slot) -> None:
         """The actor in `slot` died (or wedged): kill what is left of it and start another."""
@@ -546,6 +584,7 @@ class RayEvaluator(Evaluator):
         self._current = threading.local()
         self.retries = 0  # configs retried after a process died under them
         self._files: dict[str, list] = {}  # artifact -> [ObjectRef of its build folder's files]
+        self.home = self.pool.home()  # the device actor that times this task when it can
 
     # ---- the seam: where compiles and measurements run ---------------------------------
 
@@ -598,7 +637,7 @@ class RayEvaluator(Evaluator):
         """One request on a free device actor. Returns ("ok", value) | ("failure", kind, reason)
         | ("died", reason); a fault of the tool raises WorkerError."""
         ray = self.ray
-        slot = self.pool.acquire(what)
+        slot = self.pool.acquire(what, self.home)
         # Each build's files travel as an ObjectRef inside a dict: Ray resolves it only where
         # the actor asks for it (on a node that lacks the artifact).
         names = [kwargs.get("artifact"), *(kwargs.get("artifacts") or ())]
@@ -654,20 +693,20 @@ class RayEvaluator(Evaluator):
         return Measurement(Status.RUNTIME_ERROR, detail=f"kernel crashed: {reason} (a worker process "
                            f"died twice on this config: {'; '.join(deaths)}; not retried again)")
 
-    def start(self):
-        timeout = max(600, self.settings.run_timeout_s)
+    def _device_info(self):
         with self._quiet or _null():
             out = self._with_retry("device_info", 600, "device_info")
-            if out[0] != "ok":
-                raise WorkerFailure(out[1], f"device_info: {out[2]}")
-            self.device_info = out[1]
-            out = self._with_retry("time_reference", timeout, "time_reference", spec=self.spec,
-                                   settings=self.settings)
-            if out[0] != "ok":
-                raise WorkerFailure(out[1], f"timing the reference: {out[2]}")
-        self.reference_samples = out[1]
-        self.reference_s = sorted(self.reference_samples)[len(self.reference_samples) // 2]
-        return self.device_info
+        if out[0] != "ok":
+            raise WorkerFailure(out[1], f"device_info: {out[2]}")
+        return out[1]
+
+    def _time_reference(self) -> list[float]:
+        with self._quiet or _null():
+            out = self._with_retry("time_reference", max(600, self.settings.run_timeout_s),
+                                   "time_reference", spec=self.spec, settings=self.settings)
+        if out[0] != "ok":
+            raise WorkerFailure(out[1], f"timing the reference: {out[2]}")
+        return out[1]
 
     def retime(self, records):
         with self._quiet or _null():
@@ -688,7 +727,12 @@ class RayEvaluator(Evaluator):
         """The executor warms its compile processes when it places the device actors."""
 
     def close(self) -> None:
-        """The actors belong to the executor; an evaluator has nothing of its own to close."""
+        """The actors belong to the executor; an evaluator gives back only its home."""
+        if self._reference_thread is not None:
+            self._reference_thread.join(timeout=max(600, self.settings.run_timeout_s) + 150)
+        if self.home is not None:
+            self.pool.leave(self.home)
+            self.home = None
 
     @property
     def bench_worker(self):  # the local executor's; here the actors hold the Workers
