@@ -136,11 +136,17 @@ def phase(name: str, plan_path: Path, out: Path, settings: Settings, parallel: i
             ex.close()
     wall = summary["wall_s"]
     # How long the tasks took to start: the first recorded evaluation, per task, from the start.
-    starts = []
+    starts, compiles = [], []
     for t in (folder / "tasks").glob("*") if (folder / "tasks").is_dir() else []:
-        times = [r.time for r in Store(t).records() if r.time]
+        records = Store(t).records()
+        times = [r.time for r in records if r.time]
         if times:
             starts.append(min(times) - result.get("unix_start", t0_unix))
+        compiles += [r.build.compile_s for r in records if r.build.compile_s]
+    if compiles:  # seconds per compile, in its worker: how busy the compile side was
+        compiles.sort()
+        result["compile_s"] = {"median": round(compiles[len(compiles) // 2], 2),
+                               "p90": round(compiles[int(len(compiles) * 0.9)], 2)}
     if starts:
         result["first_record_s"] = {"min": round(min(starts), 1), "max": round(max(starts), 1)}
     # Each task's own start: device facts and the reference timed, then its first evaluation.

@@ -270,3 +270,25 @@ def test_a_reference_that_fails_in_the_background_fails_the_run_and_keeps_the_re
     assert not [t for what, t in make.events if what == "measure"]
     # Nothing half-done was written as a measurement; the run can be resumed once fixed.
     assert all(r.status is not Status.OK for r in Store.open(store.path).records())
+
+
+def test_compile_workers_run_below_the_timing_workers_priority(fast_settings, tmp_path):
+    """Compiles that fill every core must not delay the process that times candidates."""
+    from tuner.evaluate import Evaluator
+    from tuner.ops import builtin_spec
+    from tuner.skeleton import load_skeleton
+    skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
+    ev = Evaluator("null", builtin_spec("softmax", "64x512", "fp32"), skeleton, fast_settings, tmp_path / "run")
+    try:
+        ev.warm_up()
+        ev.start()
+        for t in ev._warming:
+            t.join(timeout=60)
+
+        def nice(proc) -> int:
+            return int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+        compilers = [nice(w.proc) for w in ev._compilers.queue]
+        timer = nice(ev.bench_worker.proc)
+        assert compilers and all(n > timer for n in compilers), (compilers, timer)
+    finally:
+        ev.close()

@@ -23,7 +23,7 @@ from .ops import load_op, render_context
 from .settings import Settings
 from .skeleton import Skeleton, SkeletonError
 from .values import Build, Config, DeviceInfo, Measurement, OpSpec, Record, Status
-from .worker import Worker, WorkerFailure
+from .worker import COMPILE_NICE, Worker, WorkerFailure
 
 
 class WorkerPools:
@@ -45,7 +45,7 @@ class WorkerPools:
         with self._lock:
             if key not in self._pools:
                 s, log = self.settings, self.log_path
-                compilers = [Worker(backend, devices[0], opts, s, log, limit_memory)
+                compilers = [Worker(backend, devices[0], opts, s, log, limit_memory, COMPILE_NICE)
                              for _ in range(s.n_compile_workers)]
                 benchers = [Worker(backend, d, opts, s, log, limit_memory) for d in devices]
                 self._pools[key] = (compilers, benchers)
@@ -80,7 +80,7 @@ class Evaluator:
         if workers is not None:
             compilers, self.bench_workers = workers.get(backend, tuple(devices), self.options, limit_mem)
         else:
-            compilers = [Worker(backend, device, self.options, settings, log, limit_mem)
+            compilers = [Worker(backend, device, self.options, settings, log, limit_mem, COMPILE_NICE)
                          for _ in range(settings.n_compile_workers)]
             # One benchmark worker per device; a measurement takes whichever is free.
             self.bench_workers = [Worker(backend, d, self.options, settings, log, limit_mem) for d in devices]

@@ -48,7 +48,7 @@ from .backends import BackendUnavailable, backend_class
 from .evaluate import Evaluator
 from .settings import Settings
 from .values import Build, Measurement, OpSpec, Status
-from .worker import Worker, WorkerError, WorkerFailure
+from .worker import COMPILE_NICE, Worker, WorkerError, WorkerFailure
 
 RAY_MISSING = 'the ray executor needs Ray, which is not installed: pip install "tuner[ray]"'
 ACCELERATORS = {"cuda": "GPU", "npu": "NPU"}  # backend -> the Ray resource of its device
@@ -124,7 +124,7 @@ def _compile_worker(backend: str, options: dict, settings: Settings, log_path: s
     key = json.dumps([backend, options, log_path], sort_keys=True, default=str)
     worker = _COMPILE_WORKERS.pop(key, None)
     if worker is None:
-        worker = Worker(backend, 0, options, settings, log_path, limit_memory)
+        worker = Worker(backend, 0, options, settings, log_path, limit_memory, COMPILE_NICE)
     _COMPILE_WORKERS[key] = worker
     while len(_COMPILE_WORKERS) > _COMPILE_WORKERS_MAX:
         _COMPILE_WORKERS.popitem(last=False)[1].close()

@@ -27,6 +27,7 @@ runs kernels through Triton's interpreter on CPU tensors (`TRITON_INTERPRET=1`),
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -294,7 +295,11 @@ def _excerpt(e: BaseException) -> str:
     return "\n".join([head, *text.splitlines()[:30]])[:2000]
 
 
+@functools.lru_cache(maxsize=None)
 def _nvidia_smi(device: int) -> dict[str, str]:
+    """Driver version and maximum SM clock: fixed for a process's life. Asked once per
+    process: nvidia-smi takes a few hundred ms, and a sweep's device actor answers device_info
+    for every task it serves."""
     try:
         out = subprocess.run(["nvidia-smi", "-i", str(device), "--query-gpu=driver_version,clocks.max.sm",
                               "--format=csv,noheader,nounits"], capture_output=True, text=True,
