@@ -112,14 +112,31 @@ def phase(name: str, plan_path: Path, out: Path, settings: Settings, parallel: i
                     kill["at_s"] = round(time.monotonic() - t1, 2)
                 threading.Thread(target=killer, daemon=True).start()
             t1, result["unix_start"] = time.monotonic(), time.time()
+            cpu0 = time.process_time()
+            stats0 = [ex.ray.get(s.actor.stats.remote(), timeout=30) for s in ex.pool(plan.backend).slots]
             summary = run_sweep(plan, settings, "ray", out=str(folder), view_enabled=True,
                                 ray_executor=ex, parallel=parallel)
+            # CPU seconds of this process (the sweep's driver: searches, rendering, records,
+            # Ray calls) per evaluation: near a second per wall second, the driver bounds it
+            result["driver_cpu_s"] = round(time.process_time() - cpu0, 2)
             pool = ex.pool(plan.backend)
+            stats = []
+            for i, s in enumerate(pool.slots):
+                now = ex.ray.get(s.actor.stats.remote(), timeout=30)
+                before = stats0[i] if i < len(stats0) and not pool.replaced else {}
+                stats.append({k: round(v - before.get(k, 0), 2) for k, v in now.items()})
             result.update(replaced=pool.replaced, lost_actors=pool.lost, retries=ex.retries,
                           # the share of the sweep's wall time each device actor was serving a
                           # request: near 100 % means the devices bound the sweep
                           actor_busy_pct=[round(100 * s.busy_s / max(summary["wall_s"], 1e-9), 1)
                                           for s in pool.slots],
+                          # the same share as the actors themselves count it (time in their
+                          # benchmark Worker): what is left is Ray's and the driver's
+                          actor_side_busy_pct=[round(100 * st["served_s"] / max(summary["wall_s"], 1e-9), 1)
+                                               for st in stats],
+                          # per actor, this phase's seconds in the benchmark Worker's measurements:
+                          # loading kernels, verifying, timing (and the repetitions timed)
+                          actor_stats=stats,
                           # requests served by the task's home actor (see DevicePool)
                           home_pct=round(100 * (1 - pool.away / max(pool.requests, 1)), 1))
             if kill:

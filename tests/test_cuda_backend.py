@@ -146,3 +146,16 @@ def test_gpu_ceilings_are_measured_once_per_process_and_the_highest_is_kept(tmp_
     assert len(calls) == 2
     saved = json.loads((tmp_path / "cuda_peaks.json").read_text())["H200|132|580"]
     assert saved == {"copy_gbps": 4200.0, "bf16_gflops": 700000.0}
+
+
+def test_warm_up_compiles_a_kernel_for_the_target_and_leaves_the_cache_setting_alone(monkeypatch):
+    """A compile worker's warm-up runs one real compile (Triton's back end set up before the
+    first candidate arrives); compile-only, so it needs no GPU, and it leaves no cache
+    setting of its own behind."""
+    pytest.importorskip("triton")
+    from tuner.backends.cuda import CudaBackend
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/somewhere/else")
+    kernels = CudaBackend(0, arch=90)._warm_compile()
+    assert kernels and kernels[0].asm.get("cubin")
+    import os
+    assert os.environ["TRITON_CACHE_DIR"] == "/somewhere/else"

@@ -176,6 +176,8 @@ class DeviceActor:
         self.log_path, self.limit_memory = log_path, limit_memory
         self.worker: Worker | None = None
         self.key = ""
+        self.served_s = 0.0  # seconds inside requests, as this actor sees them (see stats)
+        self.calls = 0
         if log_path:
             Path(log_path).parent.mkdir(parents=True, exist_ok=True)
 
@@ -197,6 +199,7 @@ class DeviceActor:
             self.worker = Worker(self.backend, self.device, opts, self.settings, self.log_path,
                                  self.limit_memory)
             self.key = key
+        t0 = time.monotonic()
         try:
             for a in [kwargs.get("artifact"), *(kwargs.get("artifacts") or ())]:
                 _materialize(a, (files or {}).get(a))
@@ -205,6 +208,20 @@ class DeviceActor:
             return ("failure", e.kind, e.reason)
         except WorkerError as e:
             return ("error", str(e))
+        finally:
+            self.served_s += time.monotonic() - t0
+            self.calls += 1
+
+    def stats(self) -> dict[str, float]:
+        """Seconds spent serving requests here, and how many: set beside the driver's own
+        count (request sent to answer received), the difference is time in Ray and the driver."""
+        out: dict[str, float] = {"served_s": self.served_s, "calls": self.calls}
+        if self.worker is not None and self.worker.proc is not None:
+            try:  # where its benchmark Worker's measurements spent their time
+                out.update(self.worker.call("stats", timeout=30))
+            except (WorkerFailure, WorkerError):
+                pass
+        return out
 
     def worker_pid(self) -> int | None:
         w = self.worker

@@ -27,6 +27,9 @@ from .values import Measurement, OpSpec, Status
 _POOL_SIZE = 4
 _pool: OrderedDict[str, list[tuple[int, list]]] = OrderedDict()
 _rng = random.SystemRandom()
+# Where this process's measurements spent their time (seconds per phase, counts): read by the
+# worker's "stats" request, so that a slow sweep can be told apart from a slow harness.
+TIMES: dict[str, float] = {"measures": 0, "load_s": 0.0, "check_s": 0.0, "bench_s": 0.0, "reps": 0}
 
 
 def _nbytes(ts: list) -> int:
@@ -242,10 +245,15 @@ def bench(backend, fn: Callable[[], None], settings: Settings,
 def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
             best_s: float | None = None, reference_s: float | None = None) -> Measurement:
     op = load_op(spec)
+    t0 = time.perf_counter()
+    TIMES["measures"] += 1
     try:
         kernel = backend.load(artifact, op)
     except Exception as e:
         return Measurement(Status.RUNTIME_ERROR, detail=f"load failed: {type(e).__name__}: {e}"[:2000])
+    finally:
+        t1 = time.perf_counter()
+        TIMES["load_s"] += t1 - t0
     max_abs = max_rel = 0.0
     try:
         for seed, ref in _rng.sample(_pooled(op, backend), 2):
@@ -255,7 +263,11 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
                 return Measurement(Status.WRONG_RESULT, max_abs_err=a, max_rel_err=r,
                                    detail=f"{why} (input seed {seed})")
         args = _timing_args(backend, op)
+        t2 = time.perf_counter()
+        TIMES["check_s"] += t2 - t1
         samples, stopped = bench(backend, lambda: backend.launch(kernel, args), settings, best_s)
+        TIMES["bench_s"] += time.perf_counter() - t2
+        TIMES["reps"] += len(samples)
     except Exception as e:  # a candidate that raises at run time (e.g. a Triton launch error)
         tb = traceback.format_exception_only(type(e), e)
         return Measurement(Status.RUNTIME_ERROR, detail="".join(tb).strip()[:2000])

@@ -256,6 +256,8 @@ def main() -> None:
                 value = m.recheck(backend, kw["artifact"], kw["spec"])
             elif method == "time_many":
                 value = m.time_many(backend, kw["artifacts"], kw["spec"], kw["settings"])
+            elif method == "stats":
+                value = dict(m.TIMES)
             elif method == "ping":
                 value = os.getpid()
             elif method == "warm":

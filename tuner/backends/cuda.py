@@ -34,6 +34,7 @@ import os
 import platform
 import re
 import subprocess
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -193,6 +194,36 @@ class CudaBackend(Backend):
         import torch  # noqa: F401 - the imports are the warm-up: seconds of a compile's start
         import triton.compiler  # noqa: F401
         import triton.language  # noqa: F401
+        if self.interpret:
+            return
+        # And one tiny kernel compiled for real: a process's first compile also sets up
+        # Triton's back end (LLVM, ptxas found and asked its version), seconds that otherwise
+        # fall on a run's first candidates, all compile processes at once. In a scratch
+        # folder with its own cache: nothing of a run's is touched. Never fatal: a real
+        # compile says what is wrong.
+        try:
+            self._warm_compile()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _warm_compile(self) -> list:
+        import torch
+        old_cache = os.environ.get("TRITON_CACHE_DIR")
+        try:
+            with tempfile.TemporaryDirectory(prefix="tuner-warm-") as d:
+                path = Path(d) / "warm" / "kernel.py"
+                path.parent.mkdir()
+                path.write_text(_WARM_SOURCE)
+                _use_cache(path)
+                module = load_module(path, "tuner_triton_warm")
+                x = torch.empty(4096, dtype=torch.float32, device="meta")
+                with _compile_only(self._arch()):
+                    return warm_launch(module, [x], [torch.empty_like(x)])
+        finally:
+            if old_cache is None:
+                os.environ.pop("TRITON_CACHE_DIR", None)
+            else:
+                os.environ["TRITON_CACHE_DIR"] = old_cache
 
     def data_device(self):
         return None if self.interpret else f"cuda:{self.device}"
@@ -293,6 +324,22 @@ def _excerpt(e: BaseException) -> str:
     reason = "".join(traceback.format_exception_only(type(cause), cause)).strip() if cause else ""
     head = f"compile error: {reason.splitlines()[-1] if reason else text.splitlines()[0]}"
     return "\n".join([head, *text.splitlines()[:30]])[:2000]
+
+
+_WARM_SOURCE = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def tuner_warm_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2.0, mask=offs < n)
+
+
+def launch(x, y):
+    tuner_warm_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+"""
 
 
 @functools.lru_cache(maxsize=None)
