@@ -203,6 +203,8 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, help="tasks at once with Ray (default: the sweep's own rule)")
     p.add_argument("--parallel", type=int, help="evaluations in flight per task (default: the executor's)")
     p.add_argument("--bench-budget", type=float, default=0.1, help="seconds of timed repetitions per candidate")
+    p.add_argument("--cpus", type=int, help="CPUs of the local Ray cluster, i.e. compile tasks at once "
+                   "(default: every CPU of the machine)")
     p.add_argument("--out", default="bench_out/ray_sweep")
     p.add_argument("--report", help="also write the JSON report here after every phase (e.g. $OUT/ray_sweep.json)")
     args = p.parse_args()
@@ -226,7 +228,8 @@ def main() -> int:
     if any(n.startswith("ray") for n in args.phases.split(",")):
         from tuner.executor_ray import connect
         t0 = time.monotonic()
-        connect(num_gpus=report["gpus"] or None)  # one local cluster for every Ray phase
+        connect(num_cpus=args.cpus, num_gpus=report["gpus"] or None)  # one local cluster for every Ray phase
+        report["ray_cpus"] = args.cpus or os.cpu_count()
         report["ray_cluster_start_s"] = round(time.monotonic() - t0, 2)
     for name in args.phases.split(","):
         try:
