@@ -137,11 +137,12 @@ def test_gpu_ceilings_are_measured_once_per_process_and_the_highest_is_kept(tmp_
                   {"copy_gbps": 4200.0, "bf16_gflops": 650000.0}])  # a later, quieter process
     calls = []
     monkeypatch.setattr(cuda, "measure_peaks", lambda backend: calls.append(1) or next(rates))
-    monkeypatch.setattr(cuda, "_MEASURED", {})
+    from tuner.backends import base
+    monkeypatch.setattr(base, "_MEASURED", {})
     first = cuda._cached_peaks("H200|132|580", str(tmp_path), None)
     assert first == {"copy_gbps": 3000.0, "bf16_gflops": 700000.0}
     assert cuda._cached_peaks("H200|132|580", str(tmp_path), None) == first and len(calls) == 1
-    monkeypatch.setattr(cuda, "_MEASURED", {})  # a new process
+    monkeypatch.setattr(base, "_MEASURED", {})  # a new process
     assert cuda._cached_peaks("H200|132|580", str(tmp_path), None) == {"copy_gbps": 4200.0, "bf16_gflops": 700000.0}
     assert len(calls) == 2
     saved = json.loads((tmp_path / "cuda_peaks.json").read_text())["H200|132|580"]

@@ -294,3 +294,21 @@ def test_artifacts_keep_what_an_npu_would_compile(tmp_path):
 
 if __name__ == "__main__":
     interpret_all(sys.argv[1])
+
+
+def test_npu_ceilings_are_measured_once_per_process_and_the_highest_is_kept(tmp_path, monkeypatch):
+    """As on a GPU: a ceiling measured while the NPU was shared must not stay for ever (no NPU
+    needed: the measurement is stood in for)."""
+    import json
+
+    from tuner.backends import base, npu
+    rates = iter([{"copy_gbps": 900.0, "fp16_gflops": 300000.0}, {"copy_gbps": 1500.0, "fp16_gflops": 280000.0}])
+    calls = []
+    monkeypatch.setattr(npu, "measure_peaks", lambda backend: calls.append(1) or next(rates))
+    monkeypatch.setattr(base, "_MEASURED", {})
+    first = npu._cached_peaks("910B3|48", str(tmp_path), None)
+    assert npu._cached_peaks("910B3|48", str(tmp_path), None) == first and len(calls) == 1
+    monkeypatch.setattr(base, "_MEASURED", {})  # a new process
+    assert npu._cached_peaks("910B3|48", str(tmp_path), None) == {"copy_gbps": 1500.0, "fp16_gflops": 300000.0}
+    saved = json.loads((tmp_path / "npu_peaks.json").read_text())["910B3|48"]
+    assert saved == {"copy_gbps": 1500.0, "fp16_gflops": 300000.0} and len(calls) == 2

@@ -25,6 +25,8 @@ Contract for implementers:
 from __future__ import annotations
 
 import abc
+import json
+from pathlib import Path
 from typing import Any, Callable
 
 from ..values import Build, DeviceInfo
@@ -118,3 +120,30 @@ class Backend(abc.ABC):
 
     def time_calls(self, fn: Callable[[], None], n: int) -> list[float]:
         return [self.time_call(fn) for _ in range(n)]
+
+
+_MEASURED: dict[tuple[str, str], dict[str, float]] = {}  # (cache file, device key) -> this process's
+
+
+def measured_peaks(file: str, key: str, cache_dir: str | None,
+                   measure: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """An accelerator's ceilings (copy bandwidth, matmul rate), measured once per process (a
+    run's benchmark worker, a sweep's device actor), not once for ever: a ceiling measured
+    while another job shared the device is too low and would stay so. `file` under the cache
+    folder keeps the highest rate seen for each figure and device, since load only lowers them."""
+    path = Path(cache_dir or Path.home() / ".cache" / "tuner") / file
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    old = cache.get(key) if isinstance(cache.get(key), dict) else {}
+    if (file, key) not in _MEASURED:
+        _MEASURED[(file, key)] = measure()
+        cache[key] = {k: max(v, float(old.get(k) or 0.0)) for k, v in _MEASURED[(file, key)].items()}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(cache, indent=1))
+        except OSError:
+            pass  # an unwritable cache only loses the highest rate seen
+        return cache[key]
+    return {k: max(v, float(old.get(k) or 0.0)) for k, v in _MEASURED[(file, key)].items()}

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..values import Build, DeviceInfo, Status
-from .base import Backend, BackendUnavailable
+from .base import Backend, BackendUnavailable, measured_peaks
 from .triton_source import Forbidden, check_source, load_module, warm_launch
 
 # Shared memory per block (opt-in maximum) by compute capability, for when no device is asked.
@@ -357,30 +357,9 @@ def _nvidia_smi(device: int) -> dict[str, str]:
         return {}
 
 
-_MEASURED: dict[str, dict[str, float]] = {}  # peaks measured by this process, by device key
-
-
 def _cached_peaks(key: str, cache_dir: str | None, backend: CudaBackend) -> dict[str, float]:
-    """Copy bandwidth and bf16 matmul rate of this GPU. Measured once per process (a run's
-    benchmark worker, or a sweep's), not once for ever: a ceiling measured while another job
-    shared the GPU is too low and would stay so; the cache keeps the highest rate seen for
-    each figure, since load only ever lowers them."""
-    path = Path(cache_dir or Path.home() / ".cache" / "tuner") / "cuda_peaks.json"
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    old = cache.get(key) if isinstance(cache.get(key), dict) else {}
-    if key not in _MEASURED:
-        _MEASURED[key] = measure_peaks(backend)
-        cache[key] = {k: max(v, float(old.get(k) or 0.0)) for k, v in _MEASURED[key].items()}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(cache, indent=1))
-        except OSError:
-            pass  # an unwritable cache only loses the highest rate seen
-        return cache[key]
-    return {k: max(v, float(old.get(k) or 0.0)) for k, v in _MEASURED[key].items()}
+    """Copy bandwidth and bf16 matmul rate of this GPU (see measured_peaks)."""
+    return measured_peaks("cuda_peaks.json", key, cache_dir, lambda: measure_peaks(backend))
 
 
 def measure_peaks(backend: CudaBackend) -> dict[str, float]:

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..values import Build, DeviceInfo, Status
-from .base import Backend, BackendUnavailable
+from .base import Backend, BackendUnavailable, measured_peaks
 from .triton_source import Forbidden, check_source, load_module, warm_launch
 
 # ---- Ascend compile options ------------------------------------------------------------------
@@ -614,19 +614,8 @@ def cann_version() -> str:
 
 
 def _cached_peaks(key: str, cache_dir: str | None, backend: NpuBackend) -> dict[str, float]:
-    path = Path(cache_dir or Path.home() / ".cache" / "tuner") / "npu_peaks.json"
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    if key not in cache:
-        cache[key] = measure_peaks(backend)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(cache, indent=1))
-        except OSError:
-            pass
-    return cache[key]
+    """Copy bandwidth and fp16 matmul rate of this NPU (see measured_peaks)."""
+    return measured_peaks("npu_peaks.json", key, cache_dir, lambda: measure_peaks(backend))
 
 
 def measure_peaks(backend: NpuBackend) -> dict[str, float]:
