@@ -169,16 +169,20 @@ class Evaluator:
             t.start()
 
     def close(self) -> None:
-        if self._reference_thread is not None:
-            self._reference_thread.join(timeout=max(600, self.settings.run_timeout_s) + 30)
+        reference = self._reference_thread
+        if reference is not None and not self._owns_workers:
+            # A sweep's workers: the next task must not share one with a reference still timed.
+            reference.join(timeout=max(600, self.settings.run_timeout_s) + 30)
         for t in self._warming:
             t.join(timeout=310)  # every worker is back in its queue before the queue is closed
         if not self._owns_workers:
             return
         for w in self.bench_workers:
-            w.close()
+            w.close()  # also ends a reference still being timed (a run stopped early, Ctrl-C)
         while not self._compilers.empty():
             self._compilers.get().close()
+        if reference is not None:
+            reference.join(timeout=30)
 
     # ---- one config --------------------------------------------------------------------
 

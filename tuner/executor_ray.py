@@ -744,9 +744,8 @@ class RayEvaluator(Evaluator):
         """The executor warms its compile processes when it places the device actors."""
 
     def close(self) -> None:
-        """The actors belong to the executor; an evaluator gives back only its home."""
-        if self._reference_thread is not None:
-            self._reference_thread.join(timeout=max(600, self.settings.run_timeout_s) + 150)
+        """The actors belong to the executor; an evaluator gives back only its home. A
+        reference still being timed (a run stopped early) is left to finish on its actor."""
         if self.home is not None:
             self.pool.leave(self.home)
             self.home = None
