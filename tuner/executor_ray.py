@@ -296,14 +296,18 @@ class DevicePool:
         actors = [self._new_actor(i) for i in range(n)]
         infos = [self._wait_ready(a, i) for i, a in enumerate(actors)]
         # Start each actor's benchmark Worker (a Python importing torch and the backend) now,
-        # all at once, rather than on the first request of the first task to reach it. The
-        # options are an evaluator's less the op (which requests carry), so it is reused.
+        # all at once, rather than on the first request of the first task to reach it, and
+        # have it measure its device's facts (ceilings: a second or two on a GPU, once per
+        # process), which every task asks for before its first candidate. The options are an
+        # evaluator's less the op (which requests carry), so the Worker is reused.
         warm = {"cache_dir": executor.settings.cache_dir}
-        for ref in [a.call.remote(warm, "warm", 300) for a in actors]:
-            try:
-                executor.ray.get(ref, timeout=360)
-            except Exception:  # noqa: BLE001 - not fatal: the first request starts it anyway
-                pass
+        steps = (("warm", 300), ("device_info", 600)) if self.resource else (("warm", 300),)
+        for method, timeout in steps:  # (cpu measures its ceilings at every run's start anyway)
+            for ref in [a.call.remote(warm, method, timeout) for a in actors]:
+                try:
+                    executor.ray.get(ref, timeout=timeout + 60)
+                except Exception:  # noqa: BLE001 - not fatal: the first request does it anyway
+                    pass
         for i, (a, info) in enumerate(zip(actors, infos)):
             slot = _Slot(i, a, info)
             self.slots.append(slot)
