@@ -184,7 +184,11 @@ class DeviceActor:
     def ready(self) -> dict[str, Any]:
         import ray
         ctx = ray.get_runtime_context()
-        return {"pid": os.getpid(), "node": ctx.get_node_id(),
+        # What the benchmark Worker will inherit (it sees only these devices): a check that
+        # two actors really time on two devices.
+        visible = {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")
+                   if k in os.environ}
+        return {"pid": os.getpid(), "node": ctx.get_node_id(), "visible": visible,
                 "accelerators": {k: list(v) for k, v in ctx.get_accelerator_ids().items() if v}}
 
     def call(self, options: dict, method: str, timeout: float, files: dict | None = None,
