@@ -47,6 +47,41 @@ TASKS = {  # backend -> (op, shape) list; dtype per backend below
 DTYPE = {"cuda": "bf16", "cpu": "fp32", "null": "fp32"}
 
 
+
+class GpuClocks:
+    """nvidia-smi sampling each GPU's SM clock and utilisation every 250 ms while a phase runs
+    (nothing where there is no nvidia-smi): whether the GPUs slowed down between requests."""
+
+    def __init__(self):
+        import subprocess
+        try:
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=index,clocks.sm,utilization.gpu", "--format=csv,noheader,nounits",
+                 "-lms", "250"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self.proc = None
+
+    def stop(self) -> dict:
+        if self.proc is None:
+            return {}
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=10)
+        per: dict[str, list[tuple[float, float]]] = {}
+        for line in out.splitlines():
+            try:
+                i, clock, util = (x.strip() for x in line.split(","))
+                per.setdefault(i, []).append((float(clock), float(util)))
+            except ValueError:
+                continue
+        summary = {}
+        for i, xs in sorted(per.items()):
+            clocks = sorted(c for c, _ in xs)
+            summary[f"gpu{i}"] = {"samples": len(xs), "sm_mhz_median": clocks[len(clocks) // 2],
+                                  "sm_mhz_min": clocks[0],
+                                  "below_1500mhz_pct": round(100 * sum(c < 1500 for c in clocks) / len(clocks), 1),
+                                  "util_pct_mean": round(sum(u for _, u in xs) / len(xs), 1)}
+        return summary
+
 def sweep_file(out: Path, backend: str, n: int, budget: int, concurrency: int | None = None) -> Path:
     tasks = TASKS[backend][:n]
     ops: dict[str, list[str]] = {}
@@ -113,12 +148,15 @@ def phase(name: str, plan_path: Path, out: Path, settings: Settings, parallel: i
                 threading.Thread(target=killer, daemon=True).start()
             t1, result["unix_start"] = time.monotonic(), time.time()
             cpu0 = time.process_time()
+            clocks = GpuClocks() if plan.backend == "cuda" else None
             stats0 = [ex.ray.get(s.actor.stats.remote(), timeout=30) for s in ex.pool(plan.backend).slots]
             summary = run_sweep(plan, settings, "ray", out=str(folder), view_enabled=True,
                                 ray_executor=ex, parallel=parallel)
             # CPU seconds of this process (the sweep's driver: searches, rendering, records,
             # Ray calls) per evaluation: near a second per wall second, the driver bounds it
             result["driver_cpu_s"] = round(time.process_time() - cpu0, 2)
+            if clocks is not None:
+                result["gpu_clocks"] = clocks.stop()
             pool = ex.pool(plan.backend)
             stats = []
             for i, s in enumerate(pool.slots):
