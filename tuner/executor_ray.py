@@ -38,7 +38,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import queue
 import threading
 import time
 from pathlib import Path
