@@ -295,3 +295,8 @@ def test_device_pool_keeps_a_task_at_home_and_lends_only_an_idle_device():
     pool.release(s0)
     waiters[1].join(timeout=5)
     assert got["for 0"].index == 0 and pool.away == 1 and pool.requests == 4
+    pool.release(got["for 0"])
+    pool.release(got["for 1"])
+    pool.slots.remove(pool.slots[0])  # actor 0 died and could not be placed again
+    assert pool.acquire("orphan", home=0).index == 1  # its tasks go on elsewhere
+    assert pool.home() == 1
