@@ -11,7 +11,7 @@ memory-bound ops, the cuBLAS bf16 rate for matmul and attention).
 over the same config list (serial compile, then do_bench per config), each with a cold cache.
 
     python bench/gpu_bench.py ops [--ops softmax,matmul] [--cases matmul:16x14336x4096] [--budget 40] [--out DIR]
-    python bench/gpu_bench.py autotune [--part autotune|grid|tpe] [--compile-workers N] [--out DIR]
+    python bench/gpu_bench.py autotune [--part autotune|grid|tpe|winners] [--compile-workers N] [--out DIR]
 
 Writes <out>/gpu_<what>.json (rows appended as they finish) and prints a markdown table.
 """
@@ -185,6 +185,9 @@ def cmd_autotune(args) -> None:
         result = {**json.loads(path.read_text()), **result}
     if args.part in ("all", "autotune"):
         _autotune_part(args, out, skeleton, spec, op, configs, ctx, result)
+    if args.part == "winners":
+        _winners_part(out, skeleton, op, configs, ctx, result)
+        return
     for label, sampler, budget in [("tuner_grid", "grid", len(configs)), ("tuner_tpe60", "tpe", 60)]:
         if args.part not in ("all", label.split("_")[1].rstrip("60")):
             continue
@@ -237,6 +240,46 @@ def _autotune_part(args, out, skeleton, spec, op, configs, ctx, result) -> None:
     (out / "gpu_autotune.json").write_text(json.dumps(result, indent=1))
 
 
+def _winners_part(out, skeleton, op, configs, ctx, result) -> None:
+    """The winners of the earlier parts (in this --out's report), each timed by both harnesses
+    on one GPU in one process, interleaved: the tuner's (CUDA events, L2 flushed, queued
+    repetitions) and triton.testing.do_bench. Tells a ranking that differs between @autotune
+    and the tuner apart from two GPUs, or two processes, that ran differently."""
+    import torch
+    import triton
+
+    from tuner.backends.cuda import CudaBackend
+    from tuner.backends.triton_source import load_module
+    named = {k[:-len("_best")]: v for k, v in result.items() if k.endswith("_best") and isinstance(v, dict)}
+    if not named:
+        raise SystemExit(f"no winners in {out / 'gpu_autotune.json'}: run the other parts with this --out first")
+    a, b = (x.cuda() for x in op.make_inputs(1))
+    c_out = torch.empty(4096, 4096, dtype=torch.bfloat16, device="cuda")
+    backend = CudaBackend(0, cache_dir=str(out / "cache"))
+    fns = {}
+    for label, want in named.items():
+        # autotune's winner names only the params it tuned; the list's config that agrees on them
+        config = next(c for c in configs if all(c.as_dict().get(k) == v for k, v in want.items()))
+        path = out / f"winner_{label}.py"
+        path.write_text(skeleton.render(config, ctx))
+        module = load_module(path, f"bench_winner_{label}")
+        fns[label] = (str(config), lambda m=module: m.launch(a, b, c_out))
+    ours: dict[str, list[float]] = {k: [] for k in fns}
+    theirs: dict[str, list[float]] = {k: [] for k in fns}
+    for _, fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    for _ in range(5):
+        for label, (_, fn) in fns.items():
+            ours[label] += backend.time_calls(fn, 100)
+            theirs[label].append(triton.testing.do_bench(fn, return_mode="median"))
+    result["winners_timed"] = {label: {"config": cfg, "tuner_ms": round(statistics.median(ours[label]) * 1e3, 4),
+                                       "do_bench_ms": round(statistics.median(theirs[label]), 4)}
+                               for label, (cfg, _) in fns.items()}
+    print(json.dumps(result["winners_timed"], indent=1), flush=True)
+    (out / "gpu_autotune.json").write_text(json.dumps(result, indent=1))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what", required=True)
@@ -250,8 +293,9 @@ def main() -> None:
     o.set_defaults(fn=cmd_ops)
     a = sub.add_parser("autotune")
     a.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
-    a.add_argument("--part", default="all", choices=["all", "autotune", "grid", "tpe"],
-                   help="run one part (each within a command's time limit); parts add to one report")
+    a.add_argument("--part", default="all", choices=["all", "autotune", "grid", "tpe", "winners"],
+                   help="run one part (each within a command's time limit); parts add to one report; "
+                        "winners: the earlier parts' winners timed by both harnesses on one GPU")
     a.set_defaults(fn=cmd_autotune)
     for sp in (o, a):
         sp.add_argument("--compile-workers", type=int, help="compile processes (default: CPUs - 1)")
