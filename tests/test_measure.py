@@ -184,3 +184,52 @@ def test_a_shape_that_does_not_fit_the_device_says_pick_a_smaller_shape(fast_set
     spec = builtin_spec("softmax", "8x64", "fp32")
     with __import__("pytest").raises(MemoryError, match="do not fit the device's memory .*pick a smaller shape"):
         measure.time_reference(FullDevice(), spec, fast_settings)
+
+
+def test_cpu_ceilings_are_measured_at_every_run_and_the_highest_is_kept(tmp_path, monkeypatch):
+    """The host is shared with everything else: each run measures again (no GPU or NPU
+    process to measure once in), and the cache keeps each figure's highest rate."""
+    import json
+
+    from tuner.backends import cpu
+    rates = iter([{"copy_gbps": 20.0, "fp32_gflops": 90.0}, {"copy_gbps": 30.0, "fp32_gflops": 80.0}])
+    calls = []
+    monkeypatch.setattr(cpu, "measure_peaks", lambda: calls.append(1) or next(rates))
+    assert cpu._cached_peaks("EPYC", 2, str(tmp_path)) == {"copy_gbps": 20.0, "fp32_gflops": 90.0}
+    assert cpu._cached_peaks("EPYC", 2, str(tmp_path)) == {"copy_gbps": 30.0, "fp32_gflops": 90.0}
+    assert len(calls) == 2
+    assert json.loads((tmp_path / "cpu_peaks.json").read_text())["EPYC|2"] == {"copy_gbps": 30.0, "fp32_gflops": 90.0}
+
+
+def test_each_measurement_counts_where_its_time_went(fast_settings, monkeypatch):
+    """The breakdown a sweep's device actors report (load / verify / time): a candidate that
+    fails its check adds to the verifying share only; one that passes, to both."""
+    import time as _time
+
+    class TimedHost(HostBackend):
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def load(self, artifact, op):
+            return self.kernel
+
+        def time_call(self, fn):
+            t0 = _time.perf_counter()
+            fn()
+            return _time.perf_counter() - t0
+
+        def time_calls(self, fn, n):
+            return [self.time_call(fn) for _ in range(n)]
+
+    monkeypatch.setattr(measure, "TIMES", {k: 0 for k in measure.TIMES})
+    spec = builtin_spec("softmax", "16x64", "fp32")
+    wrong = measure.measure(TimedHost(lambda x, y: y.zero_()), "-", spec, fast_settings)
+    assert wrong.status.value == "WRONG_RESULT"
+    after_wrong = dict(measure.TIMES)
+    assert after_wrong["measures"] == 1 and after_wrong["check_s"] > 0
+    assert after_wrong["bench_s"] == 0 and after_wrong["reps"] == 0
+    ok = measure.measure(TimedHost(softmax_kernel), "-", spec, fast_settings)
+    assert ok.status.value == "OK"
+    t = measure.TIMES
+    assert t["measures"] == 2 and t["check_s"] > after_wrong["check_s"]
+    assert t["bench_s"] > 0 and t["reps"] == len(ok.samples)

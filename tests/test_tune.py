@@ -231,16 +231,22 @@ def _slow_reference_evaluator(delay_s: float, fail: BaseException | None = None)
     return SlowReference
 
 
-def test_first_compiles_overlap_the_reference_and_no_candidate_is_timed_beside_it(tmp_path, monkeypatch):
+def _null_run(tmp_path, monkeypatch):
+    """(settings, store) of a fresh null-backend run with two compile workers."""
     from tuner.ops import builtin_spec
     from tuner.settings import Settings
     from tuner.skeleton import load_skeleton
-    from tuner.tune import create_run, execute
+    from tuner.tune import create_run
     fast_env(monkeypatch, tmp_path)
     settings = Settings.from_env(runs_dir=str(tmp_path / "runs"), compile_workers=2)
     skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
-    store = create_run(settings, builtin_spec("softmax", "64x512", "fp32"), "null", skeleton,
-                       sampler="random", seed=1)
+    return settings, create_run(settings, builtin_spec("softmax", "64x512", "fp32"), "null", skeleton,
+                                sampler="random", seed=1)
+
+
+def test_first_compiles_overlap_the_reference_and_no_candidate_is_timed_beside_it(tmp_path, monkeypatch):
+    from tuner.tune import execute
+    settings, store = _null_run(tmp_path, monkeypatch)
     make = _slow_reference_evaluator(2.0)
     summary = execute(store, settings, 6, parallel=2, make_evaluator=make)
     events = make.events
@@ -255,15 +261,8 @@ def test_first_compiles_overlap_the_reference_and_no_candidate_is_timed_beside_i
 
 
 def test_a_reference_that_fails_in_the_background_fails_the_run_before_any_measurement(tmp_path, monkeypatch):
-    from tuner.ops import builtin_spec
-    from tuner.settings import Settings
-    from tuner.skeleton import load_skeleton
-    from tuner.tune import create_run, execute
-    fast_env(monkeypatch, tmp_path)
-    settings = Settings.from_env(runs_dir=str(tmp_path / "runs"), compile_workers=2)
-    skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
-    store = create_run(settings, builtin_spec("softmax", "64x512", "fp32"), "null", skeleton,
-                       sampler="random", seed=1)
+    from tuner.tune import execute
+    settings, store = _null_run(tmp_path, monkeypatch)
     make = _slow_reference_evaluator(0.5, MemoryError("inputs do not fit; pick a smaller shape"))
     with pytest.raises(MemoryError, match="pick a smaller shape"):
         execute(store, settings, 6, parallel=2, make_evaluator=make)

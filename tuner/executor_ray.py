@@ -177,6 +177,7 @@ class DeviceActor:
         self.key = ""
         self.served_s = 0.0  # seconds inside requests, as this actor sees them (see stats)
         self.calls = 0
+        self.serving = 0  # requests in hand (the actor takes two at once; its Worker one)
         if log_path:
             Path(log_path).parent.mkdir(parents=True, exist_ok=True)
 
@@ -203,6 +204,7 @@ class DeviceActor:
                                  self.limit_memory)
             self.key = key
         t0 = time.monotonic()
+        self.serving += 1
         try:
             for a in [kwargs.get("artifact"), *(kwargs.get("artifacts") or ())]:
                 _materialize(a, (files or {}).get(a))
@@ -214,13 +216,15 @@ class DeviceActor:
         finally:
             self.served_s += time.monotonic() - t0
             self.calls += 1
+            self.serving -= 1
 
     def stats(self) -> dict[str, float]:
         """Seconds spent serving requests here, and how many: set beside the driver's own
         count (request sent to answer received), the difference is time in Ray and the driver."""
         out: dict[str, float] = {"served_s": self.served_s, "calls": self.calls}
-        if self.worker is not None and self.worker.proc is not None:
-            try:  # where its benchmark Worker's measurements spent their time
+        if self.worker is not None and self.worker.proc is not None and not self.serving:
+            try:  # where its benchmark Worker's measurements spent their time (when it is idle:
+                # a Worker answers one caller at a time)
                 out.update(self.worker.call("stats", timeout=30))
             except (WorkerFailure, WorkerError):
                 pass

@@ -255,6 +255,7 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
         t1 = time.perf_counter()
         TIMES["load_s"] += t1 - t0
     max_abs = max_rel = 0.0
+    t2 = None  # when timing began
     try:
         for seed, ref in _rng.sample(_pooled(op, backend), 2):
             why, a, r = check(backend, kernel, op, seed, ref)
@@ -264,13 +265,15 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
                                    detail=f"{why} (input seed {seed})")
         args = _timing_args(backend, op)
         t2 = time.perf_counter()
-        TIMES["check_s"] += t2 - t1
         samples, stopped = bench(backend, lambda: backend.launch(kernel, args), settings, best_s)
-        TIMES["bench_s"] += time.perf_counter() - t2
         TIMES["reps"] += len(samples)
     except Exception as e:  # a candidate that raises at run time (e.g. a Triton launch error)
         tb = traceback.format_exception_only(type(e), e)
         return Measurement(Status.RUNTIME_ERROR, detail="".join(tb).strip()[:2000])
+    finally:
+        t3 = time.perf_counter()
+        TIMES["check_s"] += (t2 or t3) - t1
+        TIMES["bench_s"] += t3 - t2 if t2 is not None else 0.0
     detail = f"stopped early: slower than {settings.early_stop_factor:g}x the best" if stopped else ""
     median = max(statistics.median(samples), 1e-12)  # 0 s is suspect, not a division by zero
     if reference_s and median * settings.suspect_speedup < reference_s:

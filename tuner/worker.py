@@ -84,10 +84,10 @@ def _recv(fd: int, deadline: float | None = None) -> Any:
     return pickle.loads(body)
 
 
-# Compile workers run at a lower priority than the rest of the tool. When compiles fill every
+# Compile workers run at a lower priority than the rest of the tool: when compiles fill every
 # core, the processes that time candidates (and the search's own threads) still get a CPU at
-# once: a timing process waiting for a core stretched each measurement on a GPU by ~20 % when
-# two GPUs' compiles filled a 32-core host. Unprivileged processes can lower their priority.
+# once, so a timing is never stretched by a compile. (On a 32-core, two-GPU sweep it changed no
+# figure measurably; the compiles there rarely filled the cores. bench/RESULTS.md, Ray, E.)
 COMPILE_NICE = 10
 
 

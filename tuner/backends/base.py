@@ -126,18 +126,19 @@ _MEASURED: dict[tuple[str, str], dict[str, float]] = {}  # (cache file, device k
 
 
 def measured_peaks(file: str, key: str, cache_dir: str | None,
-                   measure: Callable[[], dict[str, float]]) -> dict[str, float]:
-    """An accelerator's ceilings (copy bandwidth, matmul rate), measured once per process (a
-    run's benchmark worker, a sweep's device actor), not once for ever: a ceiling measured
-    while another job shared the device is too low and would stay so. `file` under the cache
-    folder keeps the highest rate seen for each figure and device, since load only lowers them."""
+                   measure: Callable[[], dict[str, float]], every_call: bool = False) -> dict[str, float]:
+    """A device's ceilings (copy bandwidth, matmul rate), measured once per process (a run's
+    benchmark worker, a sweep's device actor; `every_call`: at each call), not once for ever:
+    a ceiling measured while another job shared the device is too low and would stay so.
+    `file` under the cache folder keeps the highest rate seen for each figure and device,
+    since load only lowers them."""
     path = Path(cache_dir or Path.home() / ".cache" / "tuner") / file
     try:
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
         cache = {}
     old = cache.get(key) if isinstance(cache.get(key), dict) else {}
-    if (file, key) not in _MEASURED:
+    if every_call or (file, key) not in _MEASURED:
         _MEASURED[(file, key)] = measure()
         cache[key] = {k: max(v, float(old.get(k) or 0.0)) for k, v in _MEASURED[(file, key)].items()}
         try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import os
 import platform
 import re
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..values import Build, DeviceInfo, Status
-from .base import Backend, BackendUnavailable
+from .base import Backend, BackendUnavailable, measured_peaks
 
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC"]
 CTYPES = {"fp32": "float", "fp64": "double"}
@@ -154,21 +153,7 @@ def _cached_peaks(name: str, cores: int, cache_dir: str | None) -> dict[str, flo
     machine was busy is too low, and a cached one would stay too low (a kernel then shows
     140 % of "copy bandwidth"): each run measures again (~0.5 s) and the cache keeps the
     highest rate seen for each figure, since load only ever lowers them."""
-    path = Path(cache_dir or Path.home() / ".cache" / "tuner") / "cpu_peaks.json"
-    key = f"{name}|{cores}"
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    old = cache.get(key) if isinstance(cache.get(key), dict) else {}
-    fresh = measure_peaks()
-    cache[key] = {k: max(v, float(old.get(k) or 0.0)) for k, v in fresh.items()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(cache, indent=1))
-    except OSError:
-        pass  # an unwritable cache only loses the highest rate seen
-    return cache[key]
+    return measured_peaks("cpu_peaks.json", f"{name}|{cores}", cache_dir, measure_peaks, every_call=True)
 
 
 def measure_peaks() -> dict[str, float]:
