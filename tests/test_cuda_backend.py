@@ -115,6 +115,33 @@ def test_the_benchmark_worker_reuses_the_compile_pools_cubins(fast_settings, tmp
 
 
 @pytest.mark.cuda
+def test_a_second_run_launches_with_the_first_runs_launcher(fast_settings, tmp_path):
+    """Triton's per-signature launcher (a C build at a kernel's first launch) is built once per
+    machine, not once per run: the second run's cache gets it from the shared folder."""
+    from tuner.evaluate import Evaluator
+    from tuner.ops import builtin_spec
+    from tuner.skeleton import library_skeleton
+    spec, skeleton = builtin_spec("softmax", "1024x4096", "bf16"), library_skeleton("softmax", "triton")
+    caches = []
+    for run, n in (("run1", 2), ("run2", 1)):
+        ev = Evaluator("cuda", spec, skeleton, fast_settings, tmp_path / run)
+        try:
+            ev.start()
+            configs = [c for c in ev.skeleton.space.configs() if ev.check(c) is None][:n]
+            for i, config in enumerate(configs):
+                build = ev.compile(ev.skeleton.render(config, ev.context), f"c{i}")
+                assert build.status is Status.OK, build.error
+                assert ev.measure(build).status is Status.OK
+                caches.append(Path(build.artifact).parent.parent / "triton_cache")
+        finally:
+            ev.close()
+    shared = Path(fast_settings.cache_dir) / "triton_launchers"
+    launchers = {p.name for p in shared.iterdir()}
+    assert launchers, "the first run's launcher was not kept"
+    assert launchers <= {p.name for p in caches[-1].iterdir()}
+
+
+@pytest.mark.cuda
 def test_tune_softmax_end_to_end(fast_settings):
     from tuner.ops import builtin_spec
     from tuner.skeleton import library_skeleton
@@ -160,3 +187,33 @@ def test_warm_up_compiles_a_kernel_for_the_target_and_leaves_the_cache_setting_a
     assert kernels and kernels[0].asm.get("cubin")
     import os
     assert os.environ["TRITON_CACHE_DIR"] == "/somewhere/else"
+
+
+def test_launchers_built_by_one_run_are_found_by_the_next(tmp_path):
+    from tuner.backends.cuda import _share_launchers
+    shared = tmp_path / "shared"
+    run1, run2 = tmp_path / "run1" / "triton_cache", tmp_path / "run2" / "triton_cache"
+    for name, files in {"kernelA": ["k.cubin", "k.json"], "launch1": ["__triton_launcher.so"],
+                        "being_written": []}.items():
+        (run1 / name).mkdir(parents=True)
+        for f in files:
+            (run1 / name / f).write_text(name)
+    run2.mkdir(parents=True)
+    seen: dict = {}
+    _share_launchers(run1, shared, seen.setdefault(str(run1), set()))
+    assert sorted(p.name for p in shared.iterdir()) == ["launch1"]  # a launcher, not a kernel
+    # The folder still being written is looked at again: it turns out to hold a launcher.
+    (run1 / "being_written" / "__triton_launcher.so").write_text("late")
+    _share_launchers(run1, shared, seen[str(run1)])
+    assert sorted(p.name for p in shared.iterdir()) == ["being_written", "launch1"]
+    # Another run (the same Worker) gets both, under the names Triton looks them up by.
+    _share_launchers(run2, shared, seen.setdefault(str(run2), set()))
+    assert sorted(p.name for p in run2.iterdir()) == ["being_written", "launch1"]
+    assert (run2 / "launch1" / "__triton_launcher.so").read_text() == "launch1"
+    # A run's own folder of that name is left alone.
+    run3 = tmp_path / "run3"
+    (run3 / "launch1").mkdir(parents=True)
+    (run3 / "launch1" / "__triton_launcher.so").write_text("its own")
+    _share_launchers(run3, shared, set())
+    assert (run3 / "launch1" / "__triton_launcher.so").read_text() == "its own"
+    assert not [p for p in run2.iterdir() if p.name.startswith(".")]  # no copies left half-done
