@@ -202,6 +202,13 @@ def cmd_autotune(args) -> None:
         result[f"{label}_best_ms"] = round(s["best"]["median_s"] * 1e3, 4) if s["best"] else None
         result[f"{label}_best"] = s["best"]["config"] if s["best"] else None
         result[f"{label}_failures"] = {k: v["count"] for k, v in s["failures"].items()}
+        result[f"{label}_timeline"] = s.get("timeline", {})
+        # compile seconds over the compile processes: near the wall time, compiling bounds it
+        compiles = sorted(r.build.compile_s for r in store.records() if r.build.compile_s)
+        if compiles:
+            result[f"{label}_compile_s"] = {"sum_per_worker": round(sum(compiles) / COMPILE_WORKERS, 1),
+                                            "median": round(compiles[len(compiles) // 2], 2),
+                                            "max": round(compiles[-1], 2)}
         if "autotune_wall_s" in result:
             result[f"{label}_speedup_vs_autotune"] = round(result["autotune_wall_s"] / result[f"{label}_wall_s"], 2)
         print(json.dumps(result), flush=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -82,6 +83,82 @@ class GpuClocks:
                                   "util_pct_mean": round(sum(u for _, u in xs) / len(xs), 1)}
         return summary
 
+class LoadSampler:
+    """What the sweep was waiting on, sampled every 100 ms while a phase runs: idle device
+    actors, requests waiting for a device, compiles in flight; and the host's load and CPU
+    clock every second. Idle actors with no request waiting and many compiles in flight mean
+    the compiles do not keep the devices fed; with few compiles in flight, the searches do not."""
+
+    def __init__(self, ex, backend: str):
+        self.ex, self.pool, self.samples, self.host, self.threads = ex, ex.pool(backend), [], [], []
+        self.stop_flag = threading.Event()
+        self.t0 = time.monotonic()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        last_host = 0.0
+        while not self.stop_flag.wait(0.1):
+            now = time.monotonic() - self.t0
+            with self.pool.lock:
+                free = len([s for s in self.pool.free if s in self.pool.slots])
+                waiting = sum(self.pool.waiting.values())
+                n = len(self.pool.slots)
+            self.samples.append((now, free, n, waiting, self.ex.compiling))
+            if now - last_host >= 1.0:
+                last_host = now
+                try:
+                    load = float(Path("/proc/loadavg").read_text().split()[0])
+                    mhz = [float(ln.split(":")[1]) for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                           if ln.startswith("cpu MHz")]
+                    self.host.append((load, sum(mhz) / len(mhz) if mhz else 0.0))
+                except (OSError, ValueError, IndexError):
+                    pass
+                self._threads()
+
+    def _threads(self):
+        """Runnable (R) and waiting-on-I/O (D) threads by command name: what the load is."""
+        import subprocess
+        try:
+            out = subprocess.run(["ps", "-eLo", "stat=,comm="], capture_output=True, text=True, timeout=5).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        counts: dict[str, int] = {}
+        for line in out.splitlines():
+            parts = line.split(None, 1)
+            if len(parts) == 2 and parts[0][0] in "RD":
+                key = f"{parts[0][0]} {parts[1].strip()}"
+                counts[key] = counts.get(key, 0) + 1
+        self.threads.append(counts)
+
+    def stop(self) -> dict:
+        self.stop_flag.set()
+        self.thread.join()
+        xs = self.samples
+        if not xs:
+            return {}
+        end = xs[-1][0]
+        fifths = []
+        for k in range(5):
+            part = [x for x in xs if k * end / 5 <= x[0] < (k + 1) * end / 5 or (k == 4 and x[0] == end)]
+            fifths.append(round(100 * sum(f / max(n, 1) for _, f, n, _, _ in part) / max(len(part), 1), 1))
+        idle = [x for x in xs if x[1] > 0]
+        med = lambda v: sorted(v)[len(v) // 2] if v else None  # noqa: E731
+        return {"idle_actor_pct_by_fifth": fifths,
+                "idle_actor_pct": round(100 * sum(f / max(n, 1) for _, f, n, _, _ in xs) / len(xs), 1),
+                "compiling_mean": round(sum(x[4] for x in xs) / len(xs), 1),
+                "device_waiting_mean": round(sum(x[3] for x in xs) / len(xs), 1),
+                "while_idle": {"share_pct": round(100 * len(idle) / len(xs), 1),
+                               "compiling_mean": round(sum(x[4] for x in idle) / max(len(idle), 1), 1),
+                               "no_request_waiting_pct": round(100 * sum(x[3] == 0 for x in idle) / max(len(idle), 1), 1)},
+                "host_load_median": med([h[0] for h in self.host]),
+                "threads_mean": dict(sorted(
+                    ((k, round(sum(c.get(k, 0) for c in self.threads) / len(self.threads), 1))
+                     for k in {k for c in self.threads for k in c}), key=lambda kv: -kv[1])[:12])
+                if self.threads else {},
+                "cpu_mhz_median": round(med([h[1] for h in self.host]) or 0)}
+
+
 def sweep_file(out: Path, backend: str, n: int, budget: int, concurrency: int | None = None) -> Path:
     tasks = TASKS[backend][:n]
     ops: dict[str, list[str]] = {}
@@ -111,6 +188,9 @@ def all_lines(folder: Path) -> dict[str, list[str]]:
 def phase(name: str, plan_path: Path, out: Path, settings: Settings, parallel: int | None) -> dict:
     plan = load_plan(plan_path)
     folder = out / name
+    # Each phase as on a machine that never ran a sweep: the launchers Triton builds per kernel
+    # signature (kept per machine, see tuner.backends.cuda) are built again in each.
+    shutil.rmtree(Path(settings.cache_dir) / "triton_launchers", ignore_errors=True)
     result: dict = {"phase": name}
     t0, t0_unix = time.monotonic(), time.time()
     if name == "local":
@@ -149,6 +229,7 @@ def phase(name: str, plan_path: Path, out: Path, settings: Settings, parallel: i
             t1, result["unix_start"] = time.monotonic(), time.time()
             cpu0 = time.process_time()
             clocks = GpuClocks() if plan.backend == "cuda" else None
+            load = LoadSampler(ex, plan.backend)
             stats0 = [ex.ray.get(s.actor.stats.remote(), timeout=30) for s in ex.pool(plan.backend).slots]
             summary = run_sweep(plan, settings, "ray", out=str(folder), view_enabled=True,
                                 ray_executor=ex, parallel=parallel)
@@ -157,6 +238,7 @@ def phase(name: str, plan_path: Path, out: Path, settings: Settings, parallel: i
             result["driver_cpu_s"] = round(time.process_time() - cpu0, 2)
             if clocks is not None:
                 result["gpu_clocks"] = clocks.stop()
+            result["load"] = load.stop()
             pool = ex.pool(plan.backend)
             stats = []
             for i, s in enumerate(pool.slots):

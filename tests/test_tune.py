@@ -292,3 +292,32 @@ def test_compile_workers_run_below_the_timing_workers_priority(fast_settings, tm
         assert compilers and all(n > timer for n in compilers), (compilers, timer)
     finally:
         ev.close()
+
+
+def test_compile_workers_are_single_threaded_and_share_tritons_cache_key(fast_settings, tmp_path, monkeypatch):
+    """Thread pools in every compile process starved the timing process of CPUs. MLIR's
+    switch is in Triton's cache key: the timing process gets it too, or it compiles again.
+    The timing process keeps the user's OpenMP threads (the cpu backend's kernels use them)."""
+    from tuner.evaluate import Evaluator
+    from tuner.ops import builtin_spec
+    from tuner.skeleton import load_skeleton
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
+    ev = Evaluator("null", builtin_spec("softmax", "64x512", "fp32"), skeleton, fast_settings, tmp_path / "run")
+    try:
+        ev.warm_up()
+        ev.start()
+        for t in ev._warming:
+            t.join(timeout=60)
+
+        def env(proc) -> dict:
+            raw = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+            return dict(x.decode().split("=", 1) for x in raw if b"=" in x)
+        compilers = [env(w.proc) for w in ev._compilers.queue]
+        timer = env(ev.bench_worker.proc)
+        assert compilers
+        for e in compilers:
+            assert (e.get("OMP_NUM_THREADS"), e.get("MLIR_DISABLE_MULTITHREADING")) == ("1", "1")
+        assert (timer.get("OMP_NUM_THREADS"), timer.get("MLIR_DISABLE_MULTITHREADING")) == ("3", "1")
+    finally:
+        ev.close()

@@ -56,7 +56,7 @@ _PKG_ROOT = str(Path(__file__).resolve().parent.parent)
 # Variables Ray sets in its worker processes that would change what a candidate sees: Ray
 # forces OMP_NUM_THREADS=1 in workers holding less than one CPU, which would make the torch
 # reference single-threaded on the cpu backend. Workers get the driver's values instead.
-_DRIVER_ENV = ("OMP_NUM_THREADS",)
+_DRIVER_ENV = ("OMP_NUM_THREADS", "TUNER_PROFILE")
 
 
 class RayUnavailable(BackendUnavailable):
@@ -221,7 +221,15 @@ class DeviceActor:
     def stats(self) -> dict[str, float]:
         """Seconds spent serving requests here, and how many: set beside the driver's own
         count (request sent to answer received), the difference is time in Ray and the driver."""
-        out: dict[str, float] = {"served_s": self.served_s, "calls": self.calls}
+        out: dict[str, float] = {"served_s": self.served_s, "calls": self.calls,
+                                 "actor_cpu_s": time.process_time()}
+        pid = self.worker_pid()
+        if pid is not None:  # CPU seconds of the benchmark Worker: near served_s, the host's
+            try:  # side (launches, Python) bounds the measurements, not the device
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                out["worker_cpu_s"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            except (OSError, ValueError, IndexError):
+                pass  # not Linux, or it just ended
         if self.worker is not None and self.worker.proc is not None and not self.serving:
             try:  # where its benchmark Worker's measurements spent their time (when it is idle:
                 # a Worker answers one caller at a time)
@@ -454,6 +462,8 @@ class RayExecutor:
         if self.resources().get("CPU", 0) < 1:
             raise RayUnavailable(f"the Ray cluster has no CPU for compile tasks: {self.resources()}")
         self.retries = 0  # configs retried after a process died under them, over all evaluators
+        self.compiling = 0  # compile tasks sent and not yet answered (a progress and load figure)
+        self._count_lock = threading.Lock()
         self.worker_env = {k: os.environ.get(k) for k in _DRIVER_ENV}
         self._pools: dict[str, DevicePool] = {}
         self._pool_lock = threading.Lock()
@@ -647,10 +657,12 @@ class RayEvaluator(Evaluator):
             self.executor.retries += 1
 
     def _compile_once(self, source: str, workdir: str):
-        ray = self.ray
-        refs = self.executor.compile_remote().remote(
-            self.backend_name, self.options, self.settings, self.executor.log_path,
-            self.executor.worker_env, source, workdir, self.backend.limit_memory)
+        ray, ex = self.ray, self.executor
+        refs = ex.compile_remote().remote(
+            self.backend_name, self.options, self.settings, ex.log_path,
+            ex.worker_env, source, workdir, self.backend.limit_memory)
+        with ex._count_lock:
+            ex.compiling += 1
         try:
             return ray.get(refs[0], timeout=self.settings.compile_timeout_s + 120), [refs[1]]
         except ray.exceptions.GetTimeoutError:
@@ -660,6 +672,9 @@ class RayEvaluator(Evaluator):
             return ("died", f"compile process died ({type(e).__name__})"), None
         except ray.exceptions.RayTaskError as e:
             raise WorkerError(str(e)) from None
+        finally:
+            with ex._count_lock:
+                ex.compiling -= 1
 
     def _device_call(self, method: str, timeout: float, what: str, **kwargs):
         """One request on a free device actor. Returns ("ok", value) | ("failure", kind, reason)

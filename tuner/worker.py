@@ -108,7 +108,7 @@ class Worker:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tuner.worker"], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=log, env=scrubbed_env(), start_new_session=True)
+                stdout=subprocess.PIPE, stderr=log, env=self._env(), start_new_session=True)
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()
@@ -117,6 +117,19 @@ class Worker:
         _send(self.proc.stdin.fileno(), ("init", {
             "backend": self.backend, "device": self.device, "options": self.options,
             "memory_bytes": mem, "cpu_s": cpu, "nice": self.nice}))
+
+    def _env(self) -> dict[str, str]:
+        env = scrubbed_env()
+        # One thread per compile process: with MLIR's pass-manager threads and OpenMP's on, 32
+        # compile processes kept ~90 threads runnable on 32 cores, and every timing process
+        # waited for a CPU (a two-GPU sweep: 26.7 -> 20.8 s, verification 41 -> 27 ms per
+        # candidate; bench/RESULTS.md, Ray, fifth run). MLIR's switch is part of Triton's
+        # cache key, so the timing processes (which look the compiled kernels up) get it too;
+        # they compile nothing themselves.
+        env["MLIR_DISABLE_MULTITHREADING"] = "1"
+        if self.nice:
+            env["OMP_NUM_THREADS"] = "1"
+        return env
 
     def call(self, method: str, timeout: float | None, **kwargs) -> Any:
         if self.proc is None or self.proc.poll() is not None:
@@ -208,6 +221,16 @@ def _cpu_budget(cpu_s: int) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (spent + cpu_s, resource.RLIM_INFINITY))
 
 
+def _dump_profile(prof, folder: str) -> None:
+    if not prof.getstats():
+        return  # nothing measured here yet
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        prof.dump_stats(str(Path(folder) / f"worker-{os.getpid()}.prof"))
+    except OSError:
+        pass  # a diagnostic: never the run's failure
+
+
 def main() -> None:
     # Keep the protocol's pipes private; anything the kernel prints goes to stderr (the log).
     out_fd = os.dup(1)
@@ -225,6 +248,14 @@ def main() -> None:
         os.nice(init["nice"])  # the compilers it starts (ptxas, cc) inherit it
     from . import measure as m
     from .backends import get_backend
+    # TUNER_PROFILE=<folder>: a benchmark Worker profiles its device requests and writes the
+    # profile there at each "stats" request and at exit (a diagnostic: where a measurement's
+    # time goes inside a sweep; `python -m pstats <file>` reads it).
+    profile_dir = os.environ.get("TUNER_PROFILE") if not init.get("nice") else None
+    prof = None
+    if profile_dir:
+        import cProfile
+        prof = cProfile.Profile()
     try:
         backend = get_backend(init["backend"], init["device"], **init["options"])
     except Exception:
@@ -235,6 +266,8 @@ def main() -> None:
         try:
             method, kw = _recv(in_fd)
         except EOFError:
+            if prof is not None:
+                _dump_profile(prof, profile_dir)
             return
         # Candidate code runs in these requests; the tool's own (device facts) gets an hour.
         _cpu_budget(init["cpu_s"] if method in ("compile", "measure", "recheck", "time_many") else 3600)
@@ -246,8 +279,14 @@ def main() -> None:
                     backend.for_op(kw["op"])
                 value = backend.compile(kw["source"], kw["workdir"], kw["timeout_s"])
             elif method == "measure":
-                value = m.measure(backend, kw["artifact"], kw["spec"], kw["settings"],
-                                  kw.get("best_s"), kw.get("reference_s"))
+                if prof is not None:
+                    prof.enable()
+                try:
+                    value = m.measure(backend, kw["artifact"], kw["spec"], kw["settings"],
+                                      kw.get("best_s"), kw.get("reference_s"))
+                finally:
+                    if prof is not None:
+                        prof.disable()
             elif method == "device_info":
                 value = backend.device_info()
             elif method == "time_reference":
@@ -258,6 +297,8 @@ def main() -> None:
                 value = m.time_many(backend, kw["artifacts"], kw["spec"], kw["settings"])
             elif method == "stats":
                 value = dict(m.TIMES)
+                if prof is not None:
+                    _dump_profile(prof, profile_dir)
             elif method == "ping":
                 value = os.getpid()
             elif method == "warm":
