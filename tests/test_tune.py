@@ -321,3 +321,23 @@ def test_compile_workers_are_single_threaded_and_share_tritons_cache_key(fast_se
         assert (timer.get("OMP_NUM_THREADS"), timer.get("MLIR_DISABLE_MULTITHREADING")) == ("3", "1")
     finally:
         ev.close()
+
+
+def test_tuner_profile_writes_the_benchmark_workers_profile(fast_settings, tmp_path, monkeypatch):
+    import pstats
+
+    from tuner.evaluate import Evaluator
+    from tuner.ops import builtin_spec
+    from tuner.skeleton import load_skeleton
+    monkeypatch.setenv("TUNER_PROFILE", str(tmp_path / "prof"))
+    skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
+    ev = Evaluator("null", builtin_spec("softmax", "64x512", "fp32"), skeleton, fast_settings, tmp_path / "run")
+    try:
+        ev.start()
+        assert ev.evaluate(skeleton.space.default_config()).status is Status.OK
+    finally:
+        ev.close()
+    files = list((tmp_path / "prof").glob("worker-*.prof"))
+    assert len(files) == 1  # the benchmark worker's; compile workers are not profiled
+    names = {fn for _, _, fn in pstats.Stats(str(files[0])).stats}
+    assert "measure" in names

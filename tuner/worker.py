@@ -248,9 +248,9 @@ def main() -> None:
         os.nice(init["nice"])  # the compilers it starts (ptxas, cc) inherit it
     from . import measure as m
     from .backends import get_backend
-    # TUNER_PROFILE=<folder>: a benchmark Worker profiles its device requests and writes the
-    # profile there at each "stats" request and at exit (a diagnostic: where a measurement's
-    # time goes inside a sweep; `python -m pstats <file>` reads it).
+    # TUNER_PROFILE=<folder>: a benchmark Worker profiles its measurements and writes the
+    # profile there after each (a diagnostic: where a measurement's time goes inside a run or
+    # a sweep; `python -m pstats <file>` reads it). Workers are killed, not asked to exit.
     profile_dir = os.environ.get("TUNER_PROFILE") if not init.get("nice") else None
     prof = None
     if profile_dir:
@@ -266,8 +266,6 @@ def main() -> None:
         try:
             method, kw = _recv(in_fd)
         except EOFError:
-            if prof is not None:
-                _dump_profile(prof, profile_dir)
             return
         # Candidate code runs in these requests; the tool's own (device facts) gets an hour.
         _cpu_budget(init["cpu_s"] if method in ("compile", "measure", "recheck", "time_many") else 3600)
@@ -287,6 +285,7 @@ def main() -> None:
                 finally:
                     if prof is not None:
                         prof.disable()
+                        _dump_profile(prof, profile_dir)
             elif method == "device_info":
                 value = backend.device_info()
             elif method == "time_reference":
@@ -297,8 +296,6 @@ def main() -> None:
                 value = m.time_many(backend, kw["artifacts"], kw["spec"], kw["settings"])
             elif method == "stats":
                 value = dict(m.TIMES)
-                if prof is not None:
-                    _dump_profile(prof, profile_dir)
             elif method == "ping":
                 value = os.getpid()
             elif method == "warm":
