@@ -341,3 +341,32 @@ def test_tuner_profile_writes_the_benchmark_workers_profile(fast_settings, tmp_p
     assert len(files) == 1  # the benchmark worker's; compile workers are not profiled
     names = {fn for _, _, fn in pstats.Stats(str(files[0])).stats}
     assert "measure" in names
+
+
+def test_a_skeleton_broken_for_every_config_stops_the_search_and_says_so(tmp_path, monkeypatch, capsys):
+    fast_env(monkeypatch, tmp_path)
+    broken = tmp_path / "broken.txt.j2"
+    broken.write_text((FIXTURES / "null/landscape.txt.j2").read_text() + "\n{{ NO_SUCH_PARAM * 2 }}\n")
+    runs = tmp_path / "runs"
+    assert main(["tune", "softmax", "--shape", "256x512", "--backend", "null", "--template", str(broken),
+                 "--space", str(FIXTURES / "null/landscape.yaml"), "--budget", "40", "--runs-dir", str(runs)]) == 0
+    summary = json.loads((only_run(runs) / "summary.json").read_text())
+    from tuner.tune import SAME_FAILURE_STOP
+    assert SAME_FAILURE_STOP <= summary["evaluations"] < 40
+    assert "NO_SUCH_PARAM" in summary["search_stopped"] and "skeleton is broken" in summary["search_stopped"]
+    assert "stopped early" in capsys.readouterr().out
+
+
+def test_failures_that_depend_on_the_config_never_stop_the_search():
+    from tuner.tune import _failure_signature
+    from tuner.values import Build, Config, Measurement, Record
+
+    def rec(status, error="", detail=""):
+        return Record("op", "sk", Config.of({"BM": 64}), Build(Status.COMPILE_ERROR if error else Status.OK, error=error),
+                      Measurement(status, detail=detail), None, (), 0.0, 0)
+    a = rec(Status.COMPILE_ERROR, error="runs/x/build/0a1b2c/kernel.c:1:14: error: expected expression")
+    b = rec(Status.COMPILE_ERROR, error="runs/x/build/ffee99/kernel.c:1:14: error: expected expression")
+    assert _failure_signature(a) == _failure_signature(b) is not None  # the build folder is the config's
+    limit = rec(Status.COMPILE_ERROR, error="out of resource: shared memory, Required: 1, Hardware limit: 0")
+    assert _failure_signature(limit) is None
+    assert _failure_signature(rec(Status.OK)) is None

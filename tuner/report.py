@@ -115,6 +115,8 @@ def summary_table(s: dict[str, Any], run_dir: str = "") -> Table:
             t.add_row(f"  {k}", f"{v['count']} (e.g. {v['config']}: {v['example']})")
     else:
         t.add_row("failed", "none")
+    if s.get("search_stopped"):
+        t.add_row("stopped early", s["search_stopped"])
     t.add_row("wall time", f"{s['wall_s']:.1f} s")
     if run_dir:
         t.add_row("run", run_dir)

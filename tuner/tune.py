@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,10 @@ from .store import Store
 from .values import Config, Measurement, OpSpec, Record, Status
 
 STALL_ASKS = 300  # consecutive asks that bring nothing new: the sampler has run dry
+# A run's first this many evaluations all failing with one and the same message (no config
+# passed yet): the skeleton is broken, not its configs, and the rest of the budget would fail
+# the same way (a compile each on a GPU). The search stops and says so.
+SAME_FAILURE_STOP = 8
 
 
 @dataclass
@@ -41,6 +46,20 @@ class Progress:
     failures: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     phase: str = "searching"
+    same_failure: tuple[str | None, int] = (None, 0)  # the failure the run opened with, how often
+    stopped: str = ""  # why the search stopped before its budget, when it did (see SAME_FAILURE_STOP)
+
+
+def _failure_signature(record: Record) -> str | None:
+    """A failure's first line with the config's own parts taken out (build folders); None where
+    the outcome depends on the config by nature (resource limits) or it is no failure."""
+    if record.status in (Status.OK, Status.INVALID) or not record.reason:
+        return None
+    first = record.reason.strip().splitlines()[0] if record.reason.strip() else ""
+    if re.search(r"out of resource|overflow|exceed", first, re.IGNORECASE):
+        return None
+    # Directories dropped, file names kept: each config builds in its own folder.
+    return f"{record.status.value}: " + re.sub(r"(?:[\w.+-]*/)+(?=[\w.+-])", "", first)[:300]
 
 
 def _count(progress: Progress, record: Record) -> None:
@@ -49,6 +68,14 @@ def _count(progress: Progress, record: Record) -> None:
         progress.invalid += 1
         return
     progress.evaluations += 1
+    if progress.best_s is None and status is not Status.OK:
+        sig = _failure_signature(record)
+        seen, n = progress.same_failure
+        progress.same_failure = (sig, n + 1 if sig is not None and sig == seen else 1)
+        if sig is not None and progress.same_failure[1] >= SAME_FAILURE_STOP and not progress.stopped:
+            progress.stopped = (f"no config has passed and the last {progress.same_failure[1]} evaluated "
+                                f"all failed the same way ({sig}): the skeleton is broken, not its "
+                                f"configs; fix it and run again")
     if status is Status.OK:
         if progress.best_s is None or record.seconds < progress.best_s:
             progress.best_s, progress.best_config = record.seconds, record.config
@@ -95,7 +122,8 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
         while True:
             while (len(inflight) < parallel and progress.evaluations + len(inflight) < budget
                    and (deadline is None or time.monotonic() < deadline) and stall < STALL_ASKS
-                   and len(known) + len(inflight) < space.size and not searcher.stalled()):
+                   and len(known) + len(inflight) < space.size and not searcher.stalled()
+                   and not progress.stopped):
                 trial, config = searcher.ask()
                 if config.key in known:
                     searcher.tell(trial, known[config.key])
@@ -159,7 +187,7 @@ def pick_winner(store: Store, evaluator: Evaluator, settings: Settings,
 
 
 def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s: float,
-              timeline: dict | None = None) -> dict:
+              timeline: dict | None = None, stopped: str = "") -> dict:
     meta = store.meta()
     op = load_op(OpSpec.from_json(meta["op"]))
     records = store.records()
@@ -183,6 +211,8 @@ def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s:
                       "median_s": ref_s, "samples": evaluator.reference_samples[:200]},
         "flops": op.flops, "bytes": op.bytes, "best": None,
     }
+    if stopped:
+        summary["search_stopped"] = stopped
     if winner is not None:
         t = winner.seconds
         best = {"config": winner.config.to_json(), "median_s": t, "iqr_s": winner.measurement.iqr,
@@ -312,7 +342,7 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         winner = pick_winner(store, evaluator, settings)
         if winner is not None:
             write_best(store, skeleton, evaluator, winner)
-        return summarize(store, winner, evaluator, time.monotonic() - started, timeline)
+        return summarize(store, winner, evaluator, time.monotonic() - started, timeline, progress.stopped)
     finally:
         evaluator.close()
 
