@@ -27,9 +27,9 @@ from .store import Store
 from .values import Config, Measurement, OpSpec, Record, Status
 
 STALL_ASKS = 300  # consecutive asks that bring nothing new: the sampler has run dry
-# A run's first this many evaluations all failing with one and the same message (no config
-# passed yet): the skeleton is broken, not its configs, and the rest of the budget would fail
-# the same way (a compile each on a GPU). The search stops and says so.
+# This many evaluations in a row failing with one and the same message while no config has
+# passed: the skeleton is broken, not its configs, and the rest of the budget would fail the
+# same way (a compile each on a GPU). The search stops and says so.
 SAME_FAILURE_STOP = 8
 
 
@@ -46,7 +46,7 @@ class Progress:
     failures: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     phase: str = "searching"
-    same_failure: tuple[str | None, int] = (None, 0)  # the failure the run opened with, how often
+    same_failure: tuple[str | None, int] = (None, 0)  # the last failure, how many in a row (none passed)
     stopped: str = ""  # why the search stopped before its budget, when it did (see SAME_FAILURE_STOP)
 
 
