@@ -217,3 +217,23 @@ def test_launchers_built_by_one_run_are_found_by_the_next(tmp_path):
     _share_launchers(run3, shared, set())
     assert (run3 / "launch1" / "__triton_launcher.so").read_text() == "its own"
     assert not [p for p in run2.iterdir() if p.name.startswith(".")]  # no copies left half-done
+
+
+def test_compile_workers_are_told_the_arch_and_never_ask_the_device(monkeypatch):
+    """The parent tells the compile workers the architecture and the shared-memory limit, so
+    none of them initializes CUDA (one per core at a run's start; a Ray node may have no GPU)."""
+    import types
+
+    import torch
+    props = types.SimpleNamespace(major=9, minor=0, shared_memory_per_block_optin=232448,
+                                  multi_processor_count=132, name="H200", L2_cache_size=2**25)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=0: props)
+    parent = CudaBackend(0)
+    assert parent.compile_options() == {"arch": 90, "smem_bytes": 232448.0}
+
+    def no_device(*a, **k):
+        raise AssertionError("a compile worker asked the device")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", no_device)
+    worker_side = CudaBackend(0, **parent.compile_options())
+    assert worker_side._arch() == 90 and worker_side.limits() == {"smem_bytes": 232448.0}
+    assert CudaBackend(0, interpret=True).compile_options() == {}

@@ -370,3 +370,37 @@ def test_failures_that_depend_on_the_config_never_stop_the_search():
     limit = rec(Status.COMPILE_ERROR, error="out of resource: shared memory, Required: 1, Hardware limit: 0")
     assert _failure_signature(limit) is None
     assert _failure_signature(rec(Status.OK)) is None
+
+
+def test_compile_workers_get_the_backends_compile_options_and_the_warm_up_the_same(fast_settings, tmp_path, monkeypatch):
+    """Evaluator: compile workers get Backend.compile_options on top of the run's options, the
+    benchmark worker does not. Ray: the warm-up's compile Worker is the one compiles find."""
+    from tuner import executor_ray
+    from tuner.backends.null import NullBackend
+    from tuner.evaluate import Evaluator, WorkerPools
+    from tuner.ops import builtin_spec
+    from tuner.skeleton import load_skeleton
+    monkeypatch.setattr(NullBackend, "compile_options", lambda self: {"told": 7})
+    skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
+    spec = builtin_spec("softmax", "64x512", "fp32")
+    ev = Evaluator("null", spec, skeleton, fast_settings, tmp_path / "run")
+    pools = WorkerPools(fast_settings, tmp_path / "pools.log")
+    try:
+        assert all(w.options.get("told") == 7 for w in ev._compilers.queue)
+        assert all("told" not in w.options for w in ev.bench_workers)
+        compilers, benchers = pools.get("null", (0,), ev.options, False, {"told": 7})
+        assert all(w.options.get("told") == 7 for w in compilers) and "told" not in benchers[0].options
+        # Ray: warm up with the executor's options, then compile with the evaluator's.
+        executor_ray._COMPILE_WORKERS.clear()
+        settings = fast_settings
+        executor_ray.warm_in_task("null", executor_ray.warm_options("null", settings), settings, None, {}, False)
+        (kind, build), _ = executor_ray.compile_in_task("null", ev.compile_options, settings, None, {},
+                                                         "time: 0.001\n", str(tmp_path / "b"), False)
+        assert kind == "ok" and build.status is Status.OK
+        assert len(executor_ray._COMPILE_WORKERS) == 1, "the warm-up started a Worker no compile uses"
+    finally:
+        ev.close()
+        pools.close()
+        for w in executor_ray._COMPILE_WORKERS.values():
+            w.close()
+        executor_ray._COMPILE_WORKERS.clear()

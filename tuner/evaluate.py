@@ -38,14 +38,16 @@ class WorkerPools:
         self._lock = threading.Lock()
 
     def get(self, backend: str, devices: tuple[int, ...], options: dict,
-            limit_memory: bool) -> tuple[list[Worker], list[Worker]]:
-        """(compile workers, one benchmark worker per device)."""
+            limit_memory: bool, compile_options: dict | None = None) -> tuple[list[Worker], list[Worker]]:
+        """(compile workers, one benchmark worker per device); `compile_options`: the compile
+        workers' on top of `options` (Backend.compile_options)."""
         opts = {k: v for k, v in options.items() if k != "op"}
-        key = json.dumps([backend, list(devices), opts], sort_keys=True, default=str)
+        copts = {**opts, **(compile_options or {})}
+        key = json.dumps([backend, list(devices), opts, copts], sort_keys=True, default=str)
         with self._lock:
             if key not in self._pools:
                 s, log = self.settings, self.log_path
-                compilers = [Worker(backend, devices[0], opts, s, log, limit_memory, COMPILE_NICE)
+                compilers = [Worker(backend, devices[0], copts, s, log, limit_memory, COMPILE_NICE)
                              for _ in range(s.n_compile_workers)]
                 benchers = [Worker(backend, d, opts, s, log, limit_memory) for d in devices]
                 self._pools[key] = (compilers, benchers)
@@ -73,14 +75,17 @@ class Evaluator:
         self.op = load_op(spec)
         self.context = {**render_context(self.op), **self.backend.render_context(self.op)}
         self.limits = self.backend.limits()
+        # What the compile workers are told instead of asking the device (Backend.compile_options).
+        self.compile_options = {**self.options, **self.backend.compile_options()}
         log = str(self.workdir / "workers.log")
         limit_mem = self.backend.limit_memory
         # Borrowed workers (a sweep's) outlive this evaluator; its own end with it.
         self._owns_workers = workers is None
         if workers is not None:
-            compilers, self.bench_workers = workers.get(backend, tuple(devices), self.options, limit_mem)
+            compilers, self.bench_workers = workers.get(backend, tuple(devices), self.options, limit_mem,
+                                                        self.backend.compile_options())
         else:
-            compilers = [Worker(backend, device, self.options, settings, log, limit_mem, COMPILE_NICE)
+            compilers = [Worker(backend, device, self.compile_options, settings, log, limit_mem, COMPILE_NICE)
                          for _ in range(settings.n_compile_workers)]
             # One benchmark worker per device; a measurement takes whichever is free.
             self.bench_workers = [Worker(backend, d, self.options, settings, log, limit_mem) for d in devices]

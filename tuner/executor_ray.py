@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .backends import BackendUnavailable, backend_class
+from .backends import BackendUnavailable, backend_class, get_backend
 from .evaluate import Evaluator
 from .settings import Settings
 from .values import Build, Measurement, OpSpec, Status
@@ -163,6 +163,17 @@ def warm_in_task(backend: str, options: dict, settings: Settings, log_path: str 
     options = {k: v for k, v in options.items() if k != "op"}
     _compile_worker(backend, options, settings, log_path, limit_memory).call("warm", timeout=300)
     return os.getpid()
+
+
+def warm_options(backend: str, settings: Settings) -> dict:
+    """The options of the compile Workers that the warm-up starts: an evaluator's compile
+    options less the op (which compile tasks strip), so that its compiles find them."""
+    options: dict = {"cache_dir": settings.cache_dir}
+    try:  # the backend's compile options (cuda: the device's arch), asked here as evaluators do
+        options.update(get_backend(backend, 0, **options).compile_options())
+    except Exception:  # noqa: BLE001 - no device here: the evaluators will say so
+        pass
+    return options
 
 
 class DeviceActor:
@@ -517,14 +528,15 @@ class RayExecutor:
     def _warm_compiles(self, backend: str) -> None:
         """Start a compile Worker in as many Ray worker processes as there are compile slots,
         without waiting: later compile tasks reuse those processes (idle workers are kept,
-        see `connect`). Evaluators' options are the settings' cache dir plus the op, which
-        compile tasks strip, so these Workers are the ones compiles look up."""
+        see `connect`). Evaluators' compile options are the settings' cache dir, the backend's
+        compile options and the op, which compile tasks strip, so these Workers are the ones
+        compiles look up."""
         cls = backend_class(backend)
         if cls.exclusive_timing:  # (cpu) processes starting would disturb the first timings
             return
         ray = self.ray
         remote = ray.remote(num_cpus=1, max_retries=0)(warm_in_task)
-        options = {"cache_dir": self.settings.cache_dir}
+        options = warm_options(backend, self.settings)
         limit = cls.limit_memory
         self._warming[backend] = [
             remote.remote(backend, options, self.settings, self.log_path, self.worker_env, limit)
@@ -659,7 +671,7 @@ class RayEvaluator(Evaluator):
     def _compile_once(self, source: str, workdir: str):
         ray, ex = self.ray, self.executor
         refs = ex.compile_remote().remote(
-            self.backend_name, self.options, self.settings, ex.log_path,
+            self.backend_name, self.compile_options, self.settings, ex.log_path,
             ex.worker_env, source, workdir, self.backend.limit_memory)
         with ex._count_lock:
             ex.compiling += 1

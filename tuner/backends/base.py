@@ -85,6 +85,11 @@ class Backend(abc.ABC):
         Cheap: no device needed (used by the parent's feasibility filter)."""
         return {}
 
+    def compile_options(self) -> dict[str, Any]:
+        """Options the compile workers get on top of the run's: what they would otherwise ask
+        the device for themselves (see the cuda backend). Called in the parent."""
+        return {}
+
     @abc.abstractmethod
     def compile(self, source: str, workdir: str, timeout_s: float) -> Build: ...
 

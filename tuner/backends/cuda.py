@@ -99,11 +99,22 @@ class CudaBackend(Backend):
         return {"CORES": int(cores)}
 
     def limits(self) -> dict[str, float]:
+        if self.options.get("smem_bytes"):  # told by the parent (compile_options)
+            return {"smem_bytes": float(self.options["smem_bytes"])}
         if self.interpret or self.options.get("arch"):
             return {"smem_bytes": float(SMEM_OPTIN.get(self._arch(), 101376))}
         p = self._properties()
         smem = getattr(p, "shared_memory_per_block_optin", 0) or SMEM_OPTIN.get(self._arch(), 49152)
         return {"smem_bytes": float(smem)}
+
+    def compile_options(self) -> dict[str, Any]:
+        # The compile processes compile for the architecture without a GPU (`_compile_only`);
+        # told it and the shared-memory limit, none of them initializes CUDA to ask (a run
+        # starts one per core, beside the benchmark process's own start), and a Ray compile
+        # task may run on a node without a GPU.
+        if self.interpret or self.options.get("arch"):
+            return {}
+        return {"arch": self._arch(), "smem_bytes": self.limits()["smem_bytes"]}
 
     def device_info(self) -> DeviceInfo:
         import torch
