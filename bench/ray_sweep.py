@@ -85,8 +85,8 @@ class GpuClocks:
 
 class LoadSampler:
     """What the sweep was waiting on, sampled every 100 ms while a phase runs: idle device
-    actors, requests waiting for a device, compiles in flight; and the host's load and CPU
-    clock every second. Idle actors with no request waiting and many compiles in flight mean
+    actors, requests waiting for a device, compiles in flight; and every second the host's
+    load, CPU clock and runnable threads by command name (`ps`). Idle actors with no request waiting and many compiles in flight mean
     the compiles do not keep the devices fed; with few compiles in flight, the searches do not."""
 
     def __init__(self, ex, backend: str):
