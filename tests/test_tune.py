@@ -260,6 +260,53 @@ def test_first_compiles_overlap_the_reference_and_no_candidate_is_timed_beside_i
     assert tl["device_s"] <= tl["device_and_reference_s"] <= tl["search_done_s"]
 
 
+def _slow_device_evaluator(delay_s: float, fail: BaseException | None = None):
+    """The null-backend Evaluator above, whose device facts take `delay_s` (then fail with
+    `fail`, when given)."""
+    base = _slow_reference_evaluator(0.0)
+
+    class SlowDevice(base):
+        events: list = []
+
+        def _device_info(self):
+            time.sleep(delay_s)
+            self.events.append(("device done", time.monotonic()))
+            if fail is not None:
+                raise fail
+            return super()._device_info()
+    SlowDevice.events = base.events = []
+    return SlowDevice
+
+
+def test_first_compiles_overlap_the_device_facts_and_records_still_name_the_device(tmp_path, monkeypatch):
+    from tuner.tune import execute
+    settings, store = _null_run(tmp_path, monkeypatch)
+    make = _slow_device_evaluator(2.0)
+    summary = execute(store, settings, 6, parallel=2, make_evaluator=make)
+    events = make.events
+    done = next(t for what, t in events if what == "device done")
+    compiles = [t for what, t in events if what == "compile"]
+    measures = [t for what, t in events if what == "measure"]
+    assert compiles and min(compiles) < done, "no compile began while the device was measured"
+    assert measures and min(measures) >= done, "a candidate was measured before the device facts"
+    name = summary["device"]["name"]
+    evaluated = [r for r in Store.open(store.path).records() if r.status is not Status.INVALID]
+    assert name and evaluated and all(r.device == name for r in evaluated)
+    assert json.loads((store.path / "run.json").read_text())["device"]["name"] == name
+    tl = summary["timeline"]
+    assert tl["device_s"] >= 2.0 and tl["device_s"] <= tl["device_and_reference_s"] <= tl["search_done_s"]
+
+
+def test_device_facts_that_fail_in_the_background_fail_the_run(tmp_path, monkeypatch):
+    from tuner.tune import execute
+    from tuner.worker import WorkerError
+    settings, store = _null_run(tmp_path, monkeypatch)
+    make = _slow_device_evaluator(0.5, WorkerError("no device: the driver is gone"))
+    with pytest.raises(WorkerError, match="the driver is gone"):
+        execute(store, settings, 6, parallel=2, make_evaluator=make)
+    assert not [t for what, t in make.events if what == "measure"]
+
+
 def test_a_reference_that_fails_in_the_background_fails_the_run_before_any_measurement(tmp_path, monkeypatch):
     from tuner.tune import execute
     settings, store = _null_run(tmp_path, monkeypatch)

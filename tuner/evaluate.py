@@ -100,6 +100,8 @@ class Evaluator:
         self._by_source: dict[str, tuple[Build, Measurement]] = {}
         self._source_lock = threading.Lock()
         self.device_info: DeviceInfo | None = None
+        self.device_done: float | None = None  # time.monotonic() when the device facts came
+        self._device_ready = threading.Event()  # set when they came (or failed to)
         self.reference_samples: list[float] = []
         self.reference_s: float | None = None
         self.reference_done: float | None = None  # time.monotonic() when it was timed
@@ -108,26 +110,36 @@ class Evaluator:
 
     # ---- set-up ------------------------------------------------------------------------
 
-    def start(self, wait: bool = True) -> DeviceInfo:
+    def start(self, wait: bool = True) -> DeviceInfo | None:
         """Device facts (measured ceilings included) and the reference's time, once per run.
 
-        wait=False returns after the device facts and times the reference in the background:
-        the first compiles overlap it, and no candidate is timed beside it (evaluate waits for
-        it before measuring). A backend whose timing must have the machine to itself (cpu)
-        always waits: a compile beside the reference would slow the reference."""
-        self.device_info = self._device_info()
+        wait=False returns at once and takes both in the background: the first compiles
+        overlap them (on a GPU the benchmark process's start and the device facts took 7-8 s
+        of a 26 s run before any compile was asked for), no candidate is measured before both
+        are in (evaluate waits), and a record waits for the device facts, which name the
+        device. A backend whose timing must have the machine to itself (cpu) always waits: a
+        compile beside the reference would slow the reference."""
         if wait or self._quiet is not None:
+            self._take_device_info()
             self._take_reference()
             return self.device_info
 
         def run() -> None:
             try:
+                self._take_device_info()
                 self._take_reference()
             except BaseException as e:  # noqa: BLE001 - raised again where it is waited for
                 self._reference_error = e
-        self._reference_thread = threading.Thread(target=run, daemon=True, name="reference")
+            finally:
+                self._device_ready.set()  # a record waiting for the facts goes on without them
+        self._reference_thread = threading.Thread(target=run, daemon=True, name="device and reference")
         self._reference_thread.start()
-        return self.device_info
+        return None
+
+    def _take_device_info(self) -> None:
+        self.device_info = self._device_info()
+        self.device_done = time.monotonic()
+        self._device_ready.set()
 
     def wait_reference(self) -> None:
         """Block until the reference is timed; its failure is the run's, raised here."""
@@ -281,6 +293,10 @@ class Evaluator:
         if note and meas.status is Status.OK:
             meas = Measurement(meas.status, meas.samples, meas.max_abs_err, meas.max_rel_err,
                                (meas.detail + "; " if meas.detail else "") + note)
+        if self._reference_thread is not None and meas.status is not Status.INVALID:
+            # A compile failure can come before the device facts. (A config the formulas
+            # reject never reached a device: its record does not hold up the search loop.)
+            self._device_ready.wait()
         info = self.device_info
         return Record(op_key=self.spec.key, skeleton_hash=self.skeleton.hash, config=config,
                       build=build, measurement=meas, device=info.name if info else self.backend_name,

@@ -322,16 +322,17 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         view.note(f"measuring the device and the reference on {meta['backend']}…")
         started_unix = time.time() - (time.monotonic() - started)
         evaluator.warm_up()
-        # The reference is timed while the first configs compile: on a GPU sweep the start
-        # of each task (device facts, reference, first compiles) was a fixed ~15 s.
-        info = evaluator.start(wait=False)
-        timeline = {"device_s": round(time.monotonic() - started, 2)}
-        if "device" not in meta:
-            store.write_meta({**meta, "device": info.to_json()})
+        # The device facts and the reference are taken while the first configs compile: on a
+        # GPU sweep the start of each task (device facts, reference, first compiles) was a
+        # fixed ~15 s, and a single GPU run asked for no compile in its first 7-8 s.
+        evaluator.start(wait=False)
         progress = run_search(store, evaluator, searcher, budget, time_budget_s,
                               parallel or getattr(evaluator, "default_parallel", None)
                               or settings.n_compile_workers, view)
         evaluator.wait_reference()  # a search that measured nothing has not waited for it
+        if "device" not in meta:
+            store.write_meta({**store.meta(), "device": evaluator.device_info.to_json()})
+        timeline = {"device_s": round((evaluator.device_done or time.monotonic()) - started, 2)}
         timeline["device_and_reference_s"] = round((evaluator.reference_done or time.monotonic()) - started, 2)
         timeline["search_done_s"] = round(time.monotonic() - started, 2)
         firsts = [r.time for r in store.records() if r.status is not Status.INVALID and r.time >= started_unix]
