@@ -317,6 +317,8 @@ def test_a_reference_that_fails_in_the_background_fails_the_run_before_any_measu
     assert not [t for what, t in make.events if what == "measure"]
     # No timing was recorded without a reference to set it against.
     assert all(r.status is not Status.OK for r in Store.open(store.path).records())
+    # The device facts came before the failure: the run's metadata kept them.
+    assert json.loads((store.path / "run.json").read_text())["device"]["name"]
 
 
 def test_compile_workers_run_below_the_timing_workers_priority(fast_settings, tmp_path):

@@ -17,6 +17,7 @@ import threading
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Callable
 
 from .backends import get_backend
 from .ops import load_op, render_context
@@ -110,7 +111,8 @@ class Evaluator:
 
     # ---- set-up ------------------------------------------------------------------------
 
-    def start(self, wait: bool = True) -> DeviceInfo | None:
+    def start(self, wait: bool = True,
+              on_device: Callable[[DeviceInfo], None] | None = None) -> DeviceInfo | None:
         """Device facts (measured ceilings included) and the reference's time, once per run.
 
         wait=False returns at once and takes both in the background: the first compiles
@@ -118,15 +120,16 @@ class Evaluator:
         of a 26 s run before any compile was asked for), no candidate is measured before both
         are in (evaluate waits), and a record waits for the device facts, which name the
         device. A backend whose timing must have the machine to itself (cpu) always waits: a
-        compile beside the reference would slow the reference."""
+        compile beside the reference would slow the reference. `on_device` is called with the
+        facts as soon as they are in (the run's metadata keeps them)."""
         if wait or self._quiet is not None:
-            self._take_device_info()
+            self._take_device_info(on_device)
             self._take_reference()
             return self.device_info
 
         def run() -> None:
             try:
-                self._take_device_info()
+                self._take_device_info(on_device)
                 self._take_reference()
             except BaseException as e:  # noqa: BLE001 - raised again where it is waited for
                 self._reference_error = e
@@ -136,9 +139,11 @@ class Evaluator:
         self._reference_thread.start()
         return None
 
-    def _take_device_info(self) -> None:
+    def _take_device_info(self, on_device=None) -> None:
         self.device_info = self._device_info()
         self.device_done = time.monotonic()
+        if on_device is not None:
+            on_device(self.device_info)
         self._device_ready.set()
 
     def wait_reference(self) -> None:

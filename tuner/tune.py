@@ -325,13 +325,14 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         # The device facts and the reference are taken while the first configs compile: on a
         # GPU sweep the start of each task (device facts, reference, first compiles) was a
         # fixed ~15 s, and a single GPU run asked for no compile in its first 7-8 s.
-        evaluator.start(wait=False)
+        def keep_device(info) -> None:  # in run.json as soon as known: a killed run has it too
+            if "device" not in meta:
+                store.write_meta({**store.meta(), "device": info.to_json()})
+        evaluator.start(wait=False, on_device=keep_device)
         progress = run_search(store, evaluator, searcher, budget, time_budget_s,
                               parallel or getattr(evaluator, "default_parallel", None)
                               or settings.n_compile_workers, view)
         evaluator.wait_reference()  # a search that measured nothing has not waited for it
-        if "device" not in meta:
-            store.write_meta({**store.meta(), "device": evaluator.device_info.to_json()})
         timeline = {"device_s": round((evaluator.device_done or time.monotonic()) - started, 2)}
         timeline["device_and_reference_s"] = round((evaluator.reference_done or time.monotonic()) - started, 2)
         timeline["search_done_s"] = round(time.monotonic() - started, 2)
