@@ -169,16 +169,22 @@ def print_ops_table(rows: list) -> None:
 
 # ---- tuning wall time against @triton.autotune ------------------------------------------
 
-def cmd_autotune(args) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    shape = "4096x4096x4096"
-    spec = builtin_spec("matmul", shape, "bf16")
-    op = load_op(spec)
+def matmul202():
+    """(spec, skeleton, render context, configs) of the 202-config matmul list, 4096^3 bf16."""
+    spec = builtin_spec("matmul", "4096x4096x4096", "bf16")
     skeleton = load_skeleton(ROOT / "kernel_templates/matmul/triton.py.j2", ROOT / "bench/triton_matmul202.yaml")
     ctx = {**{k: v for k, v in spec.sizes}, "DTYPE_BYTES": 2, "dtype": "bf16", "op": "matmul", "CORES": 132}
     configs = [c for c in skeleton.space.configs()
                if skeleton.space.check(c, ctx, {"smem_bytes": 232448}) is None]
+    return spec, skeleton, ctx, configs
+
+
+def cmd_autotune(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shape = "4096x4096x4096"
+    spec, skeleton, ctx, configs = matmul202()
+    op = load_op(spec)
     result = {"configs": len(configs), "shape": shape, "compile_workers": COMPILE_WORKERS}
     path = out / "gpu_autotune.json"
     if path.is_file():  # parts run in separate commands add to one report

@@ -28,21 +28,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from tuner.ops import builtin_spec  # noqa: E402
+from gpu_bench import matmul202  # noqa: E402
 from tuner.settings import Settings  # noqa: E402
-from tuner.skeleton import load_skeleton  # noqa: E402
-
-SHAPE = "4096x4096x4096"
-
-
-def _setup():
-    spec = builtin_spec("matmul", SHAPE, "bf16")
-    skeleton = load_skeleton(ROOT / "kernel_templates/matmul/triton.py.j2", ROOT / "bench/triton_matmul202.yaml")
-    ctx = {**{k: v for k, v in spec.sizes}, "DTYPE_BYTES": 2, "dtype": "bf16", "op": "matmul", "CORES": 132}
-    configs = [c for c in skeleton.space.configs()
-               if skeleton.space.check(c, ctx, {"smem_bytes": 232448}) is None]
-    return spec, skeleton, ctx, configs
 
 
 def _compile(job):
@@ -66,7 +55,7 @@ def main() -> int:
     args = a.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="measure_profile_"))
     out.mkdir(parents=True, exist_ok=True)
-    spec, skeleton, ctx, configs = _setup()
+    spec, skeleton, ctx, configs = matmul202()
     step = max(1, len(configs) // args.configs)
     chosen = configs[::step][:args.configs]
     jobs = [(skeleton.render(c, ctx), str(out / "build" / f"c{i}"), str(out / "cache"), spec.to_json())

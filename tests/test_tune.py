@@ -205,20 +205,29 @@ def test_warm_up_starts_every_compile_worker_before_any_compile(fast_settings, t
     assert all(w.proc is None for w in workers)
 
 
-def _slow_reference_evaluator(delay_s: float, fail: BaseException | None = None):
-    """An Evaluator on the null backend whose reference takes `delay_s` (and then fails with
-    `fail`, when given); it notes when the reference ended and when compiles and measurements
-    began."""
+def _slow_start_evaluator(step: str, delay_s: float, fail: BaseException | None = None):
+    """An Evaluator on the null backend whose start step `step` ("device" facts or
+    "reference") takes `delay_s` (and then fails with `fail`, when given); it notes when that
+    step ended ("<step> done") and when compiles and measurements began."""
     from tuner.evaluate import Evaluator
 
-    class SlowReference(Evaluator):
+    class SlowStart(Evaluator):
         events: list = []
 
-        def _time_reference(self):
+        def _slow(self, what):
             time.sleep(delay_s)
-            self.events.append(("reference done", time.monotonic()))
+            self.events.append((f"{what} done", time.monotonic()))
             if fail is not None:
                 raise fail
+
+        def _device_info(self):
+            if step == "device":
+                self._slow("device")
+            return super()._device_info()
+
+        def _time_reference(self):
+            if step == "reference":
+                self._slow("reference")
             return super()._time_reference()
 
         def compile(self, source, digest):
@@ -228,7 +237,11 @@ def _slow_reference_evaluator(delay_s: float, fail: BaseException | None = None)
         def measure(self, build, best_s=None):
             self.events.append(("measure", time.monotonic()))
             return super().measure(build, best_s)
-    return SlowReference
+    return SlowStart
+
+
+def _when(events, what) -> list[float]:
+    return [t for w, t in events if w == what]
 
 
 def _null_run(tmp_path, monkeypatch):
@@ -244,77 +257,46 @@ def _null_run(tmp_path, monkeypatch):
                                 sampler="random", seed=1)
 
 
-def test_first_compiles_overlap_the_reference_and_no_candidate_is_timed_beside_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("step", ["reference", "device"])
+def test_first_compiles_overlap_the_start_and_no_candidate_is_measured_before_it(step, tmp_path, monkeypatch):
+    """The first configs compile while the device facts are taken and the reference is timed;
+    no candidate is measured before both are in; records still name the device."""
     from tuner.tune import execute
     settings, store = _null_run(tmp_path, monkeypatch)
-    make = _slow_reference_evaluator(2.0)
+    make = _slow_start_evaluator(step, 2.0)
     summary = execute(store, settings, 6, parallel=2, make_evaluator=make)
-    events = make.events
-    done = next(t for what, t in events if what == "reference done")
-    compiles = [t for what, t in events if what == "compile"]
-    measures = [t for what, t in events if what == "measure"]
-    assert compiles and min(compiles) < done, "no compile began while the reference was timed"
-    assert measures and min(measures) >= done, "a candidate was timed beside the reference"
+    done = _when(make.events, f"{step} done")[0]
+    compiles, measures = _when(make.events, "compile"), _when(make.events, "measure")
+    assert compiles and min(compiles) < done, f"no compile began during the {step} step"
+    assert measures and min(measures) >= done, f"a candidate was measured before the {step} step ended"
     assert summary["reference"]["median_s"] > 0 and summary["evaluations"] == 6
-    tl = summary["timeline"]
-    assert tl["device_s"] <= tl["device_and_reference_s"] <= tl["search_done_s"]
-
-
-def _slow_device_evaluator(delay_s: float, fail: BaseException | None = None):
-    """The null-backend Evaluator above, whose device facts take `delay_s` (then fail with
-    `fail`, when given)."""
-    base = _slow_reference_evaluator(0.0)
-
-    class SlowDevice(base):
-        events: list = []
-
-        def _device_info(self):
-            time.sleep(delay_s)
-            self.events.append(("device done", time.monotonic()))
-            if fail is not None:
-                raise fail
-            return super()._device_info()
-    SlowDevice.events = base.events = []
-    return SlowDevice
-
-
-def test_first_compiles_overlap_the_device_facts_and_records_still_name_the_device(tmp_path, monkeypatch):
-    from tuner.tune import execute
-    settings, store = _null_run(tmp_path, monkeypatch)
-    make = _slow_device_evaluator(2.0)
-    summary = execute(store, settings, 6, parallel=2, make_evaluator=make)
-    events = make.events
-    done = next(t for what, t in events if what == "device done")
-    compiles = [t for what, t in events if what == "compile"]
-    measures = [t for what, t in events if what == "measure"]
-    assert compiles and min(compiles) < done, "no compile began while the device was measured"
-    assert measures and min(measures) >= done, "a candidate was measured before the device facts"
     name = summary["device"]["name"]
     evaluated = [r for r in Store.open(store.path).records() if r.status is not Status.INVALID]
     assert name and evaluated and all(r.device == name for r in evaluated)
     assert json.loads((store.path / "run.json").read_text())["device"]["name"] == name
     tl = summary["timeline"]
-    assert tl["device_s"] >= 2.0 and tl["device_s"] <= tl["device_and_reference_s"] <= tl["search_done_s"]
+    assert tl["device_s"] <= tl["device_and_reference_s"] <= tl["search_done_s"]
+    assert tl["device_s" if step == "device" else "device_and_reference_s"] >= 2.0
 
 
 def test_device_facts_that_fail_in_the_background_fail_the_run(tmp_path, monkeypatch):
     from tuner.tune import execute
     from tuner.worker import WorkerError
     settings, store = _null_run(tmp_path, monkeypatch)
-    make = _slow_device_evaluator(0.5, WorkerError("no device: the driver is gone"))
+    make = _slow_start_evaluator("device", 0.5, WorkerError("no device: the driver is gone"))
     with pytest.raises(WorkerError, match="the driver is gone"):
         execute(store, settings, 6, parallel=2, make_evaluator=make)
-    assert not [t for what, t in make.events if what == "measure"]
+    assert not _when(make.events, "measure")
 
 
 def test_a_reference_that_fails_in_the_background_fails_the_run_before_any_measurement(tmp_path, monkeypatch):
     from tuner.tune import execute
     settings, store = _null_run(tmp_path, monkeypatch)
-    make = _slow_reference_evaluator(0.5, MemoryError("inputs do not fit; pick a smaller shape"))
+    make = _slow_start_evaluator("reference", 0.5, MemoryError("inputs do not fit; pick a smaller shape"))
     with pytest.raises(MemoryError, match="pick a smaller shape"):
         execute(store, settings, 6, parallel=2, make_evaluator=make)
-    assert [t for what, t in make.events if what == "compile"], "nothing compiled beside the reference"
-    assert not [t for what, t in make.events if what == "measure"]
+    assert _when(make.events, "compile"), "nothing compiled beside the reference"
+    assert not _when(make.events, "measure")
     # No timing was recorded without a reference to set it against.
     assert all(r.status is not Status.OK for r in Store.open(store.path).records())
     # The device facts came before the failure: the run's metadata kept them.
