@@ -233,3 +233,38 @@ def test_each_measurement_counts_where_its_time_went(fast_settings, monkeypatch)
     t = measure.TIMES
     assert t["measures"] == 2 and t["check_s"] > after_wrong["check_s"]
     assert t["bench_s"] > 0 and t["reps"] == len(ok.samples)
+
+
+class _Clock:
+    """A backend whose calls take times drawn from `draw` (no device, no sleeping)."""
+
+    def __init__(self, draw):
+        self.draw, self.calls = draw, 0
+
+    def time_call(self, fn):
+        return self.time_calls(fn, 1)[0]
+
+    def time_calls(self, fn, n):
+        self.calls += n
+        return [self.draw() for _ in range(n)]
+
+    def sync(self):
+        pass
+
+
+def test_timing_stops_once_the_median_is_known_and_a_noisy_kernel_uses_its_budget():
+    import random
+
+    from tuner.measure import bench
+    from tuner.settings import Settings
+    s = Settings(bench_budget_s=10.0, warmup_s=0.0, precision=0.003)
+    rng = random.Random(0)
+    steady = _Clock(lambda: 1e-3 * (1 + 0.005 * rng.random()))  # 0.5 % spread: known at once
+    samples, stopped = bench(steady, lambda: None, s)
+    assert not stopped and 32 <= len(samples) <= 40
+    noisy = _Clock(lambda: 1e-3 * (1 + 0.5 * rng.random()))  # 50 %: never that precise
+    samples, _ = bench(noisy, lambda: None, s.replace(max_reps=500))
+    assert len(samples) == 500
+    # precision 0: the whole budget (max_reps here), as before
+    samples, _ = bench(steady, lambda: None, s.replace(precision=0.0, max_reps=300))
+    assert len(samples) == 300

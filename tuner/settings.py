@@ -23,6 +23,10 @@ class Settings:
     warmup_s: float = 0.02
     min_reps: int = 5
     max_reps: int = 2000
+    # Stop timing a candidate once its median is known this closely (standard error of the
+    # median over the median; 0: always the whole bench_budget_s). The top few are re-timed
+    # interleaved on the whole budget before a winner is named, so this only ranks the search.
+    precision: float = 0.003
     early_stop_factor: float = 1.5  # stop timing a candidate once its median (of min_reps or more) is this x the best
     retime_top: int = 3  # the top few re-timed interleaved before the winner is named
     suspect_speedup: float = 10.0  # faster than this x the reference: re-verify before trusting
