@@ -135,6 +135,37 @@ def test_parallel_asks_stay_distinct():
     assert trace.evaluations_to(0.10) <= 24
 
 
+def test_in_flight_count_follows_a_function_asked_before_each_ask():
+    """A sweep raises its last tasks' in-flight count as the others finish."""
+    import threading
+    import time
+    land = matmul("2048x8192x1024")
+
+    class Counting(replay.ReplayEvaluator):
+        now = peak_early = peak = 0
+        lock = threading.Lock()
+
+        def evaluate(self, config, best_s=None, trial=-1):
+            with self.lock:
+                self.now += 1
+                self.peak = max(self.peak, self.now)
+                if len(store.records()) < 5:
+                    self.peak_early = max(self.peak_early, self.now)
+            time.sleep(0.01)
+            try:
+                return super().evaluate(config, best_s, trial)
+            finally:
+                with self.lock:
+                    self.now -= 1
+
+    ev = Counting(land)
+    store = replay.MemoryStore()
+    s = Searcher(land.space, "random", 0, check=ev.check)
+    run_search(store, ev, s, 30, None, lambda: 1 if len(store.records()) < 5 else 4)
+    assert len(store.records()) == 30
+    assert ev.peak_early == 1 and ev.peak == 4
+
+
 def test_resume_from_records_continues_without_repeats():
     land = matmul("16x14336x4096")
     ev = replay.ReplayEvaluator(land)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import __version__
 from .backends import BACKENDS, BackendUnavailable, default_backend, get_backend
-from .ops import BUILTINS, OpError, builtin_spec, load_op
+from .ops import BUILTINS, OpError, builtin_spec, load_op, render_context
 from .problem import spec_from_problem_file
 from .search import SAMPLERS, SearchError
 from .settings import Settings
@@ -23,13 +23,15 @@ from .sweep import SweepError
 from .llm import LLMConfig, LLMError
 from .proposer import ProposerError, make_proposer, openai_meta
 from .retune import with_backend_options
-from .tune import create_rounds_run, create_run, execute, execute_rounds
+from .tune import create_rounds_run, create_run, execute, execute_rounds, refuse_empty_space
 from .values import OpSpec, Status
 from .worker import WorkerError, WorkerFailure
 
 USER_ERRORS = (OpError, SpaceError, SkeletonError, BackendUnavailable, StoreError, SearchError,
                LLMError, ProposerError, SweepError)
 SECRET_FLAGS = ("--llm-api-key",)
+DEFAULT_BUDGET = 40
+SUMMARY_KEYS = ("op", "backend", "evaluations", "invalid", "space_size", "wall_s")  # what `show` prints
 
 
 def _redacted_argv(argv: list[str]) -> str:
@@ -119,19 +121,19 @@ def choose_skeleton(args, spec: OpSpec, backend: str) -> Skeleton:
 
 
 def cmd_tune(args) -> int:
-    from .report import ProgressView, console, summary_table
-
     settings = Settings.from_env(runs_dir=args.runs_dir, run_timeout_s=args.run_timeout,
                                  compile_timeout_s=args.compile_timeout)
     if args.resume:
         store = Store.open(args.resume)
-        store.repair()
-        print(f"resuming {store.path}: {len(store.records())} records on disk", file=sys.stderr)
-        meta = store.meta()
-        if "rounds" in meta:
-            if args.rounds and args.rounds != meta["rounds"]:  # more (or fewer) rounds than asked first
-                store.write_meta({**meta, "rounds": args.rounds})
-            return _tune_rounds(args, settings, store)
+        with store.lock():  # before the repair: another process may be appending a record
+            store.repair()
+            print(f"resuming {store.path}: {len(store.records())} records on disk", file=sys.stderr)
+            meta = store.meta()
+            if "rounds" in meta:
+                if args.rounds and args.rounds != meta["rounds"]:  # more (or fewer) rounds than asked first
+                    store.write_meta({**meta, "rounds": args.rounds})
+                return _tune_rounds(args, settings, store)
+            return _tune_one(args, settings, store)
     else:
         spec = build_spec(args)
         backend = args.backend or ("sim" if args.chip else default_backend())
@@ -156,14 +158,28 @@ def cmd_tune(args) -> int:
             print("note: no model is configured (--llm MODEL or TUNER_LLM_MODEL), so the library "
                   "skeleton is searched in one round", file=sys.stderr)
         skeleton = choose_skeleton(args, spec, backend)
-        # Fail on an unsupported dtype or a missing toolchain before a run directory exists.
-        get_backend(backend, **options).render_context(load_op(spec))
+        # Fail on an unsupported dtype, a missing toolchain or a space with no valid config at
+        # this shape before a run directory exists (else every such mistake leaves an empty run).
+        device = get_backend(backend, **options)
+        op = load_op(spec)
+        context = {**render_context(op), **device.render_context(op)}
+        limits = device.limits()
+        refuse_empty_space(skeleton, lambda c: skeleton.space.check(c, context, limits))
         store = create_run(settings, spec, backend, skeleton, args.sampler, args.seed, args.storage,
                            command=_redacted_argv(sys.argv),
-                           extra={"patience": args.patience, "warm_start": args.warm_start,
+                           extra={"budget": args.budget or DEFAULT_BUDGET, "patience": args.patience,
+                                  "warm_start": args.warm_start,
                                   **({"backend_options": options} if options else {})})
+        with store.lock():
+            return _tune_one(args, settings, store)
+
+
+def _tune_one(args, settings: Settings, store: Store) -> int:
+    """Search a single-skeleton run (new or resumed) whose lock this process holds."""
+    from .report import ProgressView, console, summary_table
+    args.resume_hint = f"tuner tune --resume {shlex.quote(str(store.path))}"
     with _executor(args, settings, store) as make_evaluator, ProgressView(not args.quiet) as view:
-        summary = execute(store, settings, args.budget, args.time_budget, args.parallel, view,
+        summary = execute(store, settings, _run_budget(args, store), args.time_budget, args.parallel, view,
                           make_evaluator=with_backend_options(make_evaluator,
                                                               store.meta().get("backend_options")))
     if args.json:
@@ -171,6 +187,17 @@ def cmd_tune(args) -> int:
     else:
         console.print(summary_table(summary, str(store.path)))
     return 0
+
+
+def _run_budget(args, store: Store) -> int:
+    """--budget, else the budget the run was started with, else the default. A resumed run
+    (killed, or stopped with Ctrl-C) finishes what it was asked for, not the default; the
+    budget is kept in run.json for the next resume."""
+    meta = store.meta()
+    budget = args.budget or meta.get("budget") or DEFAULT_BUDGET
+    if meta.get("budget") != budget:
+        store.write_meta({**meta, "budget": budget})
+    return budget
 
 
 @contextlib.contextmanager
@@ -203,11 +230,15 @@ def _tune_rounds(args, settings: Settings, store: Store | None, spec: OpSpec | N
                                   args.storage, command=_redacted_argv(sys.argv))
         print(f"run {store.path}: {rounds} round(s) with {llm.model} at "
               f"{llm.base_url or 'the default endpoint'}", file=sys.stderr)
+        with store.lock():
+            return _tune_rounds(args, settings, store)
+    args.resume_hint = f"tuner tune --resume {shlex.quote(str(store.path))}"
     meta = store.meta()
     overrides = {k: v for k, v in _llm_overrides(args).items() if k != "model"}
     proposer = make_proposer(meta["proposer"], store.path, api_key=args.llm_api_key, **overrides)
     with _executor(args, settings, store) as make_evaluator, ProgressView(not args.quiet) as view:
-        summary = execute_rounds(store, settings, proposer, args.budget, args.time_budget, args.parallel, view,
+        summary = execute_rounds(store, settings, proposer, _run_budget(args, store), args.time_budget,
+                                 args.parallel, view,
                                  make_evaluator=make_evaluator)
     if args.json:
         print(json.dumps(summary, indent=1, default=str))
@@ -247,6 +278,9 @@ def cmd_show(args) -> int:
     from .report import console, summary_table
     store = Store.open(args.run)
     summary = store.read_json("summary.json")
+    if summary is not None and not (isinstance(summary, dict) and all(k in summary for k in SUMMARY_KEYS)):
+        raise StoreError(f"{store.path / 'summary.json'} is damaged; `tuner tune --resume {store.path}` "
+                         f"writes it again from the records")
     if args.feedback:
         return _show_feedback(store)
     if summary is None and "rounds" in store.meta():
@@ -313,9 +347,16 @@ def cmd_export(args) -> int:
     kernels = sorted((store.path / "best").glob("kernel.*")) if (store.path / "best").is_dir() else []
     if cfg is None or not kernels:
         raise StoreError(f"{store.path} has no verified winner to export (see `tuner show {store.path}`)")
+    if not (isinstance(cfg, dict) and isinstance(cfg.get("config"), dict)
+            and isinstance(cfg.get("median_s"), (int, float))):
+        raise StoreError(f"{store.path / 'best/config.json'} is damaged; `tuner tune --resume "
+                         f"{store.path}` writes best/ again from the records")
     meta = store.meta()
     out = Path(args.out or Path("exported") / store.path.name)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StoreError(f"cannot write the export to {out}: {e.strerror}; pass --out DIR, a folder") from None
     src = kernels[0]
     name = f"{meta['op']['name']}_best{src.suffix}"
     comment = "//" if src.suffix == ".c" else "#"
@@ -347,7 +388,8 @@ def parser() -> argparse.ArgumentParser:
                    "(default), 910B3, 910B4, 910_93, 310P3, a profile .yaml or CANN's platform_config/<SoC>.ini")
     t.add_argument("--template", help="a Jinja2 kernel template (with --space)")
     t.add_argument("--space", help="the YAML space of the template's tunables")
-    t.add_argument("--budget", type=int, default=40, help="configs to evaluate (default 40)")
+    t.add_argument("--budget", type=int, help=f"configs to evaluate (default {DEFAULT_BUDGET}; with "
+                   f"--resume, the run's own)")
     t.add_argument("--time-budget", type=float, metavar="SECONDS", help="stop searching after this long")
     t.add_argument("--sampler", choices=SAMPLERS, default="guided",
                    help="guided (default): a model of the space's timings and failures searched "
@@ -429,10 +471,35 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# Numeric flags (of any command) and their lowest sensible value. argparse takes any number;
+# out of range, they failed deep inside the search (a traceback for --parallel -1, a misleading
+# storage error for --seed -1) or were silently taken as 'off' (--time-budget 0).
+MIN_VALUE = {"budget": 1, "parallel": 1, "patience": 1, "rounds": 1, "candidates": 1, "devices": 1,
+             "top": 1, "concurrency": 1, "llm_max_tokens": 1, "token_budget": 1, "repairs": 0,
+             "validate_configs": 0, "llm_retries": 0, "seed": 0, "cost_budget": 0}
+ABOVE_ZERO = ("time_budget", "run_timeout", "compile_timeout", "llm_timeout")
+
+
+def _bad_number(args) -> str | None:
+    """What is wrong with a numeric flag's value, or None."""
+    for name, low in MIN_VALUE.items():
+        v = getattr(args, name, None)
+        if v is not None and v < low:
+            return f"--{name.replace('_', '-')} must be at least {low}, got {v}"
+    for name in ABOVE_ZERO:
+        v = getattr(args, name, None)
+        if v is not None and not v > 0:
+            return f"--{name.replace('_', '-')} must be a positive number of seconds, got {v}"
+    if getattr(args, "seed", None) is not None and args.seed >= 2**32:
+        return f"--seed must be below 2**32, got {args.seed}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if getattr(args, "budget", 1) is not None and getattr(args, "budget", 1) < 1:
-        print("error: --budget must be at least 1", file=sys.stderr)
+    bad = _bad_number(args)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
         return 2
     try:
         return args.fn(args)
@@ -449,7 +516,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted; continue with `tuner tune --resume <run dir>`", file=sys.stderr)
+        # The exact command: a user who pressed Ctrl-C has not seen the run's path yet.
+        hint = getattr(args, "resume_hint", None) or (
+            "re-run the same `tuner sweep` command" if args.command == "sweep" else None)
+        print("interrupted" + (f"; continue with `{hint}`" if hint else ""), file=sys.stderr)
         return 130
 
 

@@ -111,33 +111,39 @@ class TuningDB:
             return "skipped", "unfinished (no summary.json)"
         except (OSError, ValueError) as e:
             return "skipped", f"unreadable: {e}"
-        best = summary.get("best")
-        if not best:
-            return "skipped", "no verified winner"
-        skel_path = run / "skeleton" / "skeleton.json"
-        kernels = sorted((run / "best").glob("kernel.*")) if (run / "best").is_dir() else []
-        if not skel_path.is_file() or not kernels:
-            return "skipped", "not a single-skeleton run (a multi-round run's rounds are collected instead)"
-        device = summary.get("device") or meta.get("device") or {}
-        toolchain = {k: str(v) for k, v in (device.get("toolchain") or {}).items()}
-        skel = json.loads(skel_path.read_text())
-        h = content_hash(skel["template"], json.dumps(skel["space"], sort_keys=True), skel["language"])
-        self.data["skeletons"].setdefault(h, {"name": skel.get("name", ""), "language": skel["language"],
-                                              "template": skel["template"], "space": skel["space"]})
-        ceiling = best.get("ceiling") or {}
-        entry = {
-            "op": meta["op"]["name"], "kind": meta["op"].get("kind", "builtin"), "source": meta["op"]["source"],
-            "sizes": meta["op"]["sizes"], "dtype": meta["op"]["dtype"], "backend": meta["backend"],
-            "device": device.get("name", "?"), "simulated": bool(device.get("simulated")),
-            "toolchain": toolchain, "fingerprint": fingerprint(toolchain),
-            "config": best["config"], "median_s": best["median_s"], "iqr_s": best.get("iqr_s"),
-            "speedup_vs_reference": best.get("speedup_vs_reference"),
-            "ceiling_percent": ceiling.get("percent"), "skeleton": h,
-            "skeleton_name": skel.get("name", ""), "language": skel["language"],
-            "kernel": kernels[0].read_text(), "kernel_file": kernels[0].name,
-            "run": str(run.resolve()), "run_id": meta.get("id", run.name),
-            "created": _created(meta, (run / "summary.json").stat().st_mtime),
-        }
+        if not (isinstance(meta, dict) and isinstance(summary, dict) and isinstance(meta.get("op"), dict)):
+            return "skipped", "damaged: run.json or summary.json is not what a run writes"
+        try:
+            best = summary.get("best")
+            if not best:
+                return "skipped", "no verified winner"
+            skel_path = run / "skeleton" / "skeleton.json"
+            kernels = sorted((run / "best").glob("kernel.*")) if (run / "best").is_dir() else []
+            if not skel_path.is_file() or not kernels:
+                return "skipped", "not a single-skeleton run (a multi-round run's rounds are collected instead)"
+            device = summary.get("device") or meta.get("device") or {}
+            toolchain = {k: str(v) for k, v in (device.get("toolchain") or {}).items()}
+            skel = json.loads(skel_path.read_text())
+            h = content_hash(skel["template"], json.dumps(skel["space"], sort_keys=True), skel["language"])
+            self.data["skeletons"].setdefault(h, {"name": skel.get("name", ""), "language": skel["language"],
+                                                  "template": skel["template"], "space": skel["space"]})
+            ceiling = best.get("ceiling") or {}
+            entry = {
+                "op": meta["op"]["name"], "kind": meta["op"].get("kind", "builtin"), "source": meta["op"]["source"],
+                "sizes": meta["op"]["sizes"], "dtype": meta["op"]["dtype"], "backend": meta["backend"],
+                "device": device.get("name", "?"), "simulated": bool(device.get("simulated")),
+                "toolchain": toolchain, "fingerprint": fingerprint(toolchain),
+                "config": best["config"], "median_s": best["median_s"], "iqr_s": best.get("iqr_s"),
+                "speedup_vs_reference": best.get("speedup_vs_reference"),
+                "ceiling_percent": ceiling.get("percent"), "skeleton": h,
+                "skeleton_name": skel.get("name", ""), "language": skel["language"],
+                "kernel": kernels[0].read_text(), "kernel_file": kernels[0].name,
+                "run": str(run.resolve()), "run_id": meta.get("id", run.name),
+                "created": _created(meta, (run / "summary.json").stat().st_mtime),
+            }
+        except (KeyError, TypeError, ValueError, AttributeError, OSError) as e:
+            # One damaged run (hand-edited, cut short) is skipped with why, not the whole update.
+            return "skipped", f"damaged: {type(e).__name__}: {e}"
         return self._insert(entry)
 
     def _insert(self, entry: dict) -> tuple[str, str]:

@@ -256,10 +256,9 @@ def render(fb: Feedback, max_groups: int = 8) -> str:
 def feedback_for_run(store) -> Feedback:
     """Feedback for a run directory, from its records, skeleton, op and device."""
     from .ops import load_op
-    from .skeleton import Skeleton
     from .values import OpSpec
     meta = store.meta()
-    skeleton = Skeleton.from_json(store.read_json("skeleton/skeleton.json"))
+    skeleton = store.skeleton()
     summary = store.read_json("summary.json") or {}
     op = load_op(OpSpec.from_json(meta["op"]))
     peaks = ((meta.get("device") or {}).get("peaks")) or {}

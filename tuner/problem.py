@@ -116,7 +116,16 @@ def problem_op(spec: OpSpec) -> Op:
         xs = [cast(x) for x in module.get_inputs()] + [cast(t.clone()) for _, t in params]
         return [x.to(device) if device is not None and isinstance(x, torch.Tensor) else x for x in xs]
 
-    n_in = len(module.get_inputs())
+    try:
+        first = module.get_inputs()
+    except Exception as e:
+        tb = traceback.format_exception(type(e), e, e.__traceback__)
+        raise OpError(f"{spec.source}: get_inputs() failed:\n{''.join(tb[-3:]).strip()}") from None
+    if not isinstance(first, (list, tuple)):
+        # A bare tensor would be taken row by row as separate inputs; a generator has no length.
+        raise OpError(f"{spec.source}: get_inputs() returned a {type(first).__name__}; it must return a "
+                      f"list of tensors, e.g. return [torch.randn(batch_size, dim)]")
+    n_in = len(first)
 
     def as_list(out) -> list:
         return list(out) if isinstance(out, (tuple, list)) else [out]
@@ -160,6 +169,19 @@ def problem_op(spec: OpSpec) -> Op:
         tb = traceback.format_exception(type(e), e, e.__traceback__)
         raise OpError(f"{spec.source}: Model(...)(*get_inputs()) failed (in float64):\n"
                       f"{''.join(tb[-3:]).strip()}") from None
+    for i, o in enumerate(outs):
+        if not isinstance(o, torch.Tensor):
+            raise OpError(f"{spec.source}: Model.forward returned a {type(o).__name__}"
+                          + (f" at position {i}" if len(outs) > 1 else "")
+                          + "; it must return a tensor, or a tuple/list of tensors (the kernel's outputs)")
+        if o.is_complex():
+            raise OpError(f"{spec.source}: output {i} of Model.forward is {o.dtype}; kernels here "
+                          f"write real (floating or integer) outputs only")
+    for kind, tensors in (("input", sample), ("output", outs)):
+        for i, t in enumerate(tensors):
+            if t.numel() == 0:  # nothing to check or time; rates would divide by zero
+                raise OpError(f"{spec.source}: {kind} {i} has no elements (shape {tuple(t.shape)}); "
+                              f"give its sizes positive values (--size NAME=VALUE)")
     names = tuple(f"in{i}" for i in range(n_in)) + tuple(re.sub(r"\W", "_", n) for n, _ in params)
     moved = sum(x.numel() * x.element_size() for x in sample) + sum(
         o.numel() * DTYPE_BYTES[spec.dtype] for o in outs)

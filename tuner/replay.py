@@ -267,7 +267,13 @@ def warm_starts(sources: Iterable[str], space: Space, k: int = WARM_START_K) -> 
         path, _, shape = str(src).partition("@")
         p = Path(path)
         if p.is_file() and p.suffix == ".json" and isinstance(_read_json(p), list):
-            ranked.append([Config.of(c) for c in _read_json(p)])
+            configs = _read_json(p)
+            bad = next((c for c in configs if not isinstance(c, dict)), None)
+            if bad is not None or not configs:
+                raise LandscapeError(f"{p}: a warm-start list holds configs, each a JSON object of "
+                                     f"param -> value, e.g. [{{\"TILE\": 256}}]; found "
+                                     f"{repr(bad) if configs else 'an empty list'}")
+            ranked.append([Config.of(c) for c in configs])
             continue
         for sh in ([shape] if shape else shapes(p)):
             ranked.append(load(p, sh or None).ranked())

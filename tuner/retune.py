@@ -121,7 +121,7 @@ def retune(old_run: str | Path, settings: Settings, *, device: str | None = None
     old = Store.open(old_run)
     old_meta = old.meta()
     skel_store, old_summary = _finished(old)
-    skeleton = Skeleton.from_json(skel_store.read_json("skeleton/skeleton.json"))
+    skeleton = skel_store.skeleton()
     old_spec = OpSpec.from_json(old_meta["op"])
     spec = old_spec
     if shape:

@@ -161,15 +161,15 @@ class Searcher:
             self._encode, self._decode = (lambda sp, c: c.as_dict()), (lambda sp, p: Config.of(dict(p)))
         else:
             self._encode, self._decode = encode, decode
+        # Made outside the try: its errors (a seed out of range) are not the storage's.
+        made = make_sampler(sampler, space, seed, n_startup, check, encoding, sampler_options)
         try:
-            self.study = optuna.create_study(
-                direction="minimize",
-                sampler=make_sampler(sampler, space, seed, n_startup, check, encoding, sampler_options),
-                storage=open_storage(storage), study_name=study_name, load_if_exists=True)
-        except (ValueError, ImportError, RuntimeError) as e:
-            if isinstance(e, SearchError):
-                raise
-            raise SearchError(f"cannot open the Optuna storage {storage!r}: {e}") from None
+            self.study = optuna.create_study(direction="minimize", sampler=made, storage=open_storage(storage),
+                                             study_name=study_name, load_if_exists=True)
+        except SearchError:
+            raise
+        except Exception as e:  # SQLAlchemy's errors (an unknown dialect, a refused login) are its own classes
+            raise SearchError(f"cannot open the Optuna storage {storage!r}: {type(e).__name__}: {e}") from None
 
     @property
     def persistent(self) -> bool:

@@ -8,6 +8,7 @@ that cannot be used is rejected when it is loaded, with the file and line, befor
 from __future__ import annotations
 
 import itertools
+import keyword
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ from .values import Config
 CONTEXT_NAMES = frozenset({"DTYPE_BYTES", "CORES"})
 MAX_PARAM_VALUES = 4096
 MAX_SPACE_SIZE = 10**12
+# Literals in Jinja and in expressions: a param of one of these names could not be read.
+_RESERVED = frozenset({"true", "false", "none", "True", "False", "None"})
 
 
 class SpaceError(ValueError):
@@ -110,8 +113,10 @@ class Space:
             return f"config {config} is not a point of this space"
         missing = [s for s in self.sizes if s not in context]
         if missing:
+            have = sorted(k for k, v in context.items() if k not in CONTEXT_NAMES
+                          and isinstance(v, int) and not isinstance(v, bool))  # sizes, not dtype/op
             raise SpaceError(f"{self.source}: the op provides no size(s) {missing}; "
-                             f"it has {sorted(k for k in context if k not in CONTEXT_NAMES)}")
+                             f"it has {have}")
         try:
             env = {**context, **config.as_dict()}
             for name, value in self.evaluate_resources(config, context).items():
@@ -247,6 +252,9 @@ def parse_space(text: str, source: str = "<space>") -> Space:
         name = knode.value
         if not str(name).isidentifier():
             raise err(knode, f"param name {name!r} is not an identifier")
+        if keyword.iskeyword(name) or name in _RESERVED:
+            # A keyword cannot be read by an expression, nor by the template (`{{ if }}`).
+            raise err(knode, f"param name {name!r} is a reserved word; rename it")
         if name in {p.name for p in params}:
             raise err(knode, f"param {name!r} declared twice")
         params.append(_param(name, _data(vnode), lambda m, n=vnode: err(n, m)))
@@ -265,6 +273,11 @@ def parse_space(text: str, source: str = "<space>") -> Space:
         if not isinstance(rnode, yaml.MappingNode):
             raise err(rnode, "'resources' must be a mapping of name -> formula")
         for knode, vnode in rnode.value:
+            if not str(knode.value).isidentifier() or keyword.iskeyword(knode.value) or knode.value in _RESERVED:
+                raise err(knode, f"resource name {knode.value!r} is not an identifier")
+            if knode.value in known:  # it would shadow the param (or size) in every later formula
+                raise err(knode, f"resource {knode.value!r} has the name of a param, a size, "
+                                 f"an earlier resource or {sorted(CONTEXT_NAMES)}; rename it")
             rule = _rule(vnode, known, err)
             resources.append((knode.value, rule))
             known.add(knode.value)  # later formulas and constraints may use earlier resources
@@ -324,8 +337,11 @@ def _param(name: str, spec: Any, err) -> Param:
         for v in spec:
             if not isinstance(v, (int, float, str, bool)):
                 raise err(f"param {name!r}: value {v!r} must be a number, string or boolean")
-        if len(set(map(repr, spec))) != len(spec):
-            raise err(f"param {name!r} lists a value twice")
+            if isinstance(v, float) and not math.isfinite(v):  # nan != nan: no config could hold it
+                raise err(f"param {name!r}: value {v!r} must be a finite number")
+        for i, v in enumerate(spec):
+            if _member(v, tuple(spec[:i])):  # 1 and 1.0 are one point (True and 1 are not)
+                raise err(f"param {name!r} lists the value {v!r} twice")
         return _sized(name, tuple(spec), False, err)
     if isinstance(spec, dict) and "pow2" in spec:
         lo, hi = _bounds(name, spec["pow2"], err)
@@ -338,7 +354,10 @@ def _param(name: str, spec: Any, err) -> Param:
         step = spec.get("step", 1)
         if not isinstance(step, int) or isinstance(step, bool) or step <= 0:
             raise err(f"param {name!r}: step must be a positive integer")
-        return _sized(name, tuple(range(lo, hi + 1, step)), False, err)
+        values = range(lo, hi + 1, step)
+        if len(values) > MAX_PARAM_VALUES:  # before the tuple: {range: [1, 10**12]} fills the memory
+            raise err(f"param {name!r} has {len(values)} values; at most {MAX_PARAM_VALUES}")
+        return _sized(name, tuple(values), False, err)
     raise err(f"param {name!r}: expected a list of values, {{pow2: [lo, hi]}}, "
               f"{{range: [lo, hi], step: s}} or 'bool', got {spec!r}")
 

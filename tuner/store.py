@@ -14,6 +14,8 @@ written before Optuna is told, and a torn last line (a kill mid-write) is droppe
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
@@ -79,15 +81,58 @@ class Store:
             raise StoreError(f"{store.path} was written by format version {version}; this tuner "
                              f"reads version {FORMAT_VERSION}. Re-run the search, or use the "
                              f"tuner version that wrote it.")
+        missing = [k for k in ("op", "backend") if not isinstance(meta.get(k), (dict, str))]
+        if missing:  # every run.json has them: this one was cut short or edited by hand
+            raise StoreError(f"{meta_path} is damaged: it lacks {', '.join(missing)}; "
+                             f"re-run the search")
         return store
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the run for this process while it searches. Two processes resuming one run
+        at once would evaluate the same configs twice, append records under the same trial
+        numbers and time their candidates against each other. The lock is the kernel's
+        (flock): it goes with the process, even one killed with SIGKILL."""
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock
+            yield
+            return
+        path = self.path / ".lock"
+        try:
+            f = open(path, "a+")
+        except OSError as e:
+            raise StoreError(f"cannot write {path}: {e.strerror}") from None
+        with f:
+            busy = False
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                # Any other error: a file system without locks (some network mounts); run unlocked.
+                busy = e.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES)
+            if busy:
+                f.seek(0)
+                holder = f.read().strip()
+                raise StoreError(f"{self.path} is in use by another tuner process"
+                                 + (f" (pid {holder})" if holder.isdigit() else "")
+                                 + "; wait for it to finish or stop it, then resume the run")
+            f.seek(0)
+            f.truncate()
+            f.write(str(os.getpid()))
+            f.flush()
+            yield
 
     # ---- files ---------------------------------------------------------------------------
 
     def meta(self) -> dict[str, Any]:
         try:
-            return json.loads((self.path / "run.json").read_text())
+            meta = json.loads((self.path / "run.json").read_text())
         except (OSError, ValueError) as e:
             raise StoreError(f"{self.path}/run.json is unreadable: {e}") from None
+        if not isinstance(meta, dict):
+            raise StoreError(f"{self.path}/run.json is damaged: a JSON object was expected, "
+                             f"found a {type(meta).__name__}")
+        return meta
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         _atomic_write(self.path / "run.json", json.dumps({**meta, "format_version": FORMAT_VERSION},
@@ -103,8 +148,22 @@ class Store:
             return json.loads((self.path / name).read_text())
         except FileNotFoundError:
             return None
-        except ValueError as e:
+        except (OSError, ValueError) as e:
             raise StoreError(f"{self.path / name} is unreadable: {e}") from None
+
+    def skeleton(self):
+        """The skeleton the run searches (skeleton/skeleton.json), or a StoreError that says so:
+        a run cannot be resumed or explained without it."""
+        from .skeleton import Skeleton
+        data = self.read_json("skeleton/skeleton.json")
+        if data is None:
+            raise StoreError(f"{self.path}/skeleton/skeleton.json is missing; this run cannot be "
+                             f"resumed: re-run the search")
+        try:
+            return Skeleton.from_json(data)
+        except Exception as e:  # a damaged file may fail anywhere in the parse
+            raise StoreError(f"{self.path}/skeleton/skeleton.json is damaged ({type(e).__name__}: "
+                             f"{e}); re-run the search") from None
 
     def write_text(self, name: str, text: str) -> Path:
         target = self.path / name
@@ -116,10 +175,13 @@ class Store:
 
     def append(self, record: Record) -> None:
         line = json.dumps(record.to_json(), separators=(",", ":")) + "\n"
-        with open(self.path / "records.jsonl", "a") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.path / "records.jsonl", "a") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise StoreError(f"cannot append to {self.path / 'records.jsonl'}: {e.strerror}") from None
 
     def records(self) -> list[Record]:
         return list(self._iter_records())
@@ -128,8 +190,11 @@ class Store:
         path = self.path / "records.jsonl"
         if not path.exists():
             return
-        with open(path) as f:
-            lines = f.readlines()
+        try:
+            with open(path, errors="replace") as f:
+                lines = f.readlines()
+        except OSError as e:
+            raise StoreError(f"{path} is unreadable: {e.strerror}") from None
         for i, line in enumerate(lines):
             if not line.strip():
                 continue
@@ -141,15 +206,31 @@ class Store:
                 raise StoreError(f"{path}:{i + 1}: corrupt record line") from None
 
     def repair(self) -> None:
-        """Drop a torn last line so that later appends start on a fresh line."""
+        """Drop a torn last line so that later appends start on a fresh line. A last line that
+        does not parse is dropped even when it ends in a newline: the reader skips it as torn,
+        but once appends follow it, it is a corrupt line in the middle and the run cannot be
+        read. A whole last record that only lost its newline is kept."""
         path = self.path / "records.jsonl"
         if not path.exists():
             return
-        data = path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            cut = data.rfind(b"\n") + 1
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise StoreError(f"{path} is unreadable: {e.strerror}") from None
+        body = data.rstrip(b"\n")
+        start = body.rfind(b"\n") + 1
+        last = body[start:]
+        if not last.strip():
+            return
+        try:
+            Record.from_json(json.loads(last))
+        except (ValueError, KeyError, TypeError):
             with open(path, "r+b") as f:
-                f.truncate(cut)
+                f.truncate(start)
+            return
+        if not data.endswith(b"\n"):  # a whole record whose newline was lost: keep it
+            with open(path, "ab") as f:
+                f.write(b"\n")
 
 
 def list_runs(runs_dir: str | Path) -> list[tuple[Path, dict[str, Any], dict[str, Any] | None]]:

@@ -153,7 +153,7 @@ def _problem_tasks(name: str, entry: dict, base: Path, backend: str, dtypes: lis
                 raise SweepError(f"{where}: {e}") from None
             tasks.append(t)
             if entry.get("budget") is not None:
-                budgets[t.key] = int(entry["budget"])
+                budgets[t.key] = _num(where, "budget", entry["budget"], int)
     return tasks
 
 
@@ -178,6 +178,10 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
     dtypes = _list(data.get("dtypes", ["fp32"]), "dtypes", str(path))
     ops = data.get("ops")
     if isinstance(ops, dict):
+        for name, v in ops.items():
+            if v is not None and not isinstance(v, dict):
+                raise SweepError(f"{path}: ops.{name}: expected a mapping such as {{shapes: [1024x1024]}}, "
+                                 f"got {v!r}")
         entries = [(name, dict(v or {})) for name, v in ops.items()]
     elif isinstance(ops, list):
         entries = []
@@ -233,7 +237,7 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
                     continue
                 tasks.append(t)
                 if entry.get("budget") is not None:
-                    budgets[t.key] = int(entry["budget"])
+                    budgets[t.key] = _num(where, "budget", entry["budget"], int)
     if not tasks:
         raise SweepError(f"{path}: no tasks (ops x shapes x dtypes is empty)")
     if data.get("budget") is not None and data.get("total_budget") is not None:
@@ -256,30 +260,52 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
             problems.append(f"{t.key}: {e}")
     if problems:
         raise SweepError(f"{path}: {len(problems)} task(s) cannot run:\n  " + "\n  ".join(problems))
-    budget, total = data.get("budget"), data.get("total_budget")
+    budget = _num(path, "budget", data.get("budget"), int)
+    total = _num(path, "total_budget", data.get("total_budget"), int)
     if total is not None:
         n = len(tasks)
-        per, extra = divmod(int(total), n)
+        per, extra = divmod(total, n)
         if per < 1:
             raise SweepError(f"{path}: total_budget {total} is less than one evaluation per task ({n} tasks)")
         for i, t in enumerate(tasks):
             t.budget = budgets.get(t.key, per + (1 if i < extra else 0))
     else:
-        default = int(budget) if budget is not None else (10**9 if data.get("time_budget_s") else 40)
+        default = budget if budget is not None else (10**9 if data.get("time_budget_s") else 40)
         for t in tasks:
             t.budget = budgets.get(t.key, default)
     for t in tasks:
         if t.budget < 1:
             raise SweepError(f"{path}: {t.key}: budget must be at least 1")
+    from .search import SAMPLERS
+    sampler = str(data.get("sampler", "tpe"))
+    if sampler not in SAMPLERS:  # else every task fails on it, one after another
+        raise SweepError(f"{path}: unknown sampler {sampler!r}; one of {', '.join(SAMPLERS)}")
+    concurrency = _num(path, "concurrency", data.get("concurrency"), int)
+    if concurrency is not None and concurrency < 1:
+        raise SweepError(f"{path}: `concurrency:` must be at least 1, got {concurrency}")
     return Plan(name=str(data.get("name") or path.stem), source=str(path), backend=backend,
-                tasks=tasks, sampler=str(data.get("sampler", "tpe")), seed=int(data.get("seed", 0)),
-                time_budget_s=_float(data.get("time_budget_s")), total_time_s=_float(data.get("total_time_s")),
-                concurrency=data.get("concurrency"), out=data.get("out"),
+                tasks=tasks, sampler=sampler, seed=_num(path, "seed", data.get("seed", 0), int),
+                time_budget_s=_num(path, "time_budget_s", data.get("time_budget_s"), float, positive=True),
+                total_time_s=_num(path, "total_time_s", data.get("total_time_s"), float, positive=True),
+                concurrency=concurrency, out=data.get("out"),
                 text_hash=hashlib.sha256(text.encode()).hexdigest()[:16])
 
 
-def _float(v) -> float | None:
-    return None if v is None else float(v)
+def _num(where, key: str, v, kind=int, positive: bool = False):
+    """A number of the sweep file (None stays None), or a SweepError that names the key: a
+    `budget: lots` was a ValueError traceback."""
+    if v is None:
+        return None
+    try:
+        if isinstance(v, bool) or (kind is int and isinstance(v, float) and not v.is_integer()):
+            raise ValueError
+        x = kind(v)
+    except (TypeError, ValueError, OverflowError):
+        raise SweepError(f"{where}: `{key}:` must be {'an integer' if kind is int else 'a number'}, "
+                         f"got {v!r}") from None
+    if positive and not x > 0:
+        raise SweepError(f"{where}: `{key}:` must be positive, got {v!r}")
+    return x
 
 
 # ---- progress -----------------------------------------------------------------------------
@@ -424,6 +450,7 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
     owned = None
     make_evaluator = None
     per_task_parallel = parallel
+    in_flight = None  # a function: the in-flight count raised as tasks finish (Ray, unless fixed)
     k = 1
     try:
         if executor == "ray":
@@ -441,6 +468,13 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
             k = max(1, min(int(k), len(plan.tasks)))
             if per_task_parallel is None:
                 per_task_parallel = max(2, math.ceil(ex.default_parallel(plan.backend) / k))
+                total = ex.default_parallel(plan.backend)
+                # As tasks finish, the last ones share the freed compile slots and devices: a
+                # sweep's last fifth left two GPUs 68 % idle, the last few tasks at 3 in flight
+                # each (bench/RESULTS.md, Ray, sixth run).
+                def in_flight() -> int:
+                    active = sum(1 for s in states if s.state in ("waiting", "running"))
+                    return max(per_task_parallel, math.ceil(total / max(1, min(k, active))))
         elif executor == "local":
             k = 1
             from .evaluate import Evaluator, WorkerPools
@@ -479,7 +513,7 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
                         tb = share if tb is None else min(tb, share)
                     state.state = "running"
                     view.update()
-                    state.summary = execute(store, settings, task.budget, tb, per_task_parallel,
+                    state.summary = execute(store, settings, task.budget, tb, in_flight or per_task_parallel,
                                             view.for_task(state), make_evaluator=make_evaluator)
                     state.state = "done"
                 except (SkeletonError, StoreError, BackendUnavailable, OpError, ValueError) as e:
@@ -594,8 +628,10 @@ def cmd_sweep(args) -> int:
     if not args.quiet:
         print(f"sweep {plan.name}: {len(plan.tasks)} tasks on {plan.backend} in {folder} "
               f"({args.executor} executor)", file=sys.stderr)
-    summary = run_sweep(plan, settings, args.executor, args.ray_address, args.devices, args.concurrency,
-                        args.out, not args.quiet, parallel=args.parallel)
+    folder.mkdir(parents=True, exist_ok=True)
+    with Store(folder).lock():  # two sweeps into one folder would run every task twice at once
+        summary = run_sweep(plan, settings, args.executor, args.ray_address, args.devices, args.concurrency,
+                            args.out, not args.quiet, parallel=args.parallel)
     if args.json:
         print(_json.dumps(summary, indent=1, default=str))
     else:

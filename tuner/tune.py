@@ -84,9 +84,12 @@ def _count(progress: Progress, record: Record) -> None:
 
 
 def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: int,
-               time_budget_s: float | None, parallel: int,
+               time_budget_s: float | None, parallel: int | Callable[[], int],
                on_progress: Callable[[Progress], None] = lambda p: None) -> Progress:
+    """`parallel`: evaluations kept in flight, or a function asked before each ask (a sweep
+    raises it as its other tasks finish, so that the last ones keep the devices fed)."""
     space = searcher.space
+    limit = parallel if callable(parallel) else (lambda: parallel)
     known: dict[str, Record] = {}
     progress = Progress(budget=budget)
     for r in store.records():
@@ -118,9 +121,10 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
         _count(progress, record)
         on_progress(progress)
 
-    with cf.ThreadPoolExecutor(max_workers=parallel) as pool:
+    # Threads start as evaluations are submitted: the bound is never reached when fixed.
+    with cf.ThreadPoolExecutor(max_workers=parallel if isinstance(parallel, int) else 256) as pool:
         while True:
-            while (len(inflight) < parallel and progress.evaluations + len(inflight) < budget
+            while (len(inflight) < max(1, limit()) and progress.evaluations + len(inflight) < budget
                    and (deadline is None or time.monotonic() < deadline) and stall < STALL_ASKS
                    and len(known) + len(inflight) < space.size and not searcher.stalled()
                    and not progress.stopped):
@@ -279,7 +283,7 @@ def create_run(settings: Settings, spec: OpSpec, backend: str, skeleton: Skeleto
 
 
 def execute(store: Store, settings: Settings, budget: int, time_budget_s: float | None = None,
-            parallel: int | None = None, view=None, seeds: tuple[Config, ...] = (),
+            parallel: int | Callable[[], int] | None = None, view=None, seeds: tuple[Config, ...] = (),
             make_evaluator: Callable[..., Evaluator] | None = None) -> dict:
     """Search (or continue searching) a run until its budget, name the winner, write the summary.
 
@@ -290,7 +294,7 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
     started = time.monotonic()
     meta = store.meta()
     spec = OpSpec.from_json(meta["op"])
-    skeleton = Skeleton.from_json(store.read_json("skeleton/skeleton.json"))
+    skeleton = store.skeleton()
     # make_evaluator: where evaluations run (the Evaluator signature; default local workers,
     # `executor_ray.RayExecutor.evaluator` for a Ray cluster).
     if make_evaluator is None:  # a library call: the run's own backend options (e.g. the sim's chip)
@@ -318,7 +322,7 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
             if skeleton.space.contains(config):
                 searcher.enqueue(config)
         if not store.records():
-            _refuse_empty_space(skeleton, evaluator)
+            refuse_empty_space(skeleton, evaluator.check)
         view.note(f"measuring the device and the reference on {meta['backend']}…")
         started_unix = time.time() - (time.monotonic() - started)
         evaluator.warm_up()
@@ -349,9 +353,11 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         evaluator.close()
 
 
-def _refuse_empty_space(skeleton: Skeleton, evaluator: Evaluator, limit: int = 20000) -> None:
+def refuse_empty_space(skeleton: Skeleton, check: Callable[[Config], str | None], limit: int = 20000) -> None:
     """A space (small enough to enumerate) where no config satisfies the constraints at this
-    shape and device is an error to fix before any worker starts, not a search of nothing."""
+    shape and device is an error to fix before any worker starts, not a search of nothing.
+    `check` is `Evaluator.check` (or the same test made without one: `tuner tune` asks before
+    it creates the run directory, so that a refused space leaves no empty run behind)."""
     from collections import Counter
 
     from .space import SpaceError
@@ -360,7 +366,7 @@ def _refuse_empty_space(skeleton: Skeleton, evaluator: Evaluator, limit: int = 2
         return
     reasons: Counter[str] = Counter()
     for config in space.configs():
-        why = evaluator.check(config)
+        why = check(config)
         if why is None:
             return
         reasons[why] += 1
@@ -467,7 +473,7 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
                 create_run(settings, spec, backend, sk, meta["sampler"], meta["seed"] + r, meta["storage"],
                            meta.get("command", ""), path=rstore.path,
                            extra={"round": r, "study_name": f"round-{r:02d}", "parent_run": store.path.name})
-            sk = Skeleton.from_json(rstore.read_json("skeleton/skeleton.json"))
+            sk = rstore.skeleton()
             space_text = (rstore.path / "skeleton/space.yaml").read_text()
             fb_json = rstore.read_json("feedback.json")
             if fb_json is None:

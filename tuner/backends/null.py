@@ -66,9 +66,12 @@ class NullBackend(Backend):
         if fault not in FAULTS:
             return Build(Status.COMPILE_ERROR, error=f"unknown fault {fault!r}; one of {sorted(FAULTS)}")
         try:
-            float(script.get("time", "1e-3"))
+            seconds = float(script.get("time", "1e-3"))
         except ValueError:
             return Build(Status.COMPILE_ERROR, error=f"time: {script.get('time')!r} is not a number")
+        if not (0 < seconds < float("inf")):  # a zero time would make every rate divide by zero
+            return Build(Status.COMPILE_ERROR, error=f"time: {script.get('time')!r} must be a positive "
+                                                     f"number of seconds")
         if fault == "compile_error":
             return Build(Status.COMPILE_ERROR, error="null: scripted compile error\n  error: expected ';'")
         if fault == "compile_hang":

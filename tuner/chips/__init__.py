@@ -185,16 +185,25 @@ def profile_from_dict(data: dict[str, Any], source: str = "") -> ChipProfile:
     for name in ("name", "soc", "family"):  # YAML reads 910_93 as a number
         if name in d:
             d[name] = str(d[name])
-    if "cube_flops_per_cycle" in d:
-        d["cube_flops_per_cycle"] = tuple(sorted((str(k), float(v)) for k, v in dict(d["cube_flops_per_cycle"]).items()))
-    if "transfers" in d:
-        tr = dict(d["transfers"])
-        for k, v in tr.items():
-            if not v or any(len(p) != 2 or p[0] <= 0 or p[1] <= 0 for p in v):
-                raise ChipError(f"{source}: transfer curve {k} must be [[KiB, GiB/s], ...] with positive numbers")
-        d["transfers"] = tuple(sorted((k, tuple((float(a), float(b)) for a, b in sorted(v))) for k, v in tr.items()))
-    if "provenance" in d:
-        d["provenance"] = tuple(sorted((str(k), str(v)) for k, v in dict(d["provenance"]).items()))
+    try:  # a hand-written profile may give any YAML here: say which field, not a TypeError
+        field = "cube_flops_per_cycle"
+        if field in d:
+            d[field] = tuple(sorted((str(k), float(v)) for k, v in dict(d[field]).items()))
+        field = "transfers"
+        if field in d:
+            tr = dict(d[field])
+            for k, v in tr.items():
+                if not v or any(len(p) != 2 or p[0] <= 0 or p[1] <= 0 for p in v):
+                    raise ChipError(f"{source}: transfer curve {k} must be [[KiB, GiB/s], ...] with positive numbers")
+            d[field] = tuple(sorted((k, tuple((float(a), float(b)) for a, b in sorted(v))) for k, v in tr.items()))
+        field = "provenance"
+        if field in d:
+            d[field] = tuple(sorted((str(k), str(v)) for k, v in dict(d[field]).items()))
+    except ChipError:
+        raise
+    except (TypeError, ValueError):
+        raise ChipError(f"{source or 'chip profile'}: {field} is malformed: {d[field]!r} (see the built-in "
+                        f"profiles in tuner/chips/ for its form)") from None
     if source and not d.get("source"):
         d["source"] = source
     try:
@@ -208,6 +217,11 @@ def profile_from_dict(data: dict[str, Any], source: str = "") -> ChipProfile:
         v = getattr(prof, name)
         if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             raise ChipError(f"{source or prof.name}: {name} must be a positive number, got {v!r}")
+    for f in fields(ChipProfile):  # every other numeric field is at least a number
+        v = getattr(prof, f.name)
+        if type(f.default) in (int, float) and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                                or not math.isfinite(v)):
+            raise ChipError(f"{source or prof.name}: {f.name} must be a number, got {v!r}")
     return prof
 
 

@@ -1,0 +1,260 @@
+"""Broken and hostile inputs found by an audit: each gets an error that says what to fix (exit
+code 2, no traceback) or is recorded as data, and none leaves a damaged or empty run behind."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from tuner.cli import main
+from tuner.space import SpaceError, parse_space
+from tuner.store import Store, StoreError
+from tests.conftest import FIXTURES
+
+NULL = ["--backend", "null", "--template", str(FIXTURES / "null/good.txt.j2"),
+        "--space", str(FIXTURES / "null/good.yaml")]
+
+
+def run(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return rc, err
+
+
+def problem(tmp_path, forward: str, inputs: str = "[torch.randn(batch_size, 8)]", size: int = 4):
+    f = tmp_path / "p.py"
+    f.write_text(f"import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        {forward}\n"
+                 f"batch_size = {size}\ndef get_inputs():\n    return {inputs}\n"
+                 f"def get_init_inputs():\n    return []\n")
+    return f
+
+
+@pytest.mark.parametrize("forward", ["return 3.0", "pass", "return {'y': x}"])
+def test_problem_whose_forward_returns_no_tensor(capsys, tmp_path, forward):
+    rc, err = run(capsys, "tune", "--op", problem(tmp_path, forward), *NULL, "--runs-dir", tmp_path / "runs")
+    assert rc == 2 and "Model.forward returned a" in err and "must return a tensor" in err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("inputs", ["torch.randn(batch_size, 8)", "(torch.randn(4) for _ in range(1))"])
+def test_problem_whose_get_inputs_is_not_a_list(capsys, tmp_path, inputs):
+    rc, err = run(capsys, "tune", "--op", problem(tmp_path, "return x * 2", inputs), *NULL)
+    assert rc == 2 and "get_inputs() returned a" in err and "list of tensors" in err
+
+
+def test_problem_with_an_empty_input(capsys, tmp_path):
+    rc, err = run(capsys, "tune", "--op", problem(tmp_path, "return x * 2", size=0), *NULL)
+    assert rc == 2 and "input 0 has no elements" in err and "--size" in err
+
+
+@pytest.mark.parametrize("params, says", [
+    ("  V: {range: [1, 1000000000000]}", "has 1000000000000 values; at most"),  # was a MemoryError
+    ("  V: [1, 1.0]", "lists the value 1.0 twice"),
+    ("  V: [.nan, 1]", "must be a finite number"),
+    ("  if: [1, 2]", "reserved word"),
+    ("  true: [1, 2]", "reserved word"),
+    ("  V: [1, 2]\nresources:\n  V: V * 2", "has the name of a param"),
+])
+def test_space_mistakes_are_refused_at_load(params, says):
+    with pytest.raises(SpaceError, match=says):
+        parse_space(f"language: script\nparams:\n{params}\n", "s.yaml")
+
+
+def test_space_with_no_valid_config_leaves_no_run_directory(capsys, tmp_path):
+    space = tmp_path / "s.yaml"
+    space.write_text("language: script\nparams:\n  V: [1, 2]\nconstraints:\n  - V > 5\n")
+    rc, err = run(capsys, "tune", "softmax", "--shape", "8x16", "--backend", "null", "--template",
+                  FIXTURES / "null/good.txt.j2", "--space", space, "--runs-dir", tmp_path / "runs")
+    assert rc == 2 and "none of the 2 configs" in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_space_reading_a_size_the_op_lacks_names_only_sizes(capsys, tmp_path):
+    space = tmp_path / "s.yaml"
+    space.write_text("language: script\nsizes: [Q]\nparams:\n  V: [1, 2]\n")
+    rc, err = run(capsys, "tune", "softmax", "--shape", "8x16", "--backend", "null", "--template",
+                  FIXTURES / "null/good.txt.j2", "--space", space, "--runs-dir", tmp_path / "runs")
+    assert rc == 2 and "no size(s) ['Q']; it has ['M', 'N']" in err
+
+
+@pytest.mark.parametrize("flag", [["--parallel", "-1"], ["--seed", "-1"], ["--time-budget", "0"],
+                                  ["--run-timeout", "-2"], ["--patience", "0"], ["--rounds", "0"]])
+def test_out_of_range_numbers_are_refused(capsys, tmp_path, flag):
+    rc, err = run(capsys, "tune", "softmax", "--shape", "8x16", *NULL, "--runs-dir", tmp_path / "runs", *flag)
+    assert rc == 2 and flag[0] in err and "must be" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_storage_url_of_an_unknown_database(capsys, tmp_path):
+    from tuner.search import SearchError, Searcher
+    from tuner.space import parse_space as ps
+    with pytest.raises(SearchError, match="cannot open the Optuna storage 'weird://x'"):
+        Searcher(ps("params:\n  V: [1, 2]\n"), "random", 0, "weird://x")
+
+
+def test_warm_start_list_of_non_configs(tmp_path):
+    from tuner.replay import LandscapeError, warm_starts
+    f = tmp_path / "ws.json"
+    f.write_text("[1, 2]")
+    with pytest.raises(LandscapeError, match="JSON object of param -> value"):
+        warm_starts([str(f)], parse_space("params:\n  V: [1, 2]\n"))
+
+
+def test_null_script_with_a_zero_time_is_a_compile_error(tmp_path):
+    from tuner.backends.null import NullBackend
+    from tuner.values import Status
+    b = NullBackend()
+    assert b.compile("time: 0\n", str(tmp_path), 1.0).status is Status.COMPILE_ERROR
+    assert b.compile("time: nan\n", str(tmp_path), 1.0).status is Status.COMPILE_ERROR
+
+
+# ---- damaged run directories --------------------------------------------------------------
+
+def fake_run(tmp_path, records: int = 2) -> Store:
+    """A run directory as create_run leaves it, with `records` records of the good null space."""
+    from tuner.ops import builtin_spec
+    from tuner.settings import Settings
+    from tuner.skeleton import load_skeleton
+    from tuner.tune import create_run
+    from tuner.values import Build, Config, Measurement, Record, Status
+    skel = load_skeleton(FIXTURES / "null/good.txt.j2", FIXTURES / "null/good.yaml")
+    store = create_run(Settings(runs_dir=str(tmp_path / "runs")), builtin_spec("softmax", "8x16"), "null",
+                       skel, "random", 0, extra={"budget": 2})
+    for v in range(1, records + 1):
+        store.append(Record(op_key="k", skeleton_hash=skel.hash, config=Config.of({"V": v}),
+                            build=Build(Status.OK), measurement=Measurement(Status.OK, samples=(1e-4,)), device="null device",
+                            trial=v - 1))
+    return store
+
+
+@pytest.mark.parametrize("text, says", [("[]", "found a list"), ('{"format_version": 1}', "lacks op")])
+def test_damaged_run_json(capsys, tmp_path, text, says):
+    store = fake_run(tmp_path)
+    (store.path / "run.json").write_text(text)
+    for cmd in (["show", store.path], ["tune", "--resume", store.path], ["export", store.path]):
+        rc, err = run(capsys, *cmd)
+        assert rc == 2 and says in err
+
+
+def test_resume_without_the_skeleton(capsys, tmp_path):
+    store = fake_run(tmp_path)
+    (store.path / "skeleton/skeleton.json").unlink()
+    rc, err = run(capsys, "tune", "--resume", store.path)
+    assert rc == 2 and "skeleton.json is missing" in err
+
+
+@pytest.mark.parametrize("text", ["[]", "{}"])
+def test_show_with_a_damaged_summary(capsys, tmp_path, text):
+    store = fake_run(tmp_path)
+    store.write_text("summary.json", text)
+    rc, err = run(capsys, "show", store.path)
+    assert rc == 2 and "summary.json is damaged" in err and "--resume" in err
+
+
+def test_unparsable_last_record_line_is_dropped_before_appending(tmp_path):
+    """A garbage last line that ends in a newline was skipped on read but kept on disk; the
+    resumed run's first append then made it a corrupt middle line and the run unreadable."""
+    store = fake_run(tmp_path)
+    with open(store.path / "records.jsonl", "a") as f:
+        f.write("garbage\n")
+    store.repair()
+    extra = fake_run(tmp_path / "other", records=3).records()[-1]
+    store.append(extra)
+    assert [r.config["V"] for r in store.records()] == [1, 2, 3]
+
+
+def test_last_record_that_lost_only_its_newline_is_kept(tmp_path):
+    store = fake_run(tmp_path)
+    path = store.path / "records.jsonl"
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))
+    store.repair()
+    assert len(store.records()) == 2 and path.read_bytes().endswith(b"\n")
+
+
+def test_records_file_that_is_a_directory(capsys, tmp_path):
+    store = fake_run(tmp_path, records=0)
+    (store.path / "records.jsonl").mkdir()
+    rc, err = run(capsys, "tune", "--resume", store.path)
+    assert rc == 2 and "records.jsonl is unreadable" in err
+
+
+def test_export_to_a_file_path(capsys, tmp_path):
+    store = fake_run(tmp_path)
+    store.write_json("best/config.json", {"config": {"V": 1}, "median_s": 1e-4})
+    store.write_text("best/kernel.txt", "time: 1e-4\n")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    rc, err = run(capsys, "export", store.path, "--out", blocker)
+    assert rc == 2 and "cannot write the export" in err
+
+
+def test_db_update_skips_a_damaged_run(tmp_path):
+    from tuner.db import TuningDB
+    store = fake_run(tmp_path)
+    store.write_json("summary.json", {"best": {"median_s": 1e-4}})  # no config
+    store.write_text("best/kernel.txt", "time: 1e-4\n")
+    what, why = TuningDB(tmp_path / "db.json").add_run(store.path)
+    assert what == "skipped" and "damaged" in why
+
+
+# ---- resuming ------------------------------------------------------------------------------
+
+def test_two_processes_on_one_run_are_refused(capsys, tmp_path):
+    store = fake_run(tmp_path)
+    with Store(store.path).lock():  # what a running `tuner tune` holds
+        with pytest.raises(StoreError, match="in use by another tuner process"):
+            with Store(store.path).lock():
+                pass
+        rc, err = run(capsys, "tune", "--resume", store.path)
+        assert rc == 2 and "in use by another tuner process" in err
+    with Store(store.path).lock():  # released with the holder
+        pass
+
+
+def test_resume_keeps_the_runs_budget(tmp_path):
+    from tuner.cli import _run_budget
+    store = fake_run(tmp_path)
+    assert _run_budget(SimpleNamespace(budget=None), store) == 2  # not the default 40
+    assert _run_budget(SimpleNamespace(budget=7), store) == 7
+    assert json.loads((store.path / "run.json").read_text())["budget"] == 7  # for the next resume
+
+
+def test_ctrl_c_names_the_run_to_resume(capsys, tmp_path, monkeypatch):
+    import tuner.cli
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(tuner.cli, "execute", interrupted)
+    rc, err = run(capsys, "tune", "softmax", "--shape", "8x16", *NULL, "--runs-dir", tmp_path / "runs")
+    path = next((tmp_path / "runs").iterdir())
+    assert rc == 130 and f"tuner tune --resume {path}" in err
+
+
+@pytest.mark.parametrize("text, says", [
+    ("budget: lots\n", "`budget:` must be an integer, got 'lots'"),
+    ("sampler: foo\n", "unknown sampler 'foo'"),
+    ("total_time_s: -1\n", "`total_time_s:` must be positive"),
+])
+def test_sweep_file_mistakes_are_refused_before_any_task(tmp_path, text, says):
+    from tuner.sweep import SweepError, load_plan
+    f = tmp_path / "sweep.yaml"
+    f.write_text(f'backend: "null"\n{text}ops:\n  softmax: {{shapes: [8x8], template: {FIXTURES}/null/good.txt.j2, '
+                 f'space: {FIXTURES}/null/good.yaml}}\n')
+    with pytest.raises(SweepError, match=says):
+        load_plan(f)
+    f.write_text('backend: "null"\nops:\n  softmax: 8x8\n')
+    with pytest.raises(SweepError, match="expected a mapping"):
+        load_plan(f)
+
+
+@pytest.mark.parametrize("line, says", [("transfers: 5", "transfers is malformed"),
+                                        ("cube_flops_per_cycle: [1, 2]", "cube_flops_per_cycle is malformed"),
+                                        ("l2_bytes: lots", "l2_bytes must be a number"),
+                                        ("transfers: {gm_to_ub: [[1]]}", "transfer curve gm_to_ub")])
+def test_malformed_chip_profile(tmp_path, line, says):
+    from tuner.chips import ChipError, load_profile
+    f = tmp_path / "chip.yaml"
+    f.write_text(f"base: 910B2\nname: x\nsoc: y\n{line}\n")
+    with pytest.raises(ChipError, match=says):
+        load_profile(str(f))
