@@ -54,3 +54,35 @@ def test_run_where_nothing_compiles_reports_no_winner(tmp_path, monkeypatch, cap
     run = next(runs.iterdir())
     assert json.loads((run / "summary.json").read_text())["best"] is None
     assert main(["export", str(run)]) == 2
+
+
+def test_a_kernel_that_forks_then_dies_is_recorded_at_once(fast_settings, tmp_path):
+    """A forked child holds the worker's pipe open after the worker is gone: the parent saw no
+    end of the pipe and waited for the whole run timeout. It now notices the death within a
+    second, and the child goes with the worker's process group."""
+    import os
+    import time
+    skel = load_skeleton(FIXTURES / "faulty/forkdie.c.j2", FIXTURES / "faulty/forkdie.yaml")
+    ev = Evaluator("cpu", builtin_spec("softmax", "8x16"), skel,
+                   fast_settings.replace(run_timeout_s=60.0), tmp_path)
+    try:
+        ev.start()
+        for how, words in (("exit", "code 0 (the kernel ended the process"), ("abort", "SIGABRT")):
+            config = next(c for c in skel.space.configs() if c.as_dict()["HOW"] == how)
+            t0 = time.monotonic()
+            rec = ev.evaluate(config)
+            assert rec.status is Status.RUNTIME_ERROR and words in rec.reason, rec.reason
+            assert time.monotonic() - t0 < 20
+    finally:
+        ev.close()
+    time.sleep(0.5)  # the workers are gone now; so must be what their kernels forked
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _maps(p, str(tmp_path))]
+
+
+def _maps(pid: str, folder: str) -> bool:
+    """Whether process `pid` has a file under `folder` mapped (a kernel built there)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return folder in f.read()
+    except OSError:
+        return False

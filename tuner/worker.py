@@ -57,16 +57,25 @@ def _send(fd: int, obj: Any) -> None:
         view = view[n:]
 
 
-def _recv_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
+_ALIVE_POLL_S = 0.5
+
+
+def _recv_exact(fd: int, n: int, deadline: float | None, alive=None) -> bytes | None:
+    """`alive`: asked every half second while nothing arrives; False ends the wait as if the
+    pipe had closed. A worker can die with its pipe still open: a kernel that forked leaves a
+    child holding it, and the parent waited for the whole timeout."""
     buf = bytearray()
     while len(buf) < n:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
+        if deadline is not None or alive is not None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
                 raise TimeoutError
-            ready, _, _ = select.select([fd], [], [], left)
+            wait = left if alive is None else (_ALIVE_POLL_S if left is None else min(left, _ALIVE_POLL_S))
+            ready, _, _ = select.select([fd], [], [], wait)
             if not ready:
-                raise TimeoutError
+                if alive is not None and not alive():
+                    return None
+                continue  # the deadline is checked again
         chunk = os.read(fd, n - len(buf))
         if not chunk:
             return None
@@ -74,11 +83,11 @@ def _recv_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
     return bytes(buf)
 
 
-def _recv(fd: int, deadline: float | None = None) -> Any:
-    head = _recv_exact(fd, 8, deadline)
+def _recv(fd: int, deadline: float | None = None, alive=None) -> Any:
+    head = _recv_exact(fd, 8, deadline, alive)
     if head is None:
         raise EOFError
-    body = _recv_exact(fd, struct.unpack(">Q", head)[0], deadline)
+    body = _recv_exact(fd, struct.unpack(">Q", head)[0], deadline, alive)
     if body is None:
         raise EOFError
     return pickle.loads(body)
@@ -139,7 +148,8 @@ class Worker:
         try:
             _send(self.proc.stdin.fileno(), (method, kwargs))
             deadline = None if timeout is None else time.monotonic() + timeout
-            status, value = _recv(self.proc.stdout.fileno(), deadline)
+            proc = self.proc
+            status, value = _recv(proc.stdout.fileno(), deadline, alive=lambda: proc.poll() is None)
         except TimeoutError:
             self.kill()
             raise WorkerFailure("timeout", f"no answer after {timeout:g} s; worker killed") from None
@@ -158,6 +168,10 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.kill()
             return "worker stopped answering; killed"
+        try:  # what the kernel started (a forked child holding the pipe) goes with it
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         self.proc = None
         if code < 0:
             try:
@@ -165,7 +179,8 @@ class Worker:
             except ValueError:
                 name = f"signal {-code}"
             return f"worker died with {name}"
-        return f"worker exited with code {code}"
+        return f"worker exited with code {code}" + (" (the kernel ended the process: exit() or similar)"
+                                                     if code == 0 else "")
 
     def kill(self) -> None:
         if self.proc is not None:
