@@ -59,10 +59,12 @@ def test_retries_429_5xx_timeouts_and_garbage(tmp_path):
     assert "malformed" in errors[3] and "malformed" in errors[4] and "no reply within" in errors[5]
 
 
-def test_retries_exhausted_is_a_clear_error(tmp_path):
+def test_retries_exhausted_is_a_clear_error(tmp_path, capsys):
     with ScriptedServer([{"status": 502}] * 3) as srv:
         with pytest.raises(LLMError, match="no usable reply after 3 attempts; last: HTTP 502"):
             client(srv, tmp_path, retries=2).chat("c", MSG)
+    err = capsys.readouterr().err  # each wait is announced: a dead endpoint is not silence
+    assert "HTTP 502" in err and "attempt 2 of 3" in err and "attempt 3 of 3" in err
     assert not (tmp_path / "llm" / "c.json").exists()  # no reply: the step is asked again later
     assert list((tmp_path / "llm").glob("c.failed-*.json"))
 

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import re
+import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -159,6 +160,9 @@ class ChatClient:
         self.dir = Path(transcript_dir)
         self._client = None
         self._use_max_tokens = False  # servers that predate max_completion_tokens
+        # Told of each failed attempt before the wait: with the default retries a dead endpoint
+        # took 80 s of backoff, and the user saw nothing after "asking ... for a skeleton".
+        self.notify = lambda text: print(text, file=sys.stderr, flush=True)
 
     def _openai(self):
         if self._client is None:
@@ -218,6 +222,8 @@ class ChatClient:
                     self.config.max_backoff_s, self.config.backoff_s * 2**attempt)
                 wait = min(wait, self.config.max_backoff_s) * (1 + 0.25 * random.random())
                 attempts[-1]["wait_s"] = round(wait, 3)
+                self.notify(f"{self._where()}: {r.reason}; attempt {attempt + 2} of "
+                            f"{self.config.retries + 1} in {wait:.0f} s")
                 time.sleep(wait)
         replies = [{"content": t, "finish_reason": f} for t, f in zip(texts, reasons)]
         self._write(path, call_id, digest, messages, n, meta, replies, attempts, started, usage)
