@@ -87,6 +87,24 @@ def test_without_ray_installed_the_message_says_what_to_install(monkeypatch, tmp
     assert 'pip install "tuner[ray]"' in RAY_MISSING
 
 
+def test_an_address_nobody_answers_at_fails_in_seconds_with_what_to_do():
+    """Ray itself waited minutes for a cluster at a wrong address, printing only its warnings."""
+    import socket
+    import time
+
+    from tuner.executor_ray import RayUnavailable, _probe
+    with socket.socket() as s:  # a port that was just free: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(RayUnavailable, match=rf"no Ray cluster answers at 127.0.0.1:{port}.*ray start --head"):
+        _probe(f"127.0.0.1:{port}")
+    with pytest.raises(RayUnavailable):
+        _probe(f"ray://127.0.0.1:{port}")
+    assert time.monotonic() - t0 < 15
+    _probe("auto")  # resolved by Ray itself
+
+
 def test_core_imports_without_ray():
     code = ("import sys; sys.modules['ray'] = None\n"
             "import tuner.cli, tuner.tune, tuner.sweep, tuner.db, tuner.runtime, tuner.executor_ray\n"

@@ -273,6 +273,7 @@ def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: i
     kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                           "logging_level": "ERROR", "runtime_env": {"env_vars": env_vars}}
     if address:
+        _probe(address)
         kw["address"] = address
     else:
         # address="local": a new cluster of our own, never one someone else started. Idle task
@@ -287,6 +288,22 @@ def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: i
         where = f"connect to the Ray cluster at {address}" if address else "start a local Ray cluster"
         raise RayUnavailable(f"cannot {where}: {e}") from None
     return True
+
+
+def _probe(address: str, timeout_s: float = 5.0) -> None:
+    """A `host:port` (or `ray://host:port`) nobody answers at fails here in seconds: Ray itself
+    waits a minute or more for a cluster's control service, printing only its own warnings."""
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return  # "auto" or another form Ray resolves itself
+    import socket
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise RayUnavailable(f"no Ray cluster answers at {address} ({e.strerror or e}); start one "
+                             f"there (`ray start --head --port {port}`), fix --ray-address, or leave "
+                             f"it out to start a local cluster") from None
 
 
 class _Slot:
