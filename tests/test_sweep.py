@@ -33,6 +33,11 @@ def test_plan_expands_ops_shapes_dtypes(tmp_path):
     assert [t.key for t in plan.tasks] == ["softmax-256x512-fp32-null", "softmax-512x512-fp32-null",
                                            "rmsnorm-256x512-fp32-null"]
     assert all(t.budget == 6 for t in plan.tasks)
+    assert plan.sampler == "random"
+    (tmp_path / "d.yaml").write_text("\n".join(line for line in SWEEP.read_text().splitlines()
+                                               if not line.startswith("sampler:"))
+                                     .replace("../null/", str(FIXTURES / "null") + "/"))
+    assert load_plan(tmp_path / "d.yaml").sampler == "guided"  # tuner tune's default searcher
     text = SWEEP.read_text().replace("budget: 6", "total_budget: 10")
     (tmp_path / "s.yaml").write_text(text.replace("../null/", str(FIXTURES / "null") + "/"))
     assert [t.budget for t in load_plan(tmp_path / "s.yaml").tasks] == [4, 3, 3]

@@ -9,7 +9,7 @@ A sweep file (YAML):
     # total_budget: 400        # ... or in total, split evenly over the tasks
     # time_budget_s: 120       # wall time of one task's search (with or without budget)
     # total_time_s: 3600       # wall time of the whole sweep: tasks not started by then are skipped
-    sampler: tpe               # seed: 0 (each task's seed is derived from it and the task)
+    sampler: guided            # the default, as for tuner tune; seed: 0 (each task's seed is derived from it)
     ops:
       softmax: {shapes: [256x1024, 4096x4096]}
       rmsnorm: {shapes: [1024x4096], dtypes: [fp32]}
@@ -99,7 +99,7 @@ class Plan:
     source: str  # the sweep file
     backend: str
     tasks: list[Task]
-    sampler: str = "tpe"
+    sampler: str = "guided"
     seed: int = 0
     time_budget_s: float | None = None
     total_time_s: float | None = None
@@ -277,7 +277,7 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
         if t.budget < 1:
             raise SweepError(f"{path}: {t.key}: budget must be at least 1")
     from .search import SAMPLERS
-    sampler = str(data.get("sampler", "tpe"))
+    sampler = str(data.get("sampler", "guided"))  # tuner tune's default: the searcher of bench/RESULTS.md
     if sampler not in SAMPLERS:  # else every task fails on it, one after another
         raise SweepError(f"{path}: unknown sampler {sampler!r}; one of {', '.join(SAMPLERS)}")
     concurrency = _num(path, "concurrency", data.get("concurrency"), int)
