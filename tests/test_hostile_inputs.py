@@ -61,21 +61,17 @@ def test_space_mistakes_are_refused_at_load(params, says):
         parse_space(f"language: script\nparams:\n{params}\n", "s.yaml")
 
 
-def test_space_with_no_valid_config_leaves_no_run_directory(capsys, tmp_path):
+@pytest.mark.parametrize("text, says", [
+    ("params:\n  V: [1, 2]\nconstraints:\n  - V > 5\n", "none of the 2 configs"),
+    ("sizes: [Q]\nparams:\n  V: [1, 2]\n", "no size(s) ['Q']; it has ['M', 'N']"),  # sizes, not dtype/op
+])
+def test_a_space_that_cannot_run_at_this_shape_leaves_no_run_directory(capsys, tmp_path, text, says):
     space = tmp_path / "s.yaml"
-    space.write_text("language: script\nparams:\n  V: [1, 2]\nconstraints:\n  - V > 5\n")
+    space.write_text("language: script\n" + text)
     rc, err = run(capsys, "tune", "softmax", "--shape", "8x16", "--backend", "null", "--template",
                   FIXTURES / "null/good.txt.j2", "--space", space, "--runs-dir", tmp_path / "runs")
-    assert rc == 2 and "none of the 2 configs" in err
+    assert rc == 2 and says in err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
-
-
-def test_space_reading_a_size_the_op_lacks_names_only_sizes(capsys, tmp_path):
-    space = tmp_path / "s.yaml"
-    space.write_text("language: script\nsizes: [Q]\nparams:\n  V: [1, 2]\n")
-    rc, err = run(capsys, "tune", "softmax", "--shape", "8x16", "--backend", "null", "--template",
-                  FIXTURES / "null/good.txt.j2", "--space", space, "--runs-dir", tmp_path / "runs")
-    assert rc == 2 and "no size(s) ['Q']; it has ['M', 'N']" in err
 
 
 @pytest.mark.parametrize("flag", [["--parallel", "-1"], ["--seed", "-1"], ["--time-budget", "0"],

@@ -1,5 +1,6 @@
 """End to end through the CLI on the null backend (and the cpu backend where it is cheap)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -303,8 +304,9 @@ def test_a_reference_that_fails_in_the_background_fails_the_run_before_any_measu
     assert json.loads((store.path / "run.json").read_text())["device"]["name"]
 
 
-def test_compile_workers_run_below_the_timing_workers_priority(fast_settings, tmp_path):
-    """Compiles that fill every core must not delay the process that times candidates."""
+@contextlib.contextmanager
+def _warmed_null_evaluator(fast_settings, tmp_path):
+    """A started null Evaluator whose compile workers have all finished warming up."""
     from tuner.evaluate import Evaluator
     from tuner.ops import builtin_spec
     from tuner.skeleton import load_skeleton
@@ -315,43 +317,36 @@ def test_compile_workers_run_below_the_timing_workers_priority(fast_settings, tm
         ev.start()
         for t in ev._warming:
             t.join(timeout=60)
-
-        def nice(proc) -> int:
-            return int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
-        compilers = [nice(w.proc) for w in ev._compilers.queue]
-        timer = nice(ev.bench_worker.proc)
-        assert compilers and all(n > timer for n in compilers), (compilers, timer)
+        yield ev
     finally:
         ev.close()
+
+
+def test_compile_workers_run_below_the_timing_workers_priority(fast_settings, tmp_path):
+    """Compiles that fill every core must not delay the process that times candidates."""
+    def nice(proc) -> int:
+        return int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    with _warmed_null_evaluator(fast_settings, tmp_path) as ev:
+        compilers = [nice(w.proc) for w in ev._compilers.queue]
+        timer = nice(ev.bench_worker.proc)
+    assert compilers and all(n > timer for n in compilers), (compilers, timer)
 
 
 def test_compile_workers_are_single_threaded_and_share_tritons_cache_key(fast_settings, tmp_path, monkeypatch):
     """Thread pools in every compile process starved the timing process of CPUs. MLIR's
     switch is in Triton's cache key: the timing process gets it too, or it compiles again.
     The timing process keeps the user's OpenMP threads (the cpu backend's kernels use them)."""
-    from tuner.evaluate import Evaluator
-    from tuner.ops import builtin_spec
-    from tuner.skeleton import load_skeleton
+    def env(proc) -> dict:
+        raw = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+        return dict(x.decode().split("=", 1) for x in raw if b"=" in x)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
-    ev = Evaluator("null", builtin_spec("softmax", "64x512", "fp32"), skeleton, fast_settings, tmp_path / "run")
-    try:
-        ev.warm_up()
-        ev.start()
-        for t in ev._warming:
-            t.join(timeout=60)
-
-        def env(proc) -> dict:
-            raw = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
-            return dict(x.decode().split("=", 1) for x in raw if b"=" in x)
+    with _warmed_null_evaluator(fast_settings, tmp_path) as ev:
         compilers = [env(w.proc) for w in ev._compilers.queue]
         timer = env(ev.bench_worker.proc)
-        assert compilers
-        for e in compilers:
-            assert (e.get("OMP_NUM_THREADS"), e.get("MLIR_DISABLE_MULTITHREADING")) == ("1", "1")
-        assert (timer.get("OMP_NUM_THREADS"), timer.get("MLIR_DISABLE_MULTITHREADING")) == ("3", "1")
-    finally:
-        ev.close()
+    assert compilers
+    for e in compilers:
+        assert (e.get("OMP_NUM_THREADS"), e.get("MLIR_DISABLE_MULTITHREADING")) == ("1", "1")
+    assert (timer.get("OMP_NUM_THREADS"), timer.get("MLIR_DISABLE_MULTITHREADING")) == ("3", "1")
 
 
 def test_tuner_profile_writes_the_benchmark_workers_profile(fast_settings, tmp_path, monkeypatch):

@@ -467,8 +467,8 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
             k = concurrency or plan.concurrency or max(n_dev + 1, ex.compile_slots(plan.backend) // 4)
             k = max(1, min(int(k), len(plan.tasks)))
             if per_task_parallel is None:
-                per_task_parallel = max(2, math.ceil(ex.default_parallel(plan.backend) / k))
                 total = ex.default_parallel(plan.backend)
+                per_task_parallel = max(2, math.ceil(total / k))
                 # As tasks finish, the last ones share the freed compile slots and devices: a
                 # sweep's last fifth left two GPUs 68 % idle, the last few tasks at 3 in flight
                 # each (bench/RESULTS.md, Ray, sixth run).
