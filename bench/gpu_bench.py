@@ -3,8 +3,10 @@
 `ops`: for each op at two shapes (bf16), a tuning run of the library skeleton, then, in this
 process and timed the same way (CUDA events, L2 flushed before each call, median of many,
 contenders interleaved): the tuned kernel, torch eager, torch.compile(mode=
-"max-autotune-no-cudagraphs"), against the ceiling the run measured (copy bandwidth for
-memory-bound ops, the cuBLAS bf16 rate for matmul and attention).
+"max-autotune-no-cudagraphs") (each timed as the tuner times: repetitions queued, each
+with its own flush and events, waited for once), against the ceiling the run measured (copy bandwidth for
+memory-bound ops, and a copy of the op's own byte count timed in the same interleave; the
+cuBLAS bf16 rate for matmul and attention).
 
 `autotune`: tuning wall time on the 202-config matmul space of bench/triton_matmul202.yaml at
 4096^3 bf16: the tuner (every config, grid; and TPE with a budget) against @triton.autotune
@@ -64,8 +66,21 @@ def interleaved(backend, fns: dict, rounds: int = 10, per_round: int = 10) -> di
     backend.sync()
     for _ in range(rounds):
         for k, f in fns.items():
-            samples[k].extend(backend.time_call(f) for _ in range(per_round))
+            # queued and waited for once, as the tuner times: with a wait after each call, a
+            # launcher that spends longer on the host than the L2 flush takes on the GPU
+            # (building TMA descriptors) was charged for that host time
+            samples[k].extend(backend.time_calls(f, per_round))
     return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def kernel_names(fn) -> list[str]:
+    """The GPU kernels one call of fn runs (which library kernel torch picked)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted({e.key[:120] for e in prof.key_averages() if e.device_type.name == "CUDA"})
 
 
 def bench_op(op_name: str, shape: str, budget: int, out: Path, with_compile: bool = True) -> dict:
@@ -100,9 +115,23 @@ def bench_op(op_name: str, shape: str, budget: int, out: Path, with_compile: boo
             op.reference([x.to("meta", torch.float64) if x.is_floating_point() else x.to("meta")
                           for x in host])]
     fns = {"tuned": lambda: kernel(*xs, *outs), "eager": lambda: op.torch_impl(xs)}
+    key = f"{op_name}:{shape}"
+    if key not in COMPUTE_BOUND:
+        # A device-to-device copy moving as many bytes as the op (half read, half written),
+        # timed in the same interleave: the ceiling at this size, where launch and ramp weigh
+        # on a short kernel that a 1 GiB copy does not show.
+        half = int(op.bytes // 2)
+        src = torch.empty(half, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        fns["copy"] = lambda: dst.copy_(src)
     if with_compile:
         t1 = time.monotonic()
-        compiled_fn = torch.compile(lambda *a: op.torch_impl(list(a)), mode="max-autotune-no-cudagraphs")
+        # A fresh Dynamo per op, shapes static: every op's lambda is one code object to Dynamo,
+        # so without the reset the second shape of an op got a dynamic-shape kernel and the
+        # ninth op in a process ran eagerly (the recompile limit), silently.
+        torch._dynamo.reset()
+        compiled_fn = torch.compile(lambda *a: op.torch_impl(list(a)), mode="max-autotune-no-cudagraphs",
+                                    dynamic=False)
         compiled_fn(*xs)
         torch.cuda.synchronize()
         row["compile_s"] = round(time.monotonic() - t1, 1)
@@ -111,8 +140,11 @@ def bench_op(op_name: str, shape: str, budget: int, out: Path, with_compile: boo
     ref = op.torch_impl(xs)
     row["max_diff_vs_eager"] = max(float((o.float() - r.float()).abs().max()) for o, r in zip(outs, ref))
     t = interleaved(backend, fns)
+    try:
+        row["kernels"] = {k: kernel_names(fns[k]) for k in ("eager", "compile") if k in fns}
+    except Exception as e:  # noqa: BLE001 - naming kernels is a note, never a lost row
+        row["kernels"] = f"profiler: {type(e).__name__}: {e}"[:200]
     row.update({f"{k}_ms": round(v * 1e3, 4) for k, v in t.items()})
-    key = f"{op_name}:{shape}"
     if key in COMPUTE_BOUND:
         tf = {k: op.flops / v / 1e12 for k, v in t.items()}
         row.update({f"{k}_tflops": round(v, 1) for k, v in tf.items()})
@@ -123,6 +155,7 @@ def bench_op(op_name: str, shape: str, budget: int, out: Path, with_compile: boo
         row.update({f"{k}_tbps": round(v, 3) for k, v in bw.items()})
         row["ceiling"] = {"what": "device copy", "tbps": summary["device"]["peaks"]["copy_gbps"] / 1e3}
         row["pct_ceiling"] = round(100 * bw["tuned"] / row["ceiling"]["tbps"], 1)
+        row["pct_same_size_copy"] = round(100 * t["copy"] / t["tuned"], 1)
     row["vs_eager"] = round(t["eager"] / t["tuned"], 3)
     if with_compile:
         row["vs_compile"] = round(t["compile"] / t["tuned"], 3)
@@ -151,8 +184,8 @@ def cmd_ops(args) -> None:
 
 
 def print_ops_table(rows: list) -> None:
-    print("\n| op | shape | tuned | eager | torch.compile | ceiling | % ceiling | vs compile | vs eager | tune s | trials |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| op | shape | tuned | eager | torch.compile | ceiling | % ceiling | % same-size copy | vs compile | vs eager | tune s | trials |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         if "error" in r:
             print(f"| {r['op']} | {r['shape']} | error: {r['error'][:120]} |")
@@ -163,7 +196,7 @@ def print_ops_table(rows: list) -> None:
         comp = f"{r['compile_ms']:.4f} ms" if "compile_ms" in r else "-"
         vsc = f"{r['vs_compile']:.2f}x" if "vs_compile" in r else "-"
         print(f"| {r['op']} | {r['shape']} | {r['tuned_ms']:.4f} ms ({r['tuned_' + unit]:.2f} {u}) | "
-              f"{r['eager_ms']:.4f} ms | {comp} | {ceil:.2f} {u} | {r['pct_ceiling']} | "
+              f"{r['eager_ms']:.4f} ms | {comp} | {ceil:.2f} {u} | {r['pct_ceiling']} | {r.get('pct_same_size_copy', '-')} | "
               f"{vsc} | {r['vs_eager']:.2f}x | {r['tune_wall_s']} | {r['trials']} |")
 
 

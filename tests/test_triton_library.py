@@ -187,3 +187,23 @@ def test_gpu_configs_match_reference(op_name, fast_settings, tmp_path):
 
 if __name__ == "__main__":
     interpret_op(sys.argv[1], sys.argv[2])
+
+
+@pytest.mark.parametrize("op_name,small,wide", [
+    ("softmax", {"M": 8192, "N": 8192}, {"M": 2**20, "N": 2**11}),
+    ("rmsnorm", {"M": 8192, "N": 8192}, {"M": 2**20, "N": 2**11}),
+    ("layernorm", {"M": 8192, "N": 8192}, {"M": 2**20, "N": 2**11}),
+    ("add_rmsnorm", {"M": 8192, "N": 8192}, {"M": 2**20, "N": 2**11}),
+    ("cross_entropy", {"M": 4096, "V": 32000}, {"M": 2**15, "V": 2**16}),
+    ("swiglu", {"M": 8192, "N": 8192}, {"M": 2**20, "N": 2**11}),
+    ("rope", {"T": 4096, "H": 32, "D": 128}, {"T": 2**19, "H": 32, "D": 128}),
+])
+def test_offsets_are_64_bit_exactly_when_a_tensor_reaches_2_31_elements(op_name, small, wide):
+    # 32-bit index math where it cannot overflow (fewer instructions per element in a
+    # memory-bound kernel); 64-bit from 2^31 elements on, where 32-bit offsets would wrap
+    skeleton = library_skeleton(op_name, "triton")
+    config = skeleton.space.default_config()
+    for sizes, wants_64 in ((small, False), (wide, True)):
+        ctx = {**sizes, "DTYPE_BYTES": 2, "dtype": "bf16", "op": op_name, "CORES": 132}
+        source = skeleton.render(config, ctx)
+        assert ("tl.int64" in source) is wants_64, (op_name, sizes)
