@@ -197,6 +197,14 @@ def test_warm_starts_come_first_in_rank_order():
     assert [r.config for r in store.records()[:3]] == [land.space.default_config(), *seeds]
 
 
+def test_warm_starts_measured_before_the_space_grew_a_param_take_its_default(tmp_path):
+    space = parse_space("params:\n  BLOCK: [64, 128, 256]\n  EVICT: [false, true]\n"
+                        "default:\n  BLOCK: 128\n  EVICT: false\n")
+    older = tmp_path / "older.json"  # configs from before EVICT existed, one of a removed param
+    older.write_text(json.dumps([{"BLOCK": 256}, {"BLOCK": 64, "GONE": 1}, {"BLOCK": 512}]))
+    assert replay.warm_starts([str(older)], space) == (Config.of({"BLOCK": 256, "EVICT": False}),)
+
+
 def test_patience_stops_a_stalled_search_and_is_off_by_default():
     land = replay.synthetic("flat", 0)
     assert replay.replay_search(land, "guided", 0, budget=60).times.__len__() == 60

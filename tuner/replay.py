@@ -258,8 +258,9 @@ WARM_START_K = 1
 
 def warm_starts(sources: Iterable[str], space: Space, k: int = WARM_START_K) -> tuple[Config, ...]:
     """Ranked configs to try first, from earlier measurements of the same space elsewhere (another
-    shape, device or run): the `k` fastest of each source that are points of `space`,
-    interleaved by rank (every source's best first), duplicates dropped. A source is a run
+    shape, device or run): the `k` fastest of each source that are points of `space` (params
+    the space has gained since, taken from its default), interleaved by rank (every source's
+    best first), duplicates dropped. A source is a run
     directory, a landscape JSON (`FILE@SHAPE` picks a shape; plain FILE takes all its shapes),
     or a JSON list of configs already ranked."""
     ranked: list[list[Config]] = []
@@ -280,7 +281,7 @@ def warm_starts(sources: Iterable[str], space: Space, k: int = WARM_START_K) -> 
     out: list[Config] = []
     for rank in range(k):
         for configs in ranked:
-            fits = [c for c in configs if space.contains(c)]
+            fits = [f for f in (space.complete(c) for c in configs) if f is not None]
             if rank < len(fits) and fits[rank] not in out:
                 out.append(fits[rank])
     return tuple(out)

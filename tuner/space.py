@@ -94,6 +94,16 @@ class Space:
         d = config.as_dict()
         return set(d) == set(self.names) and all(_member(d[p.name], p.values) for p in self.params)
 
+    def complete(self, config: Config | dict) -> Config | None:
+        """The config as a point of this space, params it lacks taken from the default: a
+        config measured before the space grew a param (an older run, a landscape) still
+        says where to start. None when it names a param the space lacks or a value outside one."""
+        d = config.as_dict() if isinstance(config, Config) else dict(config)
+        if not set(d) <= set(self.names):
+            return None
+        full = Config.of({**self.default_config().as_dict(), **d})
+        return full if self.contains(full) else None
+
     def evaluate_resources(self, config: Config, context: dict[str, Any]) -> dict[str, float]:
         env = {**context, **config.as_dict()}
         out: dict[str, float] = {}
