@@ -140,3 +140,18 @@ def test_cli_db_and_export(runs, tmp_path, capsys):
     empty = TuningDB(tmp_path / "empty.json")
     with pytest.raises(DBError, match="no entries"):
         export(empty, tmp_path / "none")
+
+
+def test_seeds_from_before_a_param_was_added_are_tried_with_its_default(tmp_path):
+    # an LLM round's revised skeleton, or a warm start from an older version, may add a param:
+    # the earlier best configs still come right after the default, completed, not dropped
+    from tuner.settings import Settings
+    from tuner.values import Config
+    settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=str(tmp_path / "cache"),
+                        bench_budget_s=0.005, warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=1)
+    older = Config.of({"BM": 64, "BN": 128, "WARPS": 4})  # measured before STAGES existed
+    store = create_run(settings, builtin_spec("softmax", "256x512"), "null", load_skeleton(*LANDSCAPE),
+                       "random", 1)
+    execute(store, settings, 3, parallel=1, seeds=(older,))
+    configs = [r.config.as_dict() for r in store.records()]
+    assert configs[1] == {"BM": 64, "BN": 128, "WARPS": 4, "STAGES": 1}

@@ -319,7 +319,8 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
             near = skeleton.space.repair(default, evaluator.context, evaluator.limits)
             starts += [near] if near is not None else []
         for config in (*starts, *seeds, *warm):
-            if skeleton.space.contains(config):
+            config = skeleton.space.complete(config)  # a param added since: its default
+            if config is not None:
                 searcher.enqueue(config)
         if not store.records():
             refuse_empty_space(skeleton, evaluator.check)
@@ -492,7 +493,8 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
 
 
 def _seeds(done: list[RoundResult], k: int = 5) -> tuple[Config, ...]:
-    """The best configs of the earlier rounds, fastest first (execute keeps those that fit)."""
+    """The best configs of the earlier rounds, fastest first (execute keeps those that fit,
+    a param the revised space added taking its default)."""
     best = []
     for d in done:
         for b in d.feedback.best:
