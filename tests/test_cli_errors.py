@@ -135,6 +135,19 @@ def test_problem_file_that_loops_at_import(capsys, tmp_path, monkeypatch):
     assert rc == 2 and "importing it took more than 1 s" in err
 
 
+@pytest.mark.parametrize("body,says", [
+    ("import os\nos._exit(0)\n", "ended the process (exit status 0)"),
+    ("import ctypes\nctypes.string_at(0)\n", "killed by SIGSEGV"),
+])
+def test_problem_file_that_ends_or_crashes_the_process_at_import(capsys, tmp_path, body, says):
+    # imported in a child process first: the tool itself lives to say what happened
+    f = tmp_path / "hostile.py"
+    f.write_text(body)
+    rc, err = run(capsys, "tune", "--op", str(f), "--budget", "1")
+    assert rc == 2 and str(f) in err and says in err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_problem_whose_model_cannot_run_its_inputs(capsys, tmp_path):
     f = tmp_path / "noinputs.py"
     f.write_text("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"

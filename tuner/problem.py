@@ -2,7 +2,8 @@
 `get_init_inputs()`, its module-level integer constants the sizes (overridable). The reference
 is `Model.forward` in float64; the kernel receives the inputs, then the Model's parameters.
 
-The file is imported in a bounded time (a file that loops at import is refused), and every way
+The file is imported in a bounded time (a file that loops at import is refused), in a child
+process first (one that kills or ends the process at import is refused), and every way
 it can fail (no Model, a Model that cannot run its own inputs, a non-tensor input) is an
 `OpError` that says what to fix.
 """
@@ -42,6 +43,54 @@ def _time_limit(seconds: float, message: str):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+# Run in a child Python before the file is imported here: a file that ends the process at
+# import (os._exit, a crash in native code) would otherwise take the tool with it, silently.
+_PROBE = """
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("tuner_import_probe", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+try:
+    spec.loader.exec_module(module)
+    said = "tuner-import-ok"
+except BaseException:  # the import in the tool itself reports the exception
+    said = "tuner-import-raised"
+sys.stdout.write("\\n" + said + "\\n")
+sys.stdout.flush()
+os._exit(0)  # threads the file started must not keep the probe alive
+"""
+
+
+def _probe_import(path: Path) -> None:
+    """Import the file in a child process first; raise OpError if that hangs, is killed or
+    ends without finishing the import (an exception there is left to the import here, which
+    reports it with its traceback)."""
+    import signal
+    import subprocess
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE, str(path)], capture_output=True,
+                              timeout=IMPORT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise OpError(f"{path}: importing it took more than {IMPORT_TIMEOUT_S:g} s "
+                      f"(does it loop or wait at import?)") from None
+    except OSError as e:  # no child process to be had: the in-process import still runs
+        print(f"note: could not check {path} in a child process first ({e})", file=sys.stderr)
+        return
+    last = done.stdout.decode(errors="replace").rstrip().rsplit("\n", 1)[-1]
+    if last in ("tuner-import-ok", "tuner-import-raised"):
+        return
+    tail = done.stderr.decode(errors="replace").strip()[-600:]
+    if done.returncode < 0:
+        try:
+            how = f"killed by {signal.Signals(-done.returncode).name}"
+        except ValueError:
+            how = f"killed by signal {-done.returncode}"
+        raise OpError(f"{path}: importing it {how} (a crash in native code at import?)"
+                      + (f":\n{tail}" if tail else ""))
+    raise OpError(f"{path}: importing it ended the process (exit status {done.returncode}) before the "
+                  f"import finished: does it call os._exit or exit at import?"
+                  + (f"\n{tail}" if tail else ""))
 
 
 def _import_problem(path: Path, overrides: dict[str, int]):
@@ -86,6 +135,7 @@ def spec_from_problem_file(path: str | Path, dtype: str = "fp32",
         raise OpError(f"problem file {path} does not exist")
     if dtype not in DTYPES:
         raise OpError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
+    _probe_import(path)
     module = _import_problem(path, overrides or {})
     sizes = _module_sizes(module)
     sys.modules.pop(module.__name__, None)
