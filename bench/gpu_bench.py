@@ -127,8 +127,8 @@ def bench_op(op_name: str, shape: str, budget: int, out: Path, with_compile: boo
     if with_compile:
         t1 = time.monotonic()
         # A fresh Dynamo per op, shapes static: every op's lambda is one code object to Dynamo,
-        # so without the reset the second shape of an op got a dynamic-shape kernel and the
-        # ninth op in a process ran eagerly (the recompile limit), silently.
+        # so without the reset the second shape of an op got a dynamic-shape kernel and, past
+        # Dynamo's recompile limit, later ops in the process ran eagerly, silently.
         torch._dynamo.reset()
         compiled_fn = torch.compile(lambda *a: op.torch_impl(list(a)), mode="max-autotune-no-cudagraphs",
                                     dynamic=False)
