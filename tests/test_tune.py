@@ -145,6 +145,23 @@ def test_kernelbench_problem_file_on_null(tmp_path, monkeypatch, capsys):
     assert summary["best"]["config"] == {"V": 1}
 
 
+def test_resume_refuses_a_problem_file_that_now_ends_the_process_at_import(tmp_path, monkeypatch, capsys):
+    import shutil
+    fast_env(monkeypatch, tmp_path)
+    runs = tmp_path / "runs"
+    problem = tmp_path / "relu.py"
+    shutil.copy(FIXTURES / "kernelbench/relu.py", problem)
+    rc = main(["tune", "--op", str(problem), "--size", "batch_size=4", "--size", "dim=256",
+               "--backend", "null", "--budget", "2",
+               "--template", str(FIXTURES / "kernelbench/relu_null.txt.j2"),
+               "--space", str(FIXTURES / "kernelbench/relu_null.yaml"), "--runs-dir", str(runs), "--quiet"])
+    assert rc == 0
+    problem.write_text("import os\nos._exit(0)\n")  # edited since: it would end the tool here
+    capsys.readouterr()
+    rc = main(["tune", "--resume", str(only_run(runs)), "--budget", "4", "--quiet"])
+    assert rc == 2 and "ended the process" in capsys.readouterr().err
+
+
 def test_kernelbench_problem_file_on_cpu(tmp_path, monkeypatch):
     fast_env(monkeypatch, tmp_path)
     runs = tmp_path / "runs"

@@ -13,7 +13,7 @@ from pathlib import Path
 from . import __version__
 from .backends import BACKENDS, BackendUnavailable, default_backend, get_backend
 from .ops import BUILTINS, OpError, builtin_spec, load_op, render_context
-from .problem import spec_from_problem_file
+from .problem import probe_import, spec_from_problem_file
 from .search import SAMPLERS, SearchError
 from .settings import Settings
 from .skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
@@ -129,6 +129,9 @@ def cmd_tune(args) -> int:
             store.repair()
             print(f"resuming {store.path}: {len(store.records())} records on disk", file=sys.stderr)
             meta = store.meta()
+            op_meta = meta.get("op") or {}
+            if op_meta.get("kind") == "kernelbench" and Path(str(op_meta.get("source"))).is_file():
+                probe_import(Path(op_meta["source"]))  # the file may have changed since the run began
             if "rounds" in meta:
                 if args.rounds and args.rounds != meta["rounds"]:  # more (or fewer) rounds than asked first
                     store.write_meta({**meta, "rounds": args.rounds})

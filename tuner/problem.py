@@ -62,7 +62,7 @@ os._exit(0)  # threads the file started must not keep the probe alive
 """
 
 
-def _probe_import(path: Path) -> None:
+def probe_import(path: Path) -> None:
     """Import the file in a child process first; raise OpError if that hangs, is killed or
     ends without finishing the import (an exception there is left to the import here, which
     reports it with its traceback)."""
@@ -135,7 +135,7 @@ def spec_from_problem_file(path: str | Path, dtype: str = "fp32",
         raise OpError(f"problem file {path} does not exist")
     if dtype not in DTYPES:
         raise OpError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
-    _probe_import(path)
+    probe_import(path)
     module = _import_problem(path, overrides or {})
     sizes = _module_sizes(module)
     sys.modules.pop(module.__name__, None)
