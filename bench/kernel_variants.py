@@ -50,8 +50,7 @@ def matmul_tma(a_desc, b_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.constex
 
 
 @triton.jit
-def swiglu_plain(a_ptr, b_ptr, y_ptr, n, BLOCK: tl.constexpr, EV: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def swiglu_block(a_ptr, b_ptr, y_ptr, offs, EV: tl.constexpr):
     if EV:
         a = tl.load(a_ptr + offs, eviction_policy="evict_first").to(tl.float32)
         b = tl.load(b_ptr + offs, eviction_policy="evict_first").to(tl.float32)
@@ -62,16 +61,14 @@ def swiglu_plain(a_ptr, b_ptr, y_ptr, n, BLOCK: tl.constexpr, EV: tl.constexpr):
 
 
 @triton.jit
+def swiglu_plain(a_ptr, b_ptr, y_ptr, n, BLOCK: tl.constexpr, EV: tl.constexpr):
+    swiglu_block(a_ptr, b_ptr, y_ptr, tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), EV)
+
+
+@triton.jit
 def swiglu_persistent(a_ptr, b_ptr, y_ptr, n, BLOCK: tl.constexpr, EV: tl.constexpr, LS: tl.constexpr):
     for blk in tl.range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0), num_stages=LS):
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
-        if EV:
-            a = tl.load(a_ptr + offs, eviction_policy="evict_first").to(tl.float32)
-            b = tl.load(b_ptr + offs, eviction_policy="evict_first").to(tl.float32)
-        else:
-            a = tl.load(a_ptr + offs).to(tl.float32)
-            b = tl.load(b_ptr + offs).to(tl.float32)
-        tl.store(y_ptr + offs, (a * tl.sigmoid(a) * b).to(y_ptr.dtype.element_ty))
+        swiglu_block(a_ptr, b_ptr, y_ptr, blk * BLOCK + tl.arange(0, BLOCK), EV)
 
 
 def matmul_variants() -> tuple[str, dict]:
