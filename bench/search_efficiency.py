@@ -10,8 +10,12 @@ evaluations (GP: at the budget, and only on the recorded landscapes unless --gp-
 it takes minutes a run); a median over runs that never got there reads "> cap".
 
 Landscapes: every shape of each landscape JSON given (default: /work/shared/landscapes/*.json
-when present, else the copy in tests/fixtures/landscapes/), plus generated ones
-(`tuner.replay.synthetic`: smooth, rugged, cliffs, flat; a new instance per seed).
+when present, else the copy in tests/fixtures/landscapes/); the grid runs of the library's own
+skeletons under bench/landscapes/ (`tuner tune OP --sampler grid` on an H200: other kernels
+than the matmul the JSON holds; searched from each param's middle value, since the library's
+defaults are these runs' optima; the budget is 10 % of the configs the space's formulas accept);
+plus generated ones (`tuner.replay.synthetic`: smooth, rugged, cliffs, flat; a new instance per
+seed).
 `guided+warm` is the default strategy warm-started with the best config of each *other*
 shape of the same file (`tuner.replay.warm_starts`), as `tuner tune --warm-start` does.
 
@@ -24,7 +28,9 @@ left as they are).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import json
 import math
 import os
 import platform
@@ -55,12 +61,14 @@ STRATEGIES = {  # name -> (sampler, Searcher options, warm start)
 }
 
 
-def landscapes(paths: list[str], synthetic: bool) -> list[tuple[str, str, str | None]]:
+def landscapes(paths: list[str], runs: list[str], synthetic: bool) -> list[tuple[str, str, str | None]]:
     """(label, path or synthetic kind, shape) for every landscape to replay."""
     out = []
     for p in paths:
         for shape in replay.shapes(p):
             out.append((f"{Path(p).stem} {shape}", p, shape))
+    for d in runs:
+        out.append((f"{Path(d).name} (middle start)", d, ""))
     if synthetic:
         out += [(f"synthetic {k}", k, None) for k in replay.SYNTHETIC]
     return out
@@ -69,13 +77,35 @@ def landscapes(paths: list[str], synthetic: bool) -> list[tuple[str, str, str | 
 def load(path: str, shape: str | None, seed: int) -> replay.Landscape:
     if shape is None:
         return replay.synthetic(path, seed)
-    return replay.load_cached(path, shape)
+    land = replay.load_cached(path, shape or None)
+    if shape == "":
+        # A run directory of the library's own skeleton: its space's default is the optimum
+        # these grid runs found, so the search starts from each param's middle value instead.
+        land = dataclasses.replace(land, space=dataclasses.replace(land.space, default=()))
+    return land
+
+
+def valid_configs(land: replay.Landscape) -> int:
+    """Configs the space's formulas accept at the landscape's shape (all of a landscape JSON's:
+    it declares no formulas)."""
+    check = replay.ReplayEvaluator(land).check
+    return sum(check(c) is None for c in land.space.configs())
+
+
+def _siblings(path: str, runs: list[str]) -> list[str]:
+    """The other recorded shapes of a run directory's op (same space), for guided+warm."""
+    def op(d: str) -> str:
+        try:
+            return json.loads((Path(d) / "run.json").read_text())["op"]["name"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return d  # no run.json to tell: a shape of its own
+    return [d for d in runs if d != path and op(d) == op(path)]
 
 
 def one(job: tuple) -> tuple[float, float, float, int]:
     """(evaluations to 3 %, to 10 %, seconds, failed evaluations) for one landscape, strategy
     and seed."""
-    path, shape, strategy, seed, cap = job
+    path, shape, strategy, seed, cap, runs = job
     warnings.simplefilter("ignore")
     import optuna
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -83,7 +113,10 @@ def one(job: tuple) -> tuple[float, float, float, int]:
     sampler, options, warm = STRATEGIES[strategy]
     seeds = ()
     if warm:
-        others = [f"{path}@{s}" for s in replay.shapes(path) if s != shape] if shape else []
+        if shape == "":
+            others = _siblings(path, runs)
+        else:
+            others = [f"{path}@{s}" for s in replay.shapes(path) if s != shape] if shape else []
         seeds = replay.warm_starts(others, land.space) if others else ()
     t0 = time.monotonic()
     trace = replay.replay_search(land, sampler, seed, budget=cap, seeds=seeds, stop_within=0.03,
@@ -114,6 +147,11 @@ def main() -> None:
     default = sorted(str(p) for p in Path("/work/shared/landscapes").glob("*.json")) or \
         sorted(str(p) for p in (ROOT / "tests" / "fixtures" / "landscapes").glob("*.json"))
     ap.add_argument("--landscape", action="append", help=f"a landscape JSON (default: {default})")
+    runs_default = sorted(str(p) for p in (ROOT / "bench" / "landscapes").iterdir() if p.is_dir()) \
+        if (ROOT / "bench" / "landscapes").is_dir() else []
+    ap.add_argument("--run", action="append",
+                    help="a grid run's directory (default: every one under bench/landscapes/)")
+    ap.add_argument("--no-runs", action="store_true", help="leave out the recorded run directories")
     ap.add_argument("--no-synthetic", action="store_true", help="only the recorded landscapes")
     ap.add_argument("--strategies", default=",".join(STRATEGIES),
                     help="comma-separated, of: " + ", ".join(STRATEGIES))
@@ -131,21 +169,21 @@ def main() -> None:
     for s in strategies:
         if s not in STRATEGIES:
             ap.error(f"unknown strategy {s!r}")
-    lands = landscapes(args.landscape or default, not args.no_synthetic)
+    runs = [] if args.no_runs else (args.run or runs_default)
+    lands = landscapes(args.landscape or default, runs, not args.no_synthetic)
 
     jobs, keys = [], []
     for label, path, shape in lands:
-        size = load(path, shape, 0).space.size
-        budget = max(1, size // 10)
+        budget = max(1, valid_configs(load(path, shape, 0)) // 10)
         for strategy in strategies:
-            if strategy == "guided+warm" and shape is None:
-                continue
-            if STRATEGIES[strategy][0] == "gp" and shape is None and not args.gp_synthetic:
-                continue  # minutes per run at a 240-config budget: recorded landscapes only
+            if strategy == "guided+warm" and (shape is None or (shape == "" and not _siblings(path, runs))):
+                continue  # nothing to warm-start from
+            if STRATEGIES[strategy][0] == "gp" and not shape and not args.gp_synthetic:
+                continue  # minutes per run at a 240-config budget: the landscape JSONs only
             cap = budget if STRATEGIES[strategy][0] == "gp" else max(budget, args.cap)
             n = args.gp_seeds if STRATEGIES[strategy][0] == "gp" and args.gp_seeds else args.seeds
             for seed in range(n):
-                jobs.append((path, shape, strategy, seed, cap))
+                jobs.append((path, shape, strategy, seed, cap, runs))
                 keys.append((label, strategy, budget, cap))
     t0 = time.monotonic()
     if args.jobs > 1:
@@ -184,7 +222,8 @@ def write_results(table: str, args, wall: float) -> None:
         f"{datetime.date.today().isoformat()}, {machine()}; {wall:.0f} s for all runs.\n"
         f"Recorded landscapes replayed through `tune.run_search` (`tuner.replay`), {args.seeds} seeds "
         "each; unique evaluations (failures included) until a config within 3 % / 10 % of the "
-        "optimum, the space's default config first; budget = 10 % of the space (\"found ≤ "
+        "optimum, the space's default config first (bench/landscapes/ grid runs: each param's "
+        "middle value); budget = 10 % of the configs the space's formulas accept (\"found ≤ "
         f"{args.within} evals\": within 3 % after at most {args.within}); a run stops at "
         f"3 % or {args.cap} evaluations (gp: at the budget, and on the recorded landscapes only "
         "unless --gp-synthetic); \"failed evals\": evaluations of such "

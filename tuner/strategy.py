@@ -6,7 +6,11 @@ fewer evaluations. Each ask:
 
 * **Encoding.** A config is a point of [0, 1]^d: an ordered param is its value's index in
   the sorted list, scaled to [0, 1] (pow2 ranges are then on a log scale: 64 sits between 32
-  and 128); an unordered choice (strings, booleans) is one-hot. One-value params vanish.
+  and 128); an unordered choice (strings, booleans) is one-hot. One-value params vanish. A 0
+  before a geometric run (PROGS_PER_SM: 0, 1, 2, 4 ...) is an 'off' switch, not the run's next
+  point down: it gets its own indicator and is one step from every other value (as ordinal,
+  the non-persistent optimum of a grid-recorded swiglu sat 'below' its slowest persistent
+  configs, and the search took 124 evaluations where random search took 44).
 * **Objective model.** A GP (Matern 5/2, one length scale per dimension, fitted by MAP
   marginal likelihood) on log10(seconds), so a 2x difference counts the same anywhere; times
   more than 2x the best so far are clipped there, so that the model spends itself on the
@@ -25,7 +29,10 @@ fewer evaluations. Each ask:
   over every config not yet seen (all of them when the space holds up to `ENUMERATE_MAX`;
   else a random sample plus the one- and two-step neighbourhoods of the best few): a soft
   trust region that walks outward from the incumbent and gives way when nothing near it
-  looks promising any more. Configs rejected by the space's own formulas (`check`) are never
+  looks promising any more. Once `explore` timings in a row bring no new best, every
+  `explore_every`-th ask drops the trust region (the best EI x P(works) anywhere): real
+  landscapes have plateaus a few percent off the best with the optimum in another basin
+  (grid-recorded rope, attention), where a purely local walk did worse than random search. Configs rejected by the space's own formulas (`check`) are never
   proposed. A candidate more likely to fail than not has its expected improvement taken
   from the objective model told the failures as 2x the best, when that is lower: past a
   resource limit the timings' trend promises gains that no config there delivers, and even
@@ -71,13 +78,18 @@ class Encoding:
                             for p in space.params)
         self.n_values = np.array([len(p.values) for p in self.params], dtype=np.int64)
         self.ordered = np.array([p.ordered for p in self.params])
+        # 0 before a geometric run (PROGS_PER_SM 0, 1, 2, 4 ...) is an 'off' switch: its own
+        # choice next to the ordinal, one step from every other value.
+        self.zero = np.array([p.ordered and _zero_then_geometric(p.values) for p in self.params])
         self._index = [{_vkey(v): i for i, v in enumerate(p.values)} for p in self.params]
-        cols: list[tuple[int, int | None]] = []  # (param, category or None)
+        cols: list[tuple[int, int | str | None]] = []  # (param, category, "zero" or None)
         for j, p in enumerate(self.params):
             if len(p.values) < 2:
                 continue
             if p.ordered:
                 cols.append((j, None))
+                if self.zero[j]:
+                    cols.append((j, "zero"))
             else:
                 cols.extend((j, c) for c in range(len(p.values)))
         self.cols = cols
@@ -98,8 +110,12 @@ class Encoding:
         idx = np.atleast_2d(idx)
         out = np.empty((idx.shape[0], self.dim))
         for c, (j, cat) in enumerate(self.cols):
-            if cat is None:
+            if cat is None and self.zero[j]:
+                out[:, c] = np.maximum(idx[:, j] - 1, 0) / (self.n_values[j] - 2)
+            elif cat is None:
                 out[:, c] = idx[:, j] / (self.n_values[j] - 1)
+            elif cat == "zero":
+                out[:, c] = (idx[:, j] == 0) * math.sqrt(0.5)
             else:
                 out[:, c] = (idx[:, j] == cat) * math.sqrt(0.5)
         return out
@@ -119,6 +135,18 @@ class Encoding:
             out[:, j] = flat % self.n_values[j]
             flat //= self.n_values[j]
         return out
+
+
+def _zero_then_geometric(values: Sequence[Any]) -> bool:
+    """0 followed by a geometric run (0, 1, 2, 4, 8 ...): the 0 is an 'off' switch, not a
+    point of the log scale that the others sit on."""
+    if len(values) < 3 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return False
+    rest = values[1:]
+    if values[0] != 0 or rest[0] <= 0:
+        return False
+    ratios = [b / a for a, b in zip(rest, rest[1:])]
+    return not ratios or (min(ratios) > 1.4 and max(ratios) / min(ratios) < 1.6)
 
 
 def _vkey(v: Any) -> Any:
@@ -176,6 +204,8 @@ class Proposer:
       to a resource limit make things slower, so it did not take the step along the limit
       to the optimum (synthetic cliffs: median 24 evaluations, some seeds over 100).
       Cliffs never enter the objective model: the fast configs often sit right next to one.
+    * `explore`, `explore_every`: after `explore` timings without a new best, every
+      `explore_every`-th ask scores the whole space without the trust region (None: never).
     * `repair`: config -> a valid config near it, or None (`Space.repair` under the run's
       sizes and limits). When no candidate passes `check` (a space whose constraints leave
       a tiny valid share, as model-written spaces can), the best few are repaired instead.
@@ -184,7 +214,8 @@ class Proposer:
     def __init__(self, space: Space, check: Callable[[Config], str | None] | None = None,
                  n_startup: int = 1, clip: float = 2.0, cliff: float | None = 2.5,
                  decay: float = 0.1, classifier: float | None = 0.03, dominance: bool | str = True,
-                 impute: float | None = 2.0, repair: Callable[[Config], Config | None] | None = None):
+                 impute: float | None = 2.0, repair: Callable[[Config], Config | None] | None = None,
+                 explore: int | None = 3, explore_every: int = 3):
         self.enc = Encoding(space)
         self.check = check
         self.repair = repair
@@ -195,6 +226,8 @@ class Proposer:
         self.classifier = classifier
         self.dominance = dominance
         self.impute = impute
+        self.explore = explore
+        self.explore_every = explore_every
         self._invalid: set[int] = set()  # flat keys the space's own formulas reject
         self._all: np.ndarray | None = None
         self._theta: np.ndarray | None = None
@@ -224,7 +257,10 @@ class Proposer:
         for k, idx in enumerate(enc.unflat(good) if len(good) else []):
             moves = []  # (param, new value)
             for j, n in enumerate(enc.n_values):
-                for step in (-2, -1, 1, 2) if enc.ordered[j] else range(n):
+                steps = (-2, -1, 1, 2) if enc.ordered[j] else range(n)
+                if enc.zero[j] and idx[j] > 2:
+                    steps = (*steps, -int(idx[j]))  # straight to the 'off' 0
+                for step in steps:
                     v = idx[j] + step if enc.ordered[j] else step
                     if 0 <= v < n and v != idx[j]:
                         moves.append((j, v))
@@ -232,7 +268,8 @@ class Proposer:
                         nb[j] = v
                         out.append(nb)
             if k == 0:
-                near = [(j, v) for j, v in moves if not enc.ordered[j] or abs(v - idx[j]) == 1]
+                near = [(j, v) for j, v in moves if not enc.ordered[j] or abs(v - idx[j]) == 1
+                        or (enc.zero[j] and (v == 0 or idx[j] == 0))]
                 for a, (j1, v1) in enumerate(near):
                     for j2, v2 in near[a + 1:]:
                         if j1 != j2:
@@ -315,9 +352,19 @@ class Proposer:
             Xp = enc.features(np.array(pending)) if pending else None
             if Xp is not None:  # in flight: believe the model's mean there (keeps parallel asks apart)
                 gp = gp.with_points(Xp, gp.predict(Xp)[0])
-            score = self._improvement(gp, Xc, p_ok, X, y, hard, incumbent, Xp) * p_ok * self._near(cidx, incumbent)
+            score = self._improvement(gp, Xc, p_ok, X, y, hard, incumbent, Xp) * p_ok
+            if not self._stalled(ok):
+                score = score * self._near(cidx, incumbent)
         pick = self._pick(flat, score, rng, seen)
         return None if pick is None else tuple(int(v) for v in enc.unflat(np.array([pick]))[0])
+
+    def _stalled(self, ok: list) -> bool:
+        """Whether this ask looks beyond the trust region: every `explore_every`-th ask once
+        `explore` timings in a row brought no new best."""
+        if not self.explore:
+            return False
+        stall = len(ok) - 1 - int(np.argmin([y for _, y in ok]))
+        return stall >= self.explore and (stall - self.explore) % self.explore_every == 0
 
     def _improvement(self, gp: GP, Xc: np.ndarray, p_ok: np.ndarray, X: np.ndarray, y: np.ndarray,
                      hard: list, incumbent: Sequence[int], Xp: np.ndarray | None) -> np.ndarray:
@@ -343,7 +390,11 @@ class Proposer:
         """Steps from the incumbent: index moves of ordered params, one per changed choice."""
         inc = np.asarray(incumbent)
         o = self.enc.ordered
-        return np.abs(idx[:, o] - inc[o]).sum(1) + (idx[:, ~o] != inc[~o]).sum(1)
+        d = np.abs(idx[:, o] - inc[o])
+        z = self.enc.zero[o]
+        if z.any():  # to or from an 'off' 0: one step
+            d[:, z] = np.where((idx[:, o][:, z] == 0) | (inc[o][z] == 0), d[:, z] > 0, d[:, z])
+        return d.sum(1) + (idx[:, ~o] != inc[~o]).sum(1)
 
     def _keep(self, rows: list, incumbent: Sequence[int], cap: int) -> list[int]:
         """Positions of at most `cap` of `rows` ((index, log seconds or None)), in order: the
