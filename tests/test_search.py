@@ -69,6 +69,12 @@ def test_encoding_reads_a_0_before_a_geometric_run_as_an_off_switch():
     at8 = enc.index(Config.of({"P": 8, "Q": 2, "R": 2}))
     to = np.array([enc.index(Config.of({"P": p, "Q": 2, "R": 2})) for p in (0, 1, 4)])
     assert list(prop._steps(to, at8)) == [1, 3, 1]
+    # The same distance decides where a sampled candidate set looks, and what is adjacent
+    # for a cliff: switched off from 8, 2.5x slower, is past a cliff.
+    near = {enc.config(i)["P"] for i in enc.unflat(prop._neighbours(enc.flat(np.array([at8]))))}
+    assert 0 in near and 1 not in near
+    off = enc.index(Config.of({"P": 0, "Q": 2, "R": 2}))
+    assert prop._cliffs_as_failures([(at8, -4.0), (off, -3.5)])[1] == (off, None)
 
 
 def test_guided_is_the_default_and_every_sampler_is_known():

@@ -32,7 +32,8 @@ fewer evaluations. Each ask:
   looks promising any more. Once `explore` timings in a row bring no new best, every
   `explore_every`-th ask drops the trust region (the best EI x P(works) anywhere): real
   landscapes have plateaus a few percent off the best with the optimum in another basin
-  (grid-recorded rope, attention), where a purely local walk did worse than random search. Configs rejected by the space's own formulas (`check`) are never
+  (grid-recorded rope, attention), where a purely local walk did worse than random search.
+  Configs rejected by the space's own formulas (`check`) are never
   proposed. A candidate more likely to fail than not has its expected improvement taken
   from the objective model told the failures as 2x the best, when that is lower: past a
   resource limit the timings' trend promises gains that no config there delivers, and even
@@ -119,6 +120,16 @@ class Encoding:
             else:
                 out[:, c] = (idx[:, j] == cat) * math.sqrt(0.5)
         return out
+
+    def step(self, j: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Trust-region steps between values `a` and `b` (indices, broadcast) of param `j`:
+        index moves of an ordered param (to or from an 'off' 0: one), else one per change."""
+        if not self.ordered[j]:
+            return (a != b).astype(np.int64)
+        d = np.abs(a - b)
+        if self.zero[j]:
+            d = np.where((a == 0) | (b == 0), d > 0, d)
+        return d
 
     def flat(self, idx: np.ndarray) -> np.ndarray:
         """Mixed-radix number of each index vector (a compact key)."""
@@ -257,19 +268,15 @@ class Proposer:
         for k, idx in enumerate(enc.unflat(good) if len(good) else []):
             moves = []  # (param, new value)
             for j, n in enumerate(enc.n_values):
-                steps = (-2, -1, 1, 2) if enc.ordered[j] else range(n)
-                if enc.zero[j] and idx[j] > 2:
-                    steps = (*steps, -int(idx[j]))  # straight to the 'off' 0
-                for step in steps:
-                    v = idx[j] + step if enc.ordered[j] else step
-                    if 0 <= v < n and v != idx[j]:
-                        moves.append((j, v))
-                        nb = idx.copy()
-                        nb[j] = v
-                        out.append(nb)
+                values = np.arange(n)
+                far = enc.step(j, values, int(idx[j]))
+                for v in values[(far >= 1) & (far <= 2)]:
+                    moves.append((j, v))
+                    nb = idx.copy()
+                    nb[j] = v
+                    out.append(nb)
             if k == 0:
-                near = [(j, v) for j, v in moves if not enc.ordered[j] or abs(v - idx[j]) == 1
-                        or (enc.zero[j] and (v == 0 or idx[j] == 0))]
+                near = [(j, v) for j, v in moves if enc.step(j, v, idx[j]) == 1]
                 for a, (j1, v1) in enumerate(near):
                     for j2, v2 in near[a + 1:]:
                         if j1 != j2:
@@ -387,14 +394,8 @@ class Proposer:
         return ei
 
     def _steps(self, idx: np.ndarray, incumbent: Sequence[int]) -> np.ndarray:
-        """Steps from the incumbent: index moves of ordered params, one per changed choice."""
-        inc = np.asarray(incumbent)
-        o = self.enc.ordered
-        d = np.abs(idx[:, o] - inc[o])
-        z = self.enc.zero[o]
-        if z.any():  # to or from an 'off' 0: one step
-            d[:, z] = np.where((idx[:, o][:, z] == 0) | (inc[o][z] == 0), d[:, z] > 0, d[:, z])
-        return d.sum(1) + (idx[:, ~o] != inc[~o]).sum(1)
+        """Steps from the incumbent, summed over params (`Encoding.step`)."""
+        return sum(self.enc.step(j, idx[:, j], int(incumbent[j])) for j in range(idx.shape[1]))
 
     def _keep(self, rows: list, incumbent: Sequence[int], cap: int) -> list[int]:
         """Positions of at most `cap` of `rows` ((index, log seconds or None)), in order: the
@@ -423,13 +424,12 @@ class Proposer:
             return done
         A = np.array([i for _, i, _ in ok])
         y = np.array([v for _, _, v in ok])
-        o = self.enc.ordered
         diff = np.zeros((len(A), len(A)), dtype=np.int64)
         step = np.zeros((len(A), len(A)), dtype=np.int64)
         for j in range(A.shape[1]):
-            d = np.abs(A[:, None, j] - A[None, :, j])
+            d = self.enc.step(j, A[:, None, j], A[None, :, j])
             diff += d > 0
-            step = np.maximum(step, d if o[j] else (d > 0).astype(np.int64))
+            step = np.maximum(step, d)
         adjacent = (diff == 1) & (step == 1)
         lowest = np.where(adjacent, y[None, :], np.inf).min(1)
         cut = math.log10(self.cliff)
