@@ -313,6 +313,45 @@ def test_a_plateau_with_the_optimum_in_another_basin_is_left():
     assert median <= 40 and found == 1.0, (median, found)
 
 
+def _coupled() -> replay.Landscape:
+    """A looped kernel (LOOPED true needs BLOCK < N) 15 % off at best; the whole-row one (LOOPED
+    false needs BLOCK >= N) holds the optimum. The default is looped, BLOCK 4 steps below N."""
+    space = parse_space("language: c\nsizes: [N]\nparams:\n  LOOPED: [false, true]\n"
+                        "  BLOCK: {pow2: [64, 8192]}\n  ROWS: [1, 2, 4, 8]\n  W: [1, 2, 4, 8, 16]\n"
+                        "constraints:\n  - LOOPED or BLOCK >= N\n  - not LOOPED or BLOCK < N\n"
+                        "default:\n  LOOPED: true\n  BLOCK: 128\n  ROWS: 4\n  W: 2\n")
+    ctx, out = {"N": 2048}, {}
+    for c in space.configs():
+        if space.check(c, ctx) is None:
+            d = c.as_dict()
+            w, r, b = math.log2(d["W"]), math.log2(d["ROWS"]), math.log2(d["BLOCK"])
+            if d["LOOPED"]:
+                t = 1.15 + 0.04 * (b - 9) ** 2 + 0.03 * (w - 2 - (b - 9) / 2) ** 2 + 0.02 * (r - 2) ** 2
+            else:
+                t = 1.0 + 0.05 * (b - 11) + 0.04 * (w - 3) ** 2 + 0.03 * (r - 1) ** 2
+            out[c.key] = replay.Outcome(Status.OK, t * 1e-5)
+    return replay.Landscape(space, out, name="coupled", shape="N=2048", context=ctx)
+
+
+def test_a_move_the_constraints_reject_is_completed():
+    """Switching LOOPED off is rejected unless BLOCK goes up to N too: the nearest valid config
+    with the switch made counts as one trust-region step. As three steps (the switch and two
+    BLOCK moves) the search walked the looped bowl first: 16-20 evaluations to within 3 %
+    (10 seeds), 6 with the move completed; random search 33.5."""
+    land = _coupled()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e3 = [replay.replay_search(land, "guided", s, budget=60, stop_within=0.03).evaluations_to(0.03)
+              for s in range(5)]
+    assert max(e3) <= 10, e3
+
+
+def test_parallel_asks_on_one_history_take_turns_leaving_the_trust_region():
+    p = Proposer(replay.synthetic("smooth", 0).space)
+    ok = [((0,) * 6, -5.0)] + [((0,) * 6, -4.0)] * 3  # three timings since the best
+    assert [p._stalled(ok, k) for k in range(4)] == [True, False, False, True]
+
+
 def test_no_worse_than_random_on_an_easy_landscape():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

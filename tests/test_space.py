@@ -120,3 +120,16 @@ def test_repair_walks_an_invalid_default_to_a_valid_config_nearby():
     assert sum(fixed.as_dict().values()) == 19  # the least change that satisfies it
     impossible = parse_space("language: c\nparams:\n  A: [1, 2]\nconstraints:\n  - A > 5\n")
     assert impossible.repair(impossible.default_config(), {}) is None
+
+
+def test_repair_can_keep_params_as_they_are():
+    """The guided search completes a rejected one-step move: the moved param keeps its new
+    value and the others change as little as makes the config valid."""
+    space = parse_space("language: c\nsizes: [N]\nparams:\n  LOOPED: [false, true]\n"
+                        "  BLOCK: {pow2: [64, 4096]}\n  W: [1, 2, 4]\n"
+                        "constraints:\n  - LOOPED or BLOCK >= N\n  - not LOOPED or BLOCK < N\n")
+    moved = Config.of({"LOOPED": False, "BLOCK": 256, "W": 2})  # was LOOPED true, BLOCK 256
+    assert space.check(moved, {"N": 1024}) is not None
+    assert space.repair(moved, {"N": 1024}, keep=("LOOPED",)).as_dict() == {"LOOPED": False, "BLOCK": 1024, "W": 2}
+    assert space.repair(moved, {"N": 1024}).as_dict()["LOOPED"] is True  # the move undone
+    assert space.repair(moved, {"N": 1024}, keep=("LOOPED", "BLOCK")) is None

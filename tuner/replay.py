@@ -419,9 +419,19 @@ def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, 
 
     t0 = time.monotonic()
     ev = ReplayEvaluator(landscape)
-    searcher = Searcher(landscape.space, sampler, seed, check=ev.check, **searcher_options)
-    for config in (landscape.space.default_config(), *seeds):
-        if landscape.space.contains(config):
+    space = landscape.space
+    if sampler == "guided":  # as tune.execute: the guided sampler repairs under the formulas
+        options = dict(searcher_options.get("sampler_options") or {})
+        options.setdefault("repair", lambda c, keep=(): space.repair(c, ev.context, ev.limits, 30, keep))
+        searcher_options = {**searcher_options, "sampler_options": options}
+    searcher = Searcher(space, sampler, seed, check=ev.check, **searcher_options)
+    default = space.default_config()
+    starts = [default]
+    if space.contains(default) and ev.check(default) is not None:  # rejected here: start next to it
+        near = space.repair(default, ev.context, ev.limits)
+        starts += [near] if near is not None else []
+    for config in (*starts, *seeds):
+        if space.contains(config):
             searcher.enqueue(config)
     store = MemoryStore()
     cut = None if stop_within is None else landscape.best_s * (1 + stop_within)

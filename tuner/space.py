@@ -161,11 +161,13 @@ class Space:
             return 100.0
 
     def repair(self, config: Config, context: dict[str, Any], limits: dict[str, float] | None = None,
-               max_steps: int = 100) -> Config | None:
-        """A valid config near `config`: one param at a time, the move that most reduces the
-        violation (ties: the smallest move), until valid. None when no move helps. For a
-        default that the constraints reject at this shape, so the search starts next to what
-        the space's author meant, not at random in a space that may be mostly invalid."""
+               max_steps: int = 100, keep: tuple[str, ...] = ()) -> Config | None:
+        """A valid config near `config`: one param at a time (never those in `keep`), the move
+        that most reduces the violation (ties: the smallest move), until valid. None when no
+        move helps. For a default that the constraints reject at this shape, so the search
+        starts next to what the space's author meant, not at random in a space that may be
+        mostly invalid; with `keep`, to complete a move the constraints reject (see
+        `strategy.Proposer`)."""
         current = config.as_dict()
         v = self.violation(config, context, limits)
         for _ in range(max_steps):
@@ -173,6 +175,8 @@ class Space:
                 return Config.of(current)
             best = None
             for p in self.params:
+                if p.name in keep:
+                    continue
                 i = p.values.index(current[p.name]) if current[p.name] in p.values else 0
                 for j, value in enumerate(p.values):
                     if j == i:

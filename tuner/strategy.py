@@ -217,15 +217,21 @@ class Proposer:
       Cliffs never enter the objective model: the fast configs often sit right next to one.
     * `explore`, `explore_every`: after `explore` timings without a new best, every
       `explore_every`-th ask scores the whole space without the trust region (None: never).
-    * `repair`: config -> a valid config near it, or None (`Space.repair` under the run's
-      sizes and limits). When no candidate passes `check` (a space whose constraints leave
-      a tiny valid share, as model-written spaces can), the best few are repaired instead.
+    * `repair`: (config, keep=()) -> a valid config near it that leaves the params named in
+      `keep` as they are, or None (`Space.repair` under the run's sizes and limits). When no
+      candidate passes `check` (a space whose constraints leave a tiny valid share, as
+      model-written spaces can), the best few are repaired instead. And a one-step move
+      from the incumbent that the formulas reject is *completed*: the nearest valid config
+      with the moved param at its new value counts as one step away, however many other
+      params it had to change. Constraints couple params (a looped kernel needs BLOCK_N < N,
+      a whole-row one BLOCK_N >= N): without this, switching LOOPED took three trust-region
+      steps, and on a grid-recorded rmsnorm the search stayed on the looped plateau.
     """
 
     def __init__(self, space: Space, check: Callable[[Config], str | None] | None = None,
                  n_startup: int = 1, clip: float = 2.0, cliff: float | None = 2.5,
                  decay: float = 0.1, classifier: float | None = 0.03, dominance: bool | str = True,
-                 impute: float | None = 2.0, repair: Callable[[Config], Config | None] | None = None,
+                 impute: float | None = 2.0, repair: Callable[..., Config | None] | None = None,
                  explore: int | None = 3, explore_every: int = 3):
         self.enc = Encoding(space)
         self.check = check
@@ -243,10 +249,12 @@ class Proposer:
         self._all: np.ndarray | None = None
         self._theta: np.ndarray | None = None
         self._ls: np.ndarray | None = None
+        self._completed: tuple[int, np.ndarray] | None = None  # (incumbent, its completed moves)
 
     # -- candidates --
 
-    def _candidates(self, seen: np.ndarray, good: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def _candidates(self, seen: np.ndarray, good: np.ndarray, completed: np.ndarray,
+                    rng: np.random.Generator) -> np.ndarray:
         enc = self.enc
         if enc.size <= ENUMERATE_MAX:
             if self._all is None:
@@ -254,7 +262,7 @@ class Proposer:
             flat = self._all
         else:
             sample = rng.integers(0, enc.size, SAMPLE_CANDIDATES, dtype=np.int64)
-            flat = np.unique(np.concatenate([sample, self._neighbours(good)]))
+            flat = np.unique(np.concatenate([sample, self._neighbours(good), completed]))
         mask = ~np.isin(flat, seen)
         if self._invalid:
             mask &= ~np.isin(flat, np.fromiter(self._invalid, dtype=np.int64))
@@ -293,6 +301,35 @@ class Proposer:
         self._invalid.add(int(flat))
         return False
 
+    def _completions(self, incumbent: Sequence[int]) -> np.ndarray:
+        """Flat keys of the completed one-step moves from `incumbent` (see `repair` in the
+        class notes): for each move the formulas reject, the nearest valid config that keeps
+        the moved param's new value. Cached per incumbent."""
+        enc = self.enc
+        inc = np.array(incumbent, dtype=np.int64)
+        key = int(enc.flat(inc[None])[0])
+        if self._completed is not None and self._completed[0] == key:
+            return self._completed[1]
+        out = []
+        if self.repair is not None:
+            for j, n in enumerate(enc.n_values):
+                for v in range(n):
+                    if enc.step(j, np.int64(v), inc[j]) != 1:
+                        continue
+                    moved = inc.copy()
+                    moved[j] = v
+                    if self._valid(int(enc.flat(moved[None])[0])):
+                        continue
+                    try:
+                        fixed = self.repair(enc.config(moved), keep=(enc.params[j].name,))
+                    except TypeError:  # a repair that takes no `keep`
+                        fixed = None
+                    idx = enc.index(fixed) if fixed is not None else None
+                    if idx is not None and idx[j] == v:
+                        out.append(int(enc.flat(np.array([idx]))[0]))
+        self._completed = (key, np.unique(np.array(out, dtype=np.int64)))
+        return self._completed[1]
+
     def _pick(self, flat: np.ndarray, score: np.ndarray, rng: np.random.Generator,
               seen: np.ndarray | None = None) -> int | None:
         """The best-scoring candidate that the space's formulas accept (ties at random); when
@@ -327,7 +364,8 @@ class Proposer:
         ok = [(i, y) for i, y in done if y is not None]
         ranked = sorted(ok, key=lambda t: t[1])
         good = enc.flat(np.array([i for i, _ in ranked[:3]])) if ok else np.zeros(0, np.int64)
-        flat = self._candidates(seen, good, rng)
+        completed = self._completions(ranked[0][0]) if ok else np.zeros(0, np.int64)
+        flat = self._candidates(seen, good, completed, rng)
         if len(flat) == 0:
             return None
         cidx = enc.unflat(flat)
@@ -339,7 +377,7 @@ class Proposer:
         if not ok:  # nothing timed yet: spread out, away from what failed
             score = self._spread(Xc, enc.features(np.array(seen_idx)) if seen_idx else None, rng) * p_ok
         elif len(ok) < self.n_startup:
-            score = self._near(cidx, ranked[0][0]) * (0.5 + rng.random(len(cidx))) * p_ok
+            score = self._near(cidx, ranked[0][0], np.isin(flat, completed)) * (0.5 + rng.random(len(cidx))) * p_ok
         else:
             incumbent = ranked[0][0]
             # The model's rows: at most TRAIN_MAX timings (see `_keep`); failures are not told
@@ -360,17 +398,18 @@ class Proposer:
             if Xp is not None:  # in flight: believe the model's mean there (keeps parallel asks apart)
                 gp = gp.with_points(Xp, gp.predict(Xp)[0])
             score = self._improvement(gp, Xc, p_ok, X, y, hard, incumbent, Xp) * p_ok
-            if not self._stalled(ok):
-                score = score * self._near(cidx, incumbent)
+            if not self._stalled(ok, len(pending)):
+                score = score * self._near(cidx, incumbent, np.isin(flat, completed))
         pick = self._pick(flat, score, rng, seen)
         return None if pick is None else tuple(int(v) for v in enc.unflat(np.array([pick]))[0])
 
-    def _stalled(self, ok: list) -> bool:
+    def _stalled(self, ok: list, in_flight: int = 0) -> bool:
         """Whether this ask looks beyond the trust region: every `explore_every`-th ask once
-        `explore` timings in a row brought no new best."""
+        `explore` timings in a row brought no new best. Asks in flight count as asks, so that
+        parallel asks made on the same history do not all go global or all stay local."""
         if not self.explore:
             return False
-        stall = len(ok) - 1 - int(np.argmin([y for _, y in ok]))
+        stall = len(ok) + in_flight - 1 - int(np.argmin([y for _, y in ok]))
         return stall >= self.explore and (stall - self.explore) % self.explore_every == 0
 
     def _improvement(self, gp: GP, Xc: np.ndarray, p_ok: np.ndarray, X: np.ndarray, y: np.ndarray,
@@ -411,9 +450,10 @@ class Proposer:
         keep += [int(k) for k in rest[np.argsort(dist, kind="stable")[:cap - len(keep)]]]
         return sorted(keep)
 
-    def _near(self, cidx: np.ndarray, incumbent: tuple[int, ...]) -> np.ndarray:
-        """decay ** (steps from the incumbent - 1)."""
-        return self.decay ** np.maximum(self._steps(cidx, incumbent) - 1, 0)
+    def _near(self, cidx: np.ndarray, incumbent: tuple[int, ...], completed: np.ndarray) -> np.ndarray:
+        """decay ** (steps from the incumbent - 1); a completed move (`completed`: a mask) is one step."""
+        steps = np.where(completed, 1, self._steps(cidx, incumbent))
+        return self.decay ** np.maximum(steps - 1, 0)
 
     def _cliffs_as_failures(self, done):
         """A config far slower than an adjacent one (one param, one step apart) sits past a

@@ -304,7 +304,8 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
     evaluator = (make_evaluator or Evaluator)(meta["backend"], spec, skeleton, settings, store.path)
     try:
         # The guided sampler repairs candidates when a space's constraints reject nearly all.
-        repair = {"repair": lambda c: skeleton.space.repair(c, evaluator.context, evaluator.limits, 30)}
+        repair = {"repair": lambda c, keep=(): skeleton.space.repair(c, evaluator.context, evaluator.limits,
+                                                                     30, keep)}
         searcher = Searcher(skeleton.space, meta["sampler"], meta["seed"], meta["storage"],
                             study_name=meta.get("study_name", "tuner"), check=evaluator.check,
                             patience=meta.get("patience"),
