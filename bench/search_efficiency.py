@@ -6,14 +6,15 @@ enqueued first. For each landscape and strategy, over N seeds: the median number
 evaluations (failures count, configs the space's formulas reject do not) until a config within
 3 % and within 10 % of the landscape's optimum, and the share of seeds that got there within a
 budget of 10 % of the space (and within 3 % in `--within` evaluations, 100 by default). A run stops at its first config within 3 % or at `--cap`
-evaluations (GP: at the budget, and only on the recorded landscapes unless --gp-synthetic:
+evaluations, or the budget when larger (GP: at the budget, and only on the recorded landscapes unless --gp-synthetic:
 it takes minutes a run); a median over runs that never got there reads "> cap".
 
 Landscapes: every shape of each landscape JSON given (default: /work/shared/landscapes/*.json
 when present, else the copy in tests/fixtures/landscapes/); the grid runs of the library's own
 skeletons under bench/landscapes/ (`tuner tune OP --sampler grid` on an H200: other kernels
 than the matmul the JSON holds; searched from each param's middle value, since the library's
-defaults are these runs' optima; the budget is 10 % of the configs the space's formulas accept);
+defaults are these runs' optima, or from the nearest config the formulas accept when they
+reject it, as `tuner tune` does; the budget is 10 % of the configs the space's formulas accept);
 plus generated ones (`tuner.replay.synthetic`: smooth, rugged, cliffs, flat; a new instance per
 seed).
 `guided+warm` is the default strategy warm-started with the best config of each *other*
@@ -223,13 +224,13 @@ def write_results(table: str, args, wall: float) -> None:
         f"Recorded landscapes replayed through `tune.run_search` (`tuner.replay`), {args.seeds} seeds "
         "each; unique evaluations (failures included) until a config within 3 % / 10 % of the "
         "optimum, the space's default config first (bench/landscapes/ grid runs: each param's "
-        "middle value); budget = 10 % of the configs the space's formulas accept (\"found ≤ "
+        "middle value, or the nearest config the formulas accept); budget = 10 % of the configs the space's formulas accept (\"found ≤ "
         f"{args.within} evals\": within 3 % after at most {args.within}); a run stops at "
-        f"3 % or {args.cap} evaluations (gp: at the budget, and on the recorded landscapes only "
+        f"3 % or {args.cap} evaluations (the budget when larger; gp: at the budget, and on the recorded landscapes only "
         "unless --gp-synthetic); \"failed evals\": evaluations of such "
         "a run that failed (compile, run or resource errors). Synthetic landscapes are a new "
         "instance per seed. `guided+warm`: warm-started with the best config of each other "
-        "shape of the same landscape file.\n\n"
+        "shape of the same landscape file (bench/landscapes/: of the same op).\n\n"
         f"    {cmd}\n\n{table}\n")
     text = path.read_text() if path.exists() else "# Benchmark results\n"
     pattern = re.compile(r"^## Search efficiency\n.*?(?=^## |\Z)", re.S | re.M)
