@@ -320,10 +320,7 @@ class Proposer:
                     moved[j] = v
                     if self._valid(int(enc.flat(moved[None])[0])):
                         continue
-                    try:
-                        fixed = self.repair(enc.config(moved), keep=(enc.params[j].name,))
-                    except TypeError:  # a repair that takes no `keep`
-                        fixed = None
+                    fixed = self.repair(enc.config(moved), keep=(enc.params[j].name,))
                     idx = enc.index(fixed) if fixed is not None else None
                     if idx is not None and idx[j] == v:
                         out.append(int(enc.flat(np.array([idx]))[0]))

@@ -303,7 +303,8 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
                                               tuple(meta["devices"]) if meta.get("devices") else None)
     evaluator = (make_evaluator or Evaluator)(meta["backend"], spec, skeleton, settings, store.path)
     try:
-        # The guided sampler repairs candidates when a space's constraints reject nearly all.
+        # The guided sampler repairs candidates when a space's constraints reject nearly all,
+        # and completes a one-step move they reject (keeping the moved param).
         repair = {"repair": lambda c, keep=(): skeleton.space.repair(c, evaluator.context, evaluator.limits,
                                                                      30, keep)}
         searcher = Searcher(skeleton.space, meta["sampler"], meta["seed"], meta["storage"],
