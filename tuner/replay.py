@@ -425,12 +425,7 @@ def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, 
         options.setdefault("repair", lambda c, keep=(): space.repair(c, ev.context, ev.limits, 30, keep))
         searcher_options = {**searcher_options, "sampler_options": options}
     searcher = Searcher(space, sampler, seed, check=ev.check, **searcher_options)
-    default = space.default_config()
-    starts = [default]
-    if space.contains(default) and ev.check(default) is not None:  # rejected here: start next to it
-        near = space.repair(default, ev.context, ev.limits)
-        starts += [near] if near is not None else []
-    for config in (*starts, *seeds):
+    for config in (*space.starts(ev.context, ev.limits), *seeds):
         if space.contains(config):
             searcher.enqueue(config)
     store = MemoryStore()

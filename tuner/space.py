@@ -160,6 +160,16 @@ class Space:
         except _expr.ExprError:
             return 100.0
 
+    def starts(self, context: dict[str, Any], limits: dict[str, float] | None = None) -> list[Config]:
+        """Where a search begins: the default config and, when the formulas reject it at this
+        shape, the nearest config they accept (`repair`), so the search starts next to what the
+        space's author meant."""
+        default = self.default_config()
+        if self.check(default, context, limits) is None:
+            return [default]
+        near = self.repair(default, context, limits)
+        return [default] + ([near] if near is not None else [])
+
     def repair(self, config: Config, context: dict[str, Any], limits: dict[str, float] | None = None,
                max_steps: int = 100, keep: tuple[str, ...] = ()) -> Config | None:
         """A valid config near `config`: one param at a time (never those in `keep`), the move

@@ -274,17 +274,12 @@ class Proposer:
         candidate set must hold them."""
         enc, out = self.enc, []
         for k, idx in enumerate(enc.unflat(good) if len(good) else []):
-            moves = []  # (param, new value)
-            for j, n in enumerate(enc.n_values):
-                values = np.arange(n)
-                far = enc.step(j, values, int(idx[j]))
-                for v in values[(far >= 1) & (far <= 2)]:
-                    moves.append((j, v))
-                    nb = idx.copy()
-                    nb[j] = v
-                    out.append(nb)
+            for j, v in self._moves(idx, 2):
+                nb = idx.copy()
+                nb[j] = v
+                out.append(nb)
             if k == 0:
-                near = [(j, v) for j, v in moves if enc.step(j, v, idx[j]) == 1]
+                near = self._moves(idx, 1)
                 for a, (j1, v1) in enumerate(near):
                     for j2, v2 in near[a + 1:]:
                         if j1 != j2:
@@ -292,6 +287,15 @@ class Proposer:
                             nb[j1], nb[j2] = v1, v2
                             out.append(nb)
         return enc.flat(np.array(out)) if out else np.zeros(0, dtype=np.int64)
+
+    def _moves(self, idx: np.ndarray, most: int) -> list[tuple[int, int]]:
+        """(param, new value) of every move of one param by 1 to `most` steps from `idx`."""
+        out = []
+        for j, n in enumerate(self.enc.n_values):
+            values = np.arange(n)
+            far = self.enc.step(j, values, int(idx[j]))
+            out += [(j, int(v)) for v in values[(far >= 1) & (far <= most)]]
+        return out
 
     def _valid(self, flat: int) -> bool:
         if flat in self._invalid:
@@ -311,19 +315,15 @@ class Proposer:
         if self._completed is not None and self._completed[0] == key:
             return self._completed[1]
         out = []
-        if self.repair is not None:
-            for j, n in enumerate(enc.n_values):
-                for v in range(n):
-                    if enc.step(j, np.int64(v), inc[j]) != 1:
-                        continue
-                    moved = inc.copy()
-                    moved[j] = v
-                    if self._valid(int(enc.flat(moved[None])[0])):
-                        continue
-                    fixed = self.repair(enc.config(moved), keep=(enc.params[j].name,))
-                    idx = enc.index(fixed) if fixed is not None else None
-                    if idx is not None and idx[j] == v:
-                        out.append(int(enc.flat(np.array([idx]))[0]))
+        for j, v in self._moves(inc, 1) if self.repair is not None else []:
+            moved = inc.copy()
+            moved[j] = v
+            if self._valid(int(enc.flat(moved[None])[0])):
+                continue
+            fixed = self.repair(enc.config(moved), keep=(enc.params[j].name,))
+            idx = enc.index(fixed) if fixed is not None else None
+            if idx is not None and idx[j] == v:
+                out.append(int(enc.flat(np.array([idx]))[0]))
         self._completed = (key, np.unique(np.array(out, dtype=np.int64)))
         return self._completed[1]
 

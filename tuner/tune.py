@@ -315,11 +315,7 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         if meta.get("warm_start"):  # run dirs / landscapes measured elsewhere: their best first
             from .replay import warm_starts
             warm = warm_starts(meta["warm_start"], skeleton.space)
-        default = skeleton.space.default_config()
-        starts = [default]
-        if evaluator.check(default) is not None:  # rejected at this shape: start next to it
-            near = skeleton.space.repair(default, evaluator.context, evaluator.limits)
-            starts += [near] if near is not None else []
+        starts = skeleton.space.starts(evaluator.context, evaluator.limits)
         for config in (*starts, *seeds, *warm):
             config = skeleton.space.complete(config)  # a param added since: its default
             if config is not None:
