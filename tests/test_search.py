@@ -346,6 +346,34 @@ def test_a_move_the_constraints_reject_is_completed():
     assert max(e3) <= 10, e3
 
 
+def test_a_move_past_a_spill_cliff_is_rescued_by_one_more_step():
+    """Recorded matmul 4096^3: from BM128 BN128 at 4 warps (1.08x the best), BN 256 spilled
+    (7.2x: a cliff). 8 warps had measured slower at 64x64 tiles, so the model alone asked for
+    num_stages 4 and BM 256 next; the rescues of the move (BN 256 with one other size param
+    one step off) are asked instead, 8 warps (1.005x) among the first two."""
+    land = matmul("4096x4096x4096")
+    path = [dict(BM=64, BN=64, BK=64, GM=1, num_stages=3, num_warps=4),
+            dict(BM=64, BN=64, BK=64, GM=1, num_stages=3, num_warps=8),
+            dict(BM=64, BN=64, BK=64, GM=1, num_stages=2, num_warps=4),
+            dict(BM=64, BN=32, BK=64, GM=1, num_stages=3, num_warps=4),
+            dict(BM=64, BN=128, BK=64, GM=1, num_stages=3, num_warps=4),
+            dict(BM=64, BN=128, BK=64, GM=1, num_stages=4, num_warps=4),
+            dict(BM=128, BN=128, BK=64, GM=1, num_stages=3, num_warps=4),
+            dict(BM=128, BN=256, BK=64, GM=1, num_stages=3, num_warps=4)]
+    asked = {}
+    for rescue in (True, False):
+        p = Proposer(land.space, rescue=rescue)
+        done = [(p.enc.index(c), math.log10(land.lookup(Config.of(c)).seconds)) for c in path]
+        asked[rescue] = []
+        for k in range(2):
+            idx = p.propose(done, [], np.random.default_rng(k))
+            asked[rescue].append(p.enc.config(idx).as_dict())
+            done.append((idx, math.log10(land.lookup(p.enc.config(idx)).seconds)))
+    assert dict(path[-1], num_warps=8) in asked[True], asked
+    assert all(c["BN"] == 256 for c in asked[True]), asked  # both asks are rescues of the move
+    assert dict(path[-1], num_warps=8) not in asked[False], asked
+
+
 def test_parallel_asks_on_one_history_take_turns_leaving_the_trust_region():
     p = Proposer(replay.synthetic("smooth", 0).space)
     ok = [((0,) * 6, -5.0)] + [((0,) * 6, -4.0)] * 3  # three timings since the best

@@ -25,6 +25,13 @@ fewer evaluations. Each ask:
   bears it out. Failures stay out of the objective model: a config that did not fit or
   did not build says nothing about how fast its neighbours run, and the fastest configs
   often sit right against a resource limit (the largest tiles that fit).
+* **Rescues.** A one-step move from the incumbent that fell past a cliff (a bigger tile that
+  spilled at 4 warps) still says which way the time trends: the same move with one other
+  ordered param moved one step (8 warps, fewer stages, the other tile dimension down) may keep
+  the gain without the cliff. Such a *rescue* counts as one trust-region step and is worth at
+  least what the objective model (which never sees cliffs) expected from the move itself. The
+  model alone would not try it: it is stationary, and more warps measured slower on the small
+  tiles it has seen.
 * **Acquisition.** Expected improvement x P(works) x decay^(steps from the best so far - 1),
   over every config not yet seen (all of them when the space holds up to `ENUMERATE_MAX`;
   else a random sample plus the one- and two-step neighbourhoods of the best few): a soft
@@ -226,13 +233,18 @@ class Proposer:
       params it had to change. Constraints couple params (a looped kernel needs BLOCK_N < N,
       a whole-row one BLOCK_N >= N): without this, switching LOOPED took three trust-region
       steps, and on a grid-recorded rmsnorm the search stayed on the looped plateau.
+    * `rescue`: try rescues of cliffs next to the incumbent (see the module notes). Only
+      ordered params rescue (resources grow with sizes; a rescue through an unordered choice
+      was a wasted evaluation on the generated cliff landscapes), and only cliffs, not hard
+      failures (those are left to the failure model, which learns which way is feasible).
+      Recorded matmul at 4096^3: 19 -> 14 evaluations to within 3 % (median of 20 seeds).
     """
 
     def __init__(self, space: Space, check: Callable[[Config], str | None] | None = None,
                  n_startup: int = 1, clip: float = 2.0, cliff: float | None = 2.5,
                  decay: float = 0.1, classifier: float | None = 0.03, dominance: bool | str = True,
                  impute: float | None = 2.0, repair: Callable[..., Config | None] | None = None,
-                 explore: int | None = 3, explore_every: int = 3):
+                 explore: int | None = 3, explore_every: int = 3, rescue: bool = True):
         self.enc = Encoding(space)
         self.check = check
         self.repair = repair
@@ -245,6 +257,7 @@ class Proposer:
         self.impute = impute
         self.explore = explore
         self.explore_every = explore_every
+        self.rescue = rescue
         self._invalid: set[int] = set()  # flat keys the space's own formulas reject
         self._all: np.ndarray | None = None
         self._theta: np.ndarray | None = None
@@ -296,6 +309,32 @@ class Proposer:
             far = self.enc.step(j, values, int(idx[j]))
             out += [(j, int(v)) for v in values[(far >= 1) & (far <= most)]]
         return out
+
+    def _rescues(self, incumbent: Sequence[int], done: list, hard: list) -> tuple[np.ndarray, np.ndarray]:
+        """The rescue moves of the incumbent (see `rescue` in the class notes): for each
+        one-step move from it that fell past a cliff, that config with one other ordered
+        param moved one step. Returns their flat keys and, row for row, the cliff each rescues."""
+        enc = self.enc
+        inc = np.array(incumbent, dtype=np.int64)
+        real = {tuple(h) for h in hard}
+        out, src = [], []
+        for i, y in done:
+            if y is not None or tuple(i) in real:
+                continue
+            cliff = np.array(i, dtype=np.int64)
+            steps = np.array([enc.step(j, cliff[j], inc[j]) for j in range(len(inc))])
+            if steps.sum() != 1:
+                continue
+            moved = int(np.argmax(steps))
+            for k, v in self._moves(cliff, 1):
+                if k != moved and enc.ordered[k]:
+                    nb = cliff.copy()
+                    nb[k] = v
+                    out.append(nb)
+                    src.append(cliff)
+        if not out:
+            return np.zeros(0, np.int64), np.zeros((0, len(inc)), np.int64)
+        return enc.flat(np.array(out)), np.array(src)
 
     def _valid(self, flat: int) -> bool:
         if flat in self._invalid:
@@ -362,6 +401,9 @@ class Proposer:
         ranked = sorted(ok, key=lambda t: t[1])
         good = enc.flat(np.array([i for i, _ in ranked[:3]])) if ok else np.zeros(0, np.int64)
         completed = self._completions(ranked[0][0]) if ok else np.zeros(0, np.int64)
+        rescues, cliffs = self._rescues(ranked[0][0], done, hard) if ok and self.rescue else ((), ())
+        if len(rescues):
+            completed = np.union1d(completed, rescues)
         flat = self._candidates(seen, good, completed, rng)
         if len(flat) == 0:
             return None
@@ -395,6 +437,13 @@ class Proposer:
             if Xp is not None:  # in flight: believe the model's mean there (keeps parallel asks apart)
                 gp = gp.with_points(Xp, gp.predict(Xp)[0])
             score = self._improvement(gp, Xc, p_ok, X, y, hard, incumbent, Xp) * p_ok
+            if len(rescues):  # a rescue is worth what the move it rescues promised
+                mean, sd = gp.predict(enc.features(cliffs))
+                promised = np.zeros(len(flat))
+                at = np.searchsorted(flat, rescues)  # `flat` is sorted, and holds every rescue not yet seen
+                hit = (at < len(flat)) & (flat[np.minimum(at, len(flat) - 1)] == rescues)
+                np.maximum.at(promised, at[hit], (expected_improvement(mean, sd, float(gp.y.min())) * gp.scale)[hit])
+                score = np.maximum(score, promised * p_ok)
             if not self._stalled(ok, len(pending)):
                 score = score * self._near(cidx, incumbent, np.isin(flat, completed))
         pick = self._pick(flat, score, rng, seen)
