@@ -361,7 +361,7 @@ def test_a_move_past_a_spill_cliff_is_rescued_by_one_more_step():
             dict(BM=128, BN=128, BK=64, GM=1, num_stages=3, num_warps=4),
             dict(BM=128, BN=256, BK=64, GM=1, num_stages=3, num_warps=4)]
     asked = {}
-    for rescue in (True, False):
+    for rescue in (2, 0):
         p = Proposer(land.space, rescue=rescue)
         done = [(p.enc.index(c), math.log10(land.lookup(Config.of(c)).seconds)) for c in path]
         asked[rescue] = []
@@ -369,9 +369,25 @@ def test_a_move_past_a_spill_cliff_is_rescued_by_one_more_step():
             idx = p.propose(done, [], np.random.default_rng(k))
             asked[rescue].append(p.enc.config(idx).as_dict())
             done.append((idx, math.log10(land.lookup(p.enc.config(idx)).seconds)))
-    assert dict(path[-1], num_warps=8) in asked[True], asked
-    assert all(c["BN"] == 256 for c in asked[True]), asked  # both asks are rescues of the move
-    assert dict(path[-1], num_warps=8) not in asked[False], asked
+    assert dict(path[-1], num_warps=8) in asked[2], asked
+    assert all(c["BN"] == 256 for c in asked[2]), asked  # both asks are rescues of the move
+    assert dict(path[-1], num_warps=8) not in asked[0], asked
+
+
+def test_rescues_are_of_cliffs_through_ordered_params_two_at_most():
+    p = Proposer(replay.synthetic("smooth", 0).space)  # TA TB TK W ordered, ORDER VEC not
+    names = [q.name for q in p.enc.params]
+    inc = np.array([2, 2, 1, 1, 0, 0])
+    cliff = inc.copy()
+    cliff[names.index("TA")] += 1
+    flat, src = p._rescues(inc, [(tuple(inc), -5.0), (tuple(cliff), None)], [])
+    moved = p.enc.unflat(flat) != cliff
+    assert len(flat) and (src == cliff).all() and (moved.sum(1) == 1).all()
+    assert set(np.nonzero(moved)[1]) == {names.index(n) for n in ("TB", "TK", "W")}
+    assert not len(p._rescues(inc, [(tuple(inc), -5.0), (tuple(cliff), None)], [tuple(cliff)])[0])  # a real failure
+    tried = [cliff + np.eye(6, dtype=int)[names.index(n)] for n in ("TB", "W")]
+    done = [(tuple(inc), -5.0), (tuple(cliff), None)] + [(tuple(r), -4.0) for r in tried]
+    assert not len(p._rescues(inc, done, [])[0])
 
 
 def test_parallel_asks_on_one_history_take_turns_leaving_the_trust_region():

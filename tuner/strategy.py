@@ -29,7 +29,8 @@ fewer evaluations. Each ask:
   spilled at 4 warps) still says which way the time trends: the same move with one other
   ordered param moved one step (8 warps, fewer stages, the other tile dimension down) may keep
   the gain without the cliff. Such a *rescue* counts as one trust-region step and is worth at
-  least what the objective model (which never sees cliffs) expected from the move itself. The
+  least what the objective model (which never sees cliffs) expected from the move itself; two
+  are tried at most per cliff (some moves no rescue saves). The
   model alone would not try it: it is stationary, and more warps measured slower on the small
   tiles it has seen.
 * **Acquisition.** Expected improvement x P(works) x decay^(steps from the best so far - 1),
@@ -233,18 +234,21 @@ class Proposer:
       params it had to change. Constraints couple params (a looped kernel needs BLOCK_N < N,
       a whole-row one BLOCK_N >= N): without this, switching LOOPED took three trust-region
       steps, and on a grid-recorded rmsnorm the search stayed on the looped plateau.
-    * `rescue`: try rescues of cliffs next to the incumbent (see the module notes). Only
-      ordered params rescue (resources grow with sizes; a rescue through an unordered choice
-      was a wasted evaluation on the generated cliff landscapes), and only cliffs, not hard
-      failures (those are left to the failure model, which learns which way is feasible).
-      Recorded matmul at 4096^3: 19 -> 14 evaluations to within 3 % (median of 20 seeds).
+    * `rescue`: rescues tried at most per cliff next to the incumbent (see the module notes;
+      0: off). Recorded matmul at 4096^3: 19 -> 14 evaluations to within 3 % (median of 20
+      seeds). Without a cap, a move no rescue can save (BM 256 BN 256 spills even at 8
+      warps, the most this space has) took six more evaluations from a warm start; with 1,
+      a rescue that had to be the second one was never tried (4096^3: 23). Only ordered
+      params rescue (resources grow with sizes; rescues through an unordered choice were
+      wasted evaluations on the generated cliff landscapes), and only cliffs, not hard
+      failures (left to the failure model, which learns which way is feasible).
     """
 
     def __init__(self, space: Space, check: Callable[[Config], str | None] | None = None,
                  n_startup: int = 1, clip: float = 2.0, cliff: float | None = 2.5,
                  decay: float = 0.1, classifier: float | None = 0.03, dominance: bool | str = True,
                  impute: float | None = 2.0, repair: Callable[..., Config | None] | None = None,
-                 explore: int | None = 3, explore_every: int = 3, rescue: bool = True):
+                 explore: int | None = 3, explore_every: int = 3, rescue: int = 2):
         self.enc = Encoding(space)
         self.check = check
         self.repair = repair
@@ -317,21 +321,26 @@ class Proposer:
         enc = self.enc
         inc = np.array(incumbent, dtype=np.int64)
         real = {tuple(h) for h in hard}
+        past = [i for i, y in done if y is None and tuple(i) not in real]
         out, src = [], []
-        for i, y in done:
-            if y is not None or tuple(i) in real:
-                continue
-            cliff = np.array(i, dtype=np.int64)
-            steps = np.array([enc.step(j, cliff[j], inc[j]) for j in range(len(inc))])
-            if steps.sum() != 1:
-                continue
-            moved = int(np.argmax(steps))
-            for k, v in self._moves(cliff, 1):
-                if k != moved and enc.ordered[k]:
-                    nb = cliff.copy()
-                    nb[k] = v
-                    out.append(nb)
-                    src.append(cliff)
+        if past:
+            A = np.array(past, dtype=np.int64)
+            steps = np.stack([enc.step(j, A[:, j], inc[j]) for j in range(len(inc))], 1)
+            D = np.array([i for i, _ in done], dtype=np.int64)
+            for cliff, row in zip(A, steps):
+                if row.sum() != 1:  # not a one-step move from the incumbent
+                    continue
+                moved = int(np.argmax(row))
+                # Its rescues evaluated so far: configs one step of another ordered param from it.
+                d = np.stack([enc.step(j, D[:, j], cliff[j]) for j in range(len(inc))], 1)
+                if ((d.sum(1) == 1) & (d[:, moved] == 0) & enc.ordered[np.argmax(d, 1)]).sum() >= self.rescue:
+                    continue
+                for k, v in self._moves(cliff, 1):
+                    if k != moved and enc.ordered[k]:
+                        nb = cliff.copy()
+                        nb[k] = v
+                        out.append(nb)
+                        src.append(cliff)
         if not out:
             return np.zeros(0, np.int64), np.zeros((0, len(inc)), np.int64)
         return enc.flat(np.array(out)), np.array(src)
