@@ -30,9 +30,8 @@ fewer evaluations. Each ask:
   ordered param moved one step (8 warps, fewer stages, the other tile dimension down) may keep
   the gain without the cliff. Such a *rescue* counts as one trust-region step and is worth at
   least what the objective model (which never sees cliffs) expected from the move itself; two
-  are tried at most per cliff (some moves no rescue saves). The
-  model alone would not try it: it is stationary, and more warps measured slower on the small
-  tiles it has seen.
+  are tried at most per cliff (some moves no rescue saves). The model alone would not try
+  one: it is stationary, and more warps measured slower on the small tiles it has seen.
 * **Acquisition.** Expected improvement x P(works) x decay^(steps from the best so far - 1),
   over every config not yet seen (all of them when the space holds up to `ENUMERATE_MAX`;
   else a random sample plus the one- and two-step neighbourhoods of the best few): a soft
