@@ -148,23 +148,18 @@ def test_a_run_directory_with_gzipped_records_reads_the_same(tmp_path):
     """Landscapes kept for good (bench/landscapes) store their records gzipped."""
     import gzip
     import shutil
-    src = Path(__file__).resolve().parents[1] / "bench" / "landscapes" / "attention-4x32x4096x128-bf16-h200"
-    plain, packed = tmp_path / "plain", tmp_path / "packed"
-    shutil.copytree(src, plain)
-    shutil.copytree(src, packed)
-    records = plain / "records.jsonl"
-    if not records.exists():  # the kept copy is the gzipped one
-        with gzip.open(plain / "records.jsonl.gz", "rt") as f:
-            records.write_text(f.read())
-        (plain / "records.jsonl.gz").unlink()
-    else:
-        with gzip.open(packed / "records.jsonl.gz", "wt") as f:
-            f.write(records.read_text())
-        (packed / "records.jsonl").unlink()
+    packed = Path(__file__).resolve().parents[1] / "bench" / "landscapes" / "attention-4x32x4096x128-bf16-h200"
+    plain = tmp_path / "plain"
+    shutil.copytree(packed, plain)
+    with gzip.open(plain / "records.jsonl.gz", "rt") as f:
+        (plain / "records.jsonl").write_text(f.read())
+    (plain / "records.jsonl.gz").unlink()
     a, b = replay.load(plain), replay.load(packed)
     assert a.outcomes == b.outcomes and a.space.to_json() == b.space.to_json() and a.context == b.context
     assert replay.load_cached(packed).best_s == a.best_s
-    raw = (packed / "records.jsonl.gz").read_bytes()
-    (packed / "records.jsonl.gz").write_bytes(raw[: len(raw) // 2])
+    broken = tmp_path / "broken"
+    shutil.copytree(packed, broken)
+    raw = (broken / "records.jsonl.gz").read_bytes()
+    (broken / "records.jsonl.gz").write_bytes(raw[: len(raw) // 2])
     with pytest.raises(replay.LandscapeError, match="records.jsonl.gz"):
-        replay.load(packed)
+        replay.load(broken)
