@@ -374,6 +374,30 @@ def test_a_move_past_a_spill_cliff_is_rescued_by_one_more_step():
     assert dict(path[-1], num_warps=8) not in asked[0], asked
 
 
+def test_a_completed_move_is_worth_what_the_move_promised():
+    """Recorded attention 4x32x4096x128, from BLOCK_M 64 at 4 warps (1.07x the best): BLOCK_M
+    128 needs 8 warps there (the space's acc_per_thread limit). Its completion (BLOCK_M 128 at
+    8 warps, 1.06x; BLOCK_N 128 from there is the best) had only its own expected improvement,
+    the model asked for 8 warps at BLOCK_M 64 first (1.6x), and after that the completion
+    looked poor: 19 evaluations to within 3 % (median of 20 seeds). Worth what the move to
+    BLOCK_M 128 itself promises, it ties with the 8-warp move (and BLOCK_M 32, completed by
+    BLOCK_N 32) for the next ask: 5."""
+    land = replay.load_cached(ROOT / "bench" / "landscapes" / "attention-4x32x4096x128-bf16-h200")
+    space, ev = land.space, replay.ReplayEvaluator(land)
+    path = [dict(BLOCK_M=64, BLOCK_N=64, DESC=False, num_stages=3, num_warps=4),
+            dict(BLOCK_M=64, BLOCK_N=64, DESC=True, num_stages=3, num_warps=4)]
+    target = dict(path[1], BLOCK_M=128, num_warps=8)
+    asked = {}
+    for promise in (True, False):
+        p = Proposer(space, ev.check, promise=promise,
+                     repair=lambda c, keep=(): space.repair(c, ev.context, ev.limits, 30, keep))
+        done = [(p.enc.index(c), math.log10(land.lookup(Config.of(c)).seconds)) for c in path]
+        asked[promise] = [p.enc.config(p.propose(done, [], np.random.default_rng(k))).as_dict()
+                          for k in range(10)]
+    assert target in asked[True], asked
+    assert all(c["BLOCK_M"] == 64 for c in asked[False]), asked
+
+
 def test_rescues_are_of_cliffs_through_ordered_params_two_at_most():
     p = Proposer(replay.synthetic("smooth", 0).space)  # TA TB TK W ordered, ORDER VEC not
     names = [q.name for q in p.enc.params]

@@ -25,13 +25,15 @@ fewer evaluations. Each ask:
   bears it out. Failures stay out of the objective model: a config that did not fit or
   did not build says nothing about how fast its neighbours run, and the fastest configs
   often sit right against a resource limit (the largest tiles that fit).
-* **Rescues.** A one-step move from the incumbent that fell past a cliff (a bigger tile that
-  spilled at 4 warps) still says which way the time trends: the same move with one other
-  ordered param moved one step (8 warps, fewer stages, the other tile dimension down) may keep
-  the gain without the cliff. Such a *rescue* counts as one trust-region step and is worth at
-  least what the objective model (which never sees cliffs) expected from the move itself; two
-  are tried at most per cliff (some moves no rescue saves). The model alone would not try
-  one: it is stationary, and more warps measured slower on the small tiles it has seen.
+* **Completions and rescues.** A one-step move from the incumbent that the space's formulas
+  reject (a bigger tile that needs more warps) or that fell past a cliff (a bigger tile that
+  spilled at 4 warps) still says which way the time trends. The move fixed up by other
+  params -- the nearest config the formulas accept with the moved param at its new value (a
+  *completion*), or the cliff config with one other ordered param one step off (8 warps,
+  fewer stages, the other tile dimension down: a *rescue*; two at most per cliff, as some
+  moves no rescue saves) -- counts as one trust-region step and is worth at least what the
+  objective model expected from the move itself. The model alone rarely tries one: it is
+  stationary, and more warps measured slower on the small tiles it has seen.
 * **Acquisition.** Expected improvement x P(works) x decay^(steps from the best so far - 1),
   over every config not yet seen (all of them when the space holds up to `ENUMERATE_MAX`;
   else a random sample plus the one- and two-step neighbourhoods of the best few): a soft
@@ -233,6 +235,11 @@ class Proposer:
       params it had to change. Constraints couple params (a looped kernel needs BLOCK_N < N,
       a whole-row one BLOCK_N >= N): without this, switching LOOPED took three trust-region
       steps, and on a grid-recorded rmsnorm the search stayed on the looped plateau.
+    * `promise`: a completed or rescued move (see the module notes) is worth at least the
+      expected improvement of the move it fixes up (False: only its own). Medians of 20 seeds
+      to within 3 %: recorded attention 4x32x4096x128 19 -> 5 (BLOCK_M 128 needs 8 warps, and
+      8 warps had measured slow at BLOCK_M 64), matmul 4096^3 (rescues) 26 -> 14; the cost:
+      cross_entropy 4096x32000 23 -> 32 (more probes of completed ROWS and num_warps moves).
     * `rescue`: rescues tried at most per cliff next to the incumbent (see the module notes;
       0: off). Recorded matmul at 4096^3: 19 -> 14 evaluations to within 3 % (median of 20
       seeds). Without a cap, a move no rescue can save (BM 256 BN 256 spills even at 8
@@ -247,7 +254,8 @@ class Proposer:
                  n_startup: int = 1, clip: float = 2.0, cliff: float | None = 2.5,
                  decay: float = 0.1, classifier: float | None = 0.03, dominance: bool | str = True,
                  impute: float | None = 2.0, repair: Callable[..., Config | None] | None = None,
-                 explore: int | None = 3, explore_every: int = 3, rescue: int = 2):
+                 explore: int | None = 3, explore_every: int = 3, rescue: int = 2,
+                 promise: bool = True):
         self.enc = Encoding(space)
         self.check = check
         self.repair = repair
@@ -261,11 +269,12 @@ class Proposer:
         self.explore = explore
         self.explore_every = explore_every
         self.rescue = rescue
+        self.promise = promise
         self._invalid: set[int] = set()  # flat keys the space's own formulas reject
         self._all: np.ndarray | None = None
         self._theta: np.ndarray | None = None
         self._ls: np.ndarray | None = None
-        self._completed: tuple[int, np.ndarray] | None = None  # (incumbent, its completed moves)
+        self._completed: tuple | None = None  # (incumbent, its completed moves, the moves)
 
     # -- candidates --
 
@@ -352,16 +361,17 @@ class Proposer:
         self._invalid.add(int(flat))
         return False
 
-    def _completions(self, incumbent: Sequence[int]) -> np.ndarray:
-        """Flat keys of the completed one-step moves from `incumbent` (see `repair` in the
-        class notes): for each move the formulas reject, the nearest valid config that keeps
-        the moved param's new value. Cached per incumbent."""
+    def _completions(self, incumbent: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The completed one-step moves from `incumbent` (see `repair` in the class notes): for
+        each move the formulas reject, the nearest valid config that keeps the moved param's
+        new value. Returns their flat keys and, row for row, the rejected move each completes.
+        Cached per incumbent."""
         enc = self.enc
         inc = np.array(incumbent, dtype=np.int64)
         key = int(enc.flat(inc[None])[0])
         if self._completed is not None and self._completed[0] == key:
-            return self._completed[1]
-        out = []
+            return self._completed[1], self._completed[2]
+        out, src = [], []
         for j, v in self._moves(inc, 1) if self.repair is not None else []:
             moved = inc.copy()
             moved[j] = v
@@ -371,8 +381,10 @@ class Proposer:
             idx = enc.index(fixed) if fixed is not None else None
             if idx is not None and idx[j] == v:
                 out.append(int(enc.flat(np.array([idx]))[0]))
-        self._completed = (key, np.unique(np.array(out, dtype=np.int64)))
-        return self._completed[1]
+                src.append(moved)
+        self._completed = (key, np.array(out, dtype=np.int64),
+                           np.array(src, dtype=np.int64).reshape(len(src), len(inc)))
+        return self._completed[1], self._completed[2]
 
     def _pick(self, flat: np.ndarray, score: np.ndarray, rng: np.random.Generator,
               seen: np.ndarray | None = None) -> int | None:
@@ -408,10 +420,13 @@ class Proposer:
         ok = [(i, y) for i, y in done if y is not None]
         ranked = sorted(ok, key=lambda t: t[1])
         good = enc.flat(np.array([i for i, _ in ranked[:3]])) if ok else np.zeros(0, np.int64)
-        completed = self._completions(ranked[0][0]) if ok else np.zeros(0, np.int64)
-        rescues, cliffs = self._rescues(ranked[0][0], done, hard) if ok and self.rescue else ((), ())
-        if len(rescues):
-            completed = np.union1d(completed, rescues)
+        # Moves the formulas (completions) or the hardware (rescues) rejected, each fixed up by
+        # changing another param: one trust-region step, and worth what the move promised.
+        fixed, moves = self._completions(ranked[0][0]) if ok else (np.zeros(0, np.int64), None)
+        if ok and self.rescue:
+            rescues, cliffs = self._rescues(ranked[0][0], done, hard)
+            fixed, moves = np.concatenate([fixed, rescues]), np.concatenate([moves, cliffs])
+        completed = np.unique(fixed)
         flat = self._candidates(seen, good, completed, rng)
         if len(flat) == 0:
             return None
@@ -445,11 +460,11 @@ class Proposer:
             if Xp is not None:  # in flight: believe the model's mean there (keeps parallel asks apart)
                 gp = gp.with_points(Xp, gp.predict(Xp)[0])
             score = self._improvement(gp, Xc, p_ok, X, y, hard, incumbent, Xp) * p_ok
-            if len(rescues):  # a rescue is worth what the move it rescues promised
-                mean, sd = gp.predict(enc.features(cliffs))
+            if len(fixed) and self.promise:  # a fixed-up move is worth what the move promised
+                mean, sd = gp.predict(enc.features(moves))
                 promised = np.zeros(len(flat))
-                at = np.searchsorted(flat, rescues)  # `flat` is sorted, and holds every rescue not yet seen
-                hit = (at < len(flat)) & (flat[np.minimum(at, len(flat) - 1)] == rescues)
+                at = np.searchsorted(flat, fixed)  # `flat` is sorted, and holds every one not yet seen
+                hit = (at < len(flat)) & (flat[np.minimum(at, len(flat) - 1)] == fixed)
                 np.maximum.at(promised, at[hit], (expected_improvement(mean, sd, float(gp.y.min())) * gp.scale)[hit])
                 score = np.maximum(score, promised * p_ok)
             if not self._stalled(ok, len(pending)):
