@@ -70,6 +70,7 @@ def test_problem_file_without_skeleton_says_what_to_provide(capsys):
     # the exact entry the template must define: input, then the Linear's weight and bias, then the output
     assert "void tuner_kernel(const {{ ctype }} *in0, const {{ ctype }} *fc_weight, " \
            "const {{ ctype }} *fc_bias, {{ ctype }} *out0)" in err
+    assert "{{ batch }}" in err  # sizes are template variables, not names the C code knows
 
 
 def test_problem_file_unknown_size_override(capsys):

@@ -116,7 +116,8 @@ def choose_skeleton(args, spec: OpSpec, backend: str) -> Skeleton:
             f"{spec.source} has no library skeleton. Write a kernel template and its space and "
             f"pass --template FILE --space FILE (format: README, 'Skeletons'). For the {backend} "
             f"backend the template must define\n    {entry_signature(spec, language)}\n"
-            f"and may read the sizes {', '.join(k for k, _ in spec.sizes) or '(none)'}.")
+            f"and may read the sizes as template variables: "
+            f"{', '.join('{{ %s }}' % k for k, _ in spec.sizes) or '(none)'}.")
     return library_skeleton(spec.name, language)
 
 
