@@ -274,7 +274,7 @@ class Proposer:
         self._all: np.ndarray | None = None
         self._theta: np.ndarray | None = None
         self._ls: np.ndarray | None = None
-        self._completed: tuple | None = None  # (incumbent, its completed moves, the moves)
+        self._completed: tuple[int, np.ndarray, np.ndarray] | None = None  # (incumbent, completions, the moves)
 
     # -- candidates --
 
@@ -422,7 +422,8 @@ class Proposer:
         good = enc.flat(np.array([i for i, _ in ranked[:3]])) if ok else np.zeros(0, np.int64)
         # Moves the formulas (completions) or the hardware (rescues) rejected, each fixed up by
         # changing another param: one trust-region step, and worth what the move promised.
-        fixed, moves = self._completions(ranked[0][0]) if ok else (np.zeros(0, np.int64), None)
+        fixed, moves = self._completions(ranked[0][0]) if ok else \
+            (np.zeros(0, np.int64), np.zeros((0, len(enc.params)), np.int64))
         if ok and self.rescue:
             rescues, cliffs = self._rescues(ranked[0][0], done, hard)
             fixed, moves = np.concatenate([fixed, rescues]), np.concatenate([moves, cliffs])
