@@ -278,7 +278,7 @@ def _medians(land, sampler, runs, budget, **kw):
     return statistics.median(e3), sum(e <= budget for e in e3) / len(e3)
 
 
-@pytest.mark.parametrize("shape, bound", [("4096x4096x4096", 45), ("16x14336x4096", 12),
+@pytest.mark.parametrize("shape, bound", [("4096x4096x4096", 45), ("16x14336x4096", 16),
                                           ("2048x8192x1024", 20)])
 def test_guided_efficiency_on_the_recorded_matmul_landscape(shape, bound):
     """Off-the-shelf samplers' medians on these shapes: 42-46 (CMA-ES, TPE ordinal), 14 (TPE),
@@ -418,6 +418,17 @@ def test_parallel_asks_on_one_history_take_turns_leaving_the_trust_region():
     p = Proposer(replay.synthetic("smooth", 0).space)
     ok = [((0,) * 6, -5.0)] + [((0,) * 6, -4.0)] * 3  # three timings since the best
     assert [p._stalled(ok, k) for k in range(4)] == [True, False, False, True]
+
+
+def test_scores_equal_but_for_rounding_are_ties_that_the_rng_breaks():
+    """Symmetric moves score the same in exact arithmetic; which BLAS kernel computed them
+    (CPU, library version) decides their last bits. Before the tie-break, the recorded matmul
+    2048x8192x1024's median went 8.5 -> 42 evaluations between two OpenBLAS kernels."""
+    p = Proposer(replay.synthetic("smooth", 0).space)
+    flat = np.array([3, 7])
+    picks = {p._pick(flat, np.array([1.0, 1.0 + 4e-16]), np.random.default_rng(s)) for s in range(20)}
+    assert picks == {3, 7}
+    assert {p._pick(flat, np.array([1.0, 1.001]), np.random.default_rng(s)) for s in range(20)} == {7}
 
 
 def test_no_worse_than_random_on_an_easy_landscape():

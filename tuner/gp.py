@@ -1,4 +1,6 @@
-"""A small Gaussian process for `tuner.strategy` (numpy; scipy's L-BFGS-B when present).
+"""A small Gaussian process for `tuner.strategy` (numpy; hyperparameters by scipy's L-BFGS-B,
+which the package requires; a projected descent stands in where scipy cannot be imported,
+and finds other fits, so searches take other paths there).
 
 Kernel: Matérn 5/2 with one length scale per dimension (ARD), every hyperparameter fitted by
 MAP marginal likelihood. (A linear term for extrapolation was tried: its prior variance grows

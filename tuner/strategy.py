@@ -390,7 +390,10 @@ class Proposer:
               seen: np.ndarray | None = None) -> int | None:
         """The best-scoring candidate that the space's formulas accept (ties at random); when
         none does, the nearest valid config to one of the best few (`repair`) not yet seen."""
-        order = np.lexsort((rng.random(len(flat)), -score))
+        # Scores equal to float32 precision are ties, broken by the rng: in exact arithmetic
+        # symmetric moves (BM up or BN up from a square tile) score the same, and the last
+        # bits, which differ between BLAS kernels and CPUs, must not pick among them.
+        order = np.lexsort((rng.random(len(flat)), -score.astype(np.float32)))
         for i in order[:5000]:
             if self._valid(int(flat[i])):
                 return int(flat[i])
