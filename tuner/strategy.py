@@ -244,16 +244,17 @@ class Proposer:
     * `promise`: a completed or rescued move (see the module notes) is worth at least the
       expected improvement of the move it fixes up (False: only its own). Medians of 20 seeds
       to within 3 %: recorded attention 4x32x4096x128 19 -> 5 (BLOCK_M 128 needs 8 warps, and
-      8 warps had measured slow at BLOCK_M 64), matmul 4096^3 (rescues) 26 -> 14; the cost:
-      cross_entropy 4096x32000 23 -> 32 (more probes of completed ROWS and num_warps moves).
+      8 warps had measured slow at BLOCK_M 64), matmul 4096^3 (rescues) 24 -> 19,
+      cross_entropy 4096x32000 55.5 -> 48 (but 17 of 20 seeds within 100, not 19: more probes
+      of completed ROWS and num_warps moves before PROGS_PER_SM 0).
     * `rescue`: rescues tried at most per cliff next to the incumbent (see the module notes;
-      0: off). Recorded matmul at 4096^3: 19 -> 14 evaluations to within 3 % (median of 20
-      seeds). Without a cap, a move no rescue can save (BM 256 BN 256 spills even at 8
+      0: off). Recorded matmul at 4096^3: 25 -> 19 evaluations to within 3 % (median of 20
+      seeds). Without a cap (18), a move no rescue can save (BM 256 BN 256 spills even at 8
       warps, the most this space has) took six more evaluations from a warm start; with 1,
-      a rescue that had to be the second one was never tried (4096^3: 23). Only ordered
-      params rescue (resources grow with sizes; rescues through an unordered choice were
-      wasted evaluations on the generated cliff landscapes), and only cliffs, not hard
-      failures (left to the failure model, which learns which way is feasible).
+      a rescue that had to be the second one was never tried (21). Only ordered params
+      rescue (resources grow with sizes; rescues through an unordered choice were wasted
+      evaluations on the generated cliff landscapes), and only cliffs, not hard failures
+      (left to the failure model, which learns which way is feasible).
     """
 
     def __init__(self, space: Space, check: Callable[[Config], str | None] | None = None,
