@@ -142,7 +142,15 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{platform.node()}, {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    from importlib.metadata import PackageNotFoundError, version
+
+    def v(pkg: str) -> str:
+        try:
+            return version(pkg)
+        except PackageNotFoundError:
+            return "absent"
+    libs = ", ".join(f"{p} {v(p)}" for p in ("optuna", "numpy", "scipy"))
+    return f"{platform.node()}, {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {libs}"
 
 
 def main() -> None:
