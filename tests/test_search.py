@@ -466,6 +466,7 @@ def test_scores_equal_but_for_rounding_are_ties_that_the_rng_breaks():
     picks = {p._pick(flat, np.array([1.0, 1.0 + 4e-16]), np.random.default_rng(s)) for s in range(20)}
     assert picks == {3, 7}
     assert {p._pick(flat, np.array([1.0, 1.001]), np.random.default_rng(s)) for s in range(20)} == {7}
+    assert {p._pick(flat, np.array([1e-50, 1e-49]), np.random.default_rng(s)) for s in range(20)} == {7}
 
 
 def test_no_worse_than_random_on_an_easy_landscape():

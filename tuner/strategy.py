@@ -24,10 +24,10 @@ fewer evaluations. Each ask:
   least as large in every ordered param probably fails too), trusted as far as the history
   bears it out. The regression does not rule out a neighbour of a config that worked, unless
   one that failed is next to it too (P(works) at least a half there): a boundary between two
-  adjacent configs is a guess one evaluation settles.
-  Failures stay out of the objective model: a config that did not fit or did not build says
-  nothing about how fast its neighbours run, and the fastest configs often sit right against
-  a resource limit (the largest tiles that fit).
+  adjacent configs is a guess one evaluation settles. Failures stay out of the objective
+  model: a config that did not fit or did not build says nothing about how fast its
+  neighbours run, and the fastest configs often sit right against a resource limit (the
+  largest tiles that fit).
 * **Completions and rescues.** A one-step move from the incumbent that the space's formulas
   reject (a bigger tile that needs more warps) or that fell past a cliff (a bigger tile that
   spilled at 4 warps) still says which way the time trends. The move fixed up by other
@@ -399,8 +399,11 @@ class Proposer:
         none does, the nearest valid config to one of the best few (`repair`) not yet seen."""
         # Scores equal to float32 precision are ties, broken by the rng: in exact arithmetic
         # symmetric moves (BM up or BN up from a square tile) score the same, and the last
-        # bits, which differ between BLAS kernels and CPUs, must not pick among them.
-        order = np.lexsort((rng.random(len(flat)), -score.astype(np.float32)))
+        # bits, which differ between BLAS kernels and CPUs, must not pick among them. (Scaled
+        # to the best first: tiny scores keep their order instead of underflowing to ties.)
+        top = float(score.max()) if len(score) else 0.0
+        key = (score / top if top > 0 else score).astype(np.float32)
+        order = np.lexsort((rng.random(len(flat)), -key))
         for i in order[:5000]:
             if self._valid(int(flat[i])):
                 return int(flat[i])
