@@ -416,7 +416,7 @@ def test_the_neighbours_of_a_config_that_worked_are_not_written_off():
     """ONLINE=False failed at BLOCK_N 1024 (it needs the whole row) and worked at 4096, the
     optimum's region; the logistic failure model, fitted sharp on a nearly separable history,
     put every neighbour of that config at P(works) ~0, and the search walked the online
-    kernels instead (seed 1: 167 evaluations to within 3 %; 7 of 40 seeds over 100)."""
+    kernels instead (seed 1: 167 evaluations to within 3 %; 11 of 40 seeds over 100)."""
     land = replay.load_cached(ROOT / "bench" / "landscapes" / "softmax-4096x4096-bf16-h200")
     names = ("ONLINE", "BLOCK_N", "ROWS", "num_warps", "num_stages", "PROGS_PER_SM", "LOOP_STAGES", "EVICT_FIRST")
     p = Proposer(land.space)

@@ -219,7 +219,7 @@ class Proposer:
       Weak (0.03), so that a boundary the history separates cleanly is learned sharply: at
       1.0 a config across a resource limit still read P(fail) ~0.4 after a dozen failures
       along it, about as much as the configs that worked. So sharp, it also wrote off every
-      neighbour of a config that worked (recorded softmax 4096x4096: 7 of 40 seeds over 100
+      neighbour of a config that worked (recorded softmax 4096x4096: 11 of 40 seeds over 100
       evaluations); it says at most P(fail) 0.5 next to one with no failure next to it
       (40 of 40 within 100).
     * `dominance`: extend hard failures to every config at least as large (see `_feasibility`).
@@ -579,6 +579,7 @@ class Proposer:
           scales (capped) -- failures make their neighbourhood suspect;
         * a logistic regression on the features (`classifier`) -- a resource limit is close to
           a linear boundary in log-sized params, and the fit learns which params do not matter;
+          at most P(fail) 0.5 next to a config that worked with no failure next to it;
         * dominance (`dominance`, real failures only, not cliffs): a config at least as large
           as a failed one in every ordered param, with the same choices, probably fails too
           (bytes and registers grow with sizes); trusted as far as the history bears it out.
@@ -594,23 +595,23 @@ class Proposer:
             w = matern(np.sqrt(sqdist(Xc[lo:lo + CHUNK], X_all, np.minimum(ls, 0.5))))
             p_fail[lo:lo + CHUNK] = (w @ label + 0.5 * prior) / (w.sum(1) + 0.5)
         if self.classifier:
-            logit = _logistic(X_all, label, Xc, self.classifier)
+            p_log = _logistic(X_all, label, Xc, self.classifier)
             # A boundary that the fit draws between a config that worked and its neighbour is
             # a guess one evaluation settles, not a near-certain failure: a nearly separable
             # history makes the fit sharp (recorded softmax: ONLINE=False failed at BLOCK_N
             # 1024, worked at 4096, and the fit put every neighbour of the 4096 one, the
-            # optimum's region, at P(works) ~0; 7 of 40 seeds took over 100 evaluations).
+            # optimum's region, at P(works) ~0; 11 of 40 seeds took over 100 evaluations).
             # Unless a failure is next to it as well: along a wall that the history has found,
             # every config that worked has a neighbour across it.
             worked = np.array([i for i, y in done if y is not None])
             failed = np.array([i for i, y in done if y is None])
-            sure = np.flatnonzero(logit > 0.5)
+            sure = np.flatnonzero(p_log > 0.5)
             if len(sure) and len(worked):
                 guess = self._adjacent(cidx[sure], worked)
                 if len(failed):
                     guess &= ~self._adjacent(cidx[sure], failed)
-                logit[sure[guess]] = 0.5
-            p_fail = np.maximum(p_fail, logit)
+                p_log[sure[guess]] = 0.5
+            p_fail = np.maximum(p_fail, p_log)
         if self.dominance and hard:
             dom = self._dominates(cidx, np.array(hard))
             if dom.any():
