@@ -19,8 +19,10 @@ defaults are these runs' optima, or from the nearest config the formulas accept 
 reject it, as `tuner tune` does; the budget is 10 % of the configs the space's formulas accept);
 plus generated ones (`tuner.replay.synthetic`: smooth, rugged, cliffs, flat; a new instance per
 seed).
-`guided+warm` is the default strategy warm-started with the best config of each *other*
-shape of the same file (`tuner.replay.warm_starts`), as `tuner tune --warm-start` does.
+`guided+warm` is the default strategy warm-started from each *other* shape of the same file
+(of the same op, under bench/landscapes/), as `tuner tune --warm-start` does: each one's best
+config first (`tuner.replay.warm_starts`), and all their timings as the searcher's prior
+(`tuner.replay.warm_timings`).
 
     python bench/search_efficiency.py [--seeds 20] [--jobs 2] [--write]
 
@@ -121,6 +123,8 @@ def one(job: tuple) -> tuple[float, float, float, int]:
         else:
             others = [f"{path}@{s}" for s in replay.shapes(path) if s != shape] if shape else []
         seeds = replay.warm_starts(others, land.space) if others else ()
+        if sampler == "guided" and others:
+            options = {**options, "sampler_options": {"prior": replay.warm_timings(others, land.space)}}
     t0 = time.monotonic()
     trace = replay.replay_search(land, sampler, seed, budget=cap, seeds=seeds, stop_within=0.03,
                                  **options)
@@ -244,8 +248,9 @@ def write_results(table: str, args, wall: float) -> None:
         f"3 % or {args.cap} evaluations (the budget when larger; gp: at the budget, on the recorded landscapes "
         f"with a budget of at most {args.gp_max_budget}, and on the generated ones with --gp-synthetic); \"failed evals\": evaluations of such "
         "a run that failed (compile, run or resource errors). Synthetic landscapes are a new "
-        "instance per seed. `guided+warm`: warm-started with the best config of each other "
-        "shape of the same landscape file (bench/landscapes/: of the same op).\n\n"
+        "instance per seed. `guided+warm`: warm-started from each other shape of the same "
+        "landscape file (bench/landscapes/: of the same op), as `tuner tune --warm-start` does: "
+        "its best config first, its timings as the searcher's prior.\n\n"
         f"    {cmd}\n\n{table}\n")
     text = path.read_text() if path.exists() else "# Benchmark results\n"
     pattern = re.compile(r"^## Search efficiency\n.*?(?=^## |\Z)", re.S | re.M)

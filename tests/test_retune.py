@@ -58,14 +58,20 @@ def _only_run(runs: Path, exclude=()) -> Path:
     return run
 
 
-def test_retune_on_another_chip_reports_the_cost_of_not_retuning(quick, capsys):
-    tmp, space = quick
+def _old_run_on_910b2(tmp: Path, space: Path) -> Path:
+    """The six configs walked by the grid sampler on a simulated 910B2: the run to re-tune."""
     runs = tmp / "runs"
     template = ROOT / "kernel_templates" / "softmax" / "triton_ascend.py.j2"
     assert main(["tune", "softmax", "--chip", "910B2", "--shape", "96x1024", "--template", str(template),
                  "--space", str(space), "--sampler", "grid", "--budget", "6", "--runs-dir", str(runs),
                  "--quiet", "--seed", "1"]) == 0
-    old = _only_run(runs)
+    return _only_run(runs)
+
+
+def test_retune_on_another_chip_reports_the_cost_of_not_retuning(quick, capsys):
+    tmp, space = quick
+    runs = tmp / "runs"
+    old = _old_run_on_910b2(tmp, space)
     meta = Store(old).meta()
     assert meta["backend"] == "sim" and meta["backend_options"] == {"chip": "910B2"}
     assert meta["device"]["name"] == "Ascend910B2" and meta["device"]["simulated"]
@@ -106,3 +112,23 @@ def test_retune_refuses_what_it_cannot_do(quick, capsys, tmp_path):
     assert main(["tune", "softmax", "--backend", "cpu", "--chip", "910B2", "--shape", "8x8",
                  "--runs-dir", str(tmp_path / "r")]) == 2
     assert "--chip" in capsys.readouterr().err
+
+
+def test_retune_gives_the_guided_search_the_old_runs_timings_as_its_prior(quick, monkeypatch):
+    from tuner import strategy
+    tmp, space = quick
+    runs = tmp / "runs"
+    old = _old_run_on_910b2(tmp, space)
+    old_times = {r.config: r.seconds for r in Store(old).records()}
+    priors = []
+    init = strategy.Proposer.__init__
+
+    def spy(self, *args, **kw):
+        priors.append(kw.get("prior", ()))
+        init(self, *args, **kw)
+
+    monkeypatch.setattr(strategy.Proposer, "__init__", spy)
+    assert main(["retune", str(old), "--chip", "910B4", "--budget", "4", "--runs-dir", str(runs), "--quiet"]) == 0
+    assert priors and len(priors[0]) == 1
+    (prior,) = priors[0]
+    assert prior == pytest.approx(old_times) and len(prior) == 6

@@ -294,6 +294,84 @@ def test_guided_with_warm_starts_from_a_related_shape():
     assert median <= 20 and found == 1.0, (median, found)
 
 
+def _middle_start(land: replay.Landscape) -> replay.Landscape:
+    """A grid run of a library skeleton, searched from each param's middle value (its space's
+    default is the optimum the grid found), as bench/search_efficiency.py does."""
+    return dataclasses.replace(land, space=dataclasses.replace(land.space, default=()))
+
+
+def test_timings_measured_at_another_shape_steer_the_search():
+    """Grid-recorded layernorm on an H200 (bench/landscapes). Warm-started from 8192x8192 with
+    only its best config enqueued, 4096x4096 took a median 73 evaluations to 3 % (20 seeds;
+    cold 60.5): past that config the search knew nothing of the other landscape. With all of
+    its timings as the prior: 11."""
+    land = _middle_start(replay.load_cached(ROOT / "bench" / "landscapes" / "layernorm-4096x4096-bf16-h200"))
+    other = [str(ROOT / "bench" / "landscapes" / "layernorm-8192x8192-bf16-h200")]
+    seeds = replay.warm_starts(other, land.space)
+    prior = replay.warm_timings(other, land.space)
+    assert len(prior) == 1 and len(prior[0]) > 10000
+    median, found = _medians(land, "guided", range(5), 100, seeds=seeds, sampler_options={"prior": prior})
+    assert median <= 30 and found == 1.0, (median, found)
+
+
+def test_a_prior_from_a_shape_whose_optimum_moved_costs_little():
+    """Grid-recorded rmsnorm on an H200: 16384x2048's best is a non-persistent kernel, one row
+    a program; 4096x1024's is persistent, 8 programs an SM (cold: median 10 evaluations to 3 %,
+    20 seeds; warm-started from 16384x2048's best alone: 5; with the prior: 6). The prior's
+    weight is fitted to the timings from `prior_weight` (0.25) x the source's coverage: held
+    at 1 (the other shape trusted as it is) the median was 23."""
+    land = _middle_start(replay.load_cached(ROOT / "bench" / "landscapes" / "rmsnorm-4096x1024-bf16-h200"))
+    other = [str(ROOT / "bench" / "landscapes" / "rmsnorm-16384x2048-bf16-h200")]
+    seeds = replay.warm_starts(other, land.space)
+    prior = replay.warm_timings(other, land.space)
+    median, found = _medians(land, "guided", range(5), 100, seeds=seeds, sampler_options={"prior": prior})
+    assert median <= 10 and found == 1.0, (median, found)
+
+
+def test_a_prior_from_a_short_guided_run_starts_with_its_coverage_as_weight():
+    """A 60-evaluation guided run at rmsnorm 16384x2048 measured none of the ~9000 configs
+    valid at 4096x1024 that a sample finds; read across the space, its prior rated most of it
+    by the nearest of those few. Weighed as a grid run is (`prior_weight` 0.5, no coverage
+    factor), it cost 22.5 evaluations to 3 % (median of 20 seeds) where the run's best config
+    alone took 5."""
+    other = _middle_start(replay.load_cached(ROOT / "bench" / "landscapes" / "rmsnorm-16384x2048-bf16-h200"))
+    land = _middle_start(replay.load_cached(ROOT / "bench" / "landscapes" / "rmsnorm-4096x1024-bf16-h200"))
+    e3 = []
+    for s in range(5):
+        source = replay.replay_search(other, "guided", 1000 + s, budget=60).timings()
+        best = min((c for c, t in source.items() if t is not None), key=source.get)
+        trace = replay.replay_search(land, "guided", s, budget=100, seeds=[best], stop_within=0.03,
+                                     sampler_options={"prior": [source]})
+        e3.append(trace.evaluations_to(0.03))
+    assert statistics.median(e3) <= 7, e3
+    p = Proposer(land.space, replay.ReplayEvaluator(land).check, prior=[source])
+    assert p._prior.coverage(p._valid) < 0.01
+
+
+def test_a_config_no_source_measured_takes_its_nearest_measured_neighbours_value():
+    """A tile the other shape's formulas rejected (BLOCK 32 where that shape had 8 heads) is
+    not unknown: it is read as the nearest config the source did measure."""
+    space = parse_space("params:\n  BLOCK: [1, 2, 4, 8, 16, 32]\n  W: [1, 2, 4]\n")
+    source = {Config.of({"BLOCK": b, "W": w}): t
+              for (b, w), t in {(1, 1): 4.0, (2, 1): 2.0, (4, 1): 1.0, (8, 1): 1.0,
+                                (1, 2): 4.0, (2, 2): 2.0, (4, 2): 2.0, (8, 2): 1.25}.items()}
+    source[Config.of({"BLOCK": 1, "W": 4})] = None  # failed: as slow as the clip
+    p = Proposer(space, prior=[source])
+    enc = p.enc
+
+    def at(block, w):
+        return float(p._prior.at(enc.flat(np.array([enc.index(Config.of({"BLOCK": block, "W": w}))])))[0])
+
+    assert at(4, 1) == 0.0 and at(8, 2) == pytest.approx(math.log10(1.25))
+    assert at(1, 1) == at(1, 4) == pytest.approx(math.log10(2.0))  # slower than 2x: clipped
+    assert at(32, 1) == at(8, 1) and at(16, 2) == at(8, 2)  # nearest along BLOCK
+    assert at(2, 4) == pytest.approx(math.log10(2.0))  # W 4 measured only at BLOCK 1: nearest along W
+    assert p._prior.coverage(p._valid) == pytest.approx(9 / 18)
+    full = Proposer(space, prior=[{Config.of({"BLOCK": b, "W": w}): 1.0 for b in (1, 2, 4, 8, 16, 32)
+                                   for w in (1, 2, 4)}])
+    assert full._prior.coverage(full._valid) == 1.0
+
+
 @pytest.mark.parametrize("kind", ["smooth", "cliffs"])
 def test_guided_beats_random_on_generated_landscapes(kind):
     lands = [replay.synthetic(kind, s) for s in range(4)]

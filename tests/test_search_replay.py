@@ -108,6 +108,38 @@ def test_tune_through_the_cli_on_a_replayed_landscape(tmp_path, monkeypatch):
     assert meta["sampler"] == "guided" and meta["warm_start"] == [f"{MATMUL}@2048x8192x1024"]
 
 
+def test_warm_start_timings_reach_the_search_and_a_lost_source_does_not_stop_a_resume(tmp_path, monkeypatch, capsys):
+    """A run warm-started from another run directory: the source's timings become the guided
+    searcher's prior (`replay.warm_timings`); deleted before a resume, the source is skipped
+    with a note and the run finishes its budget. A source that does not read fails the new run
+    before it has a directory."""
+    import shutil
+    fast_env(monkeypatch, tmp_path)
+    assert replay.main(["skeleton", str(MATMUL), "--shape", "4096x4096x4096", "--out", str(tmp_path / "sk")]) == 0
+    common = ["--shape", "16x16x16", "--backend", "replay", "--template", str(tmp_path / "sk" / "replay.txt.j2"),
+              "--space", str(tmp_path / "sk" / "replay.yaml"), "--parallel", "1"]
+    assert main(["tune", "matmul", *common, "--budget", "8", "--runs-dir", str(tmp_path / "a"), "--quiet"]) == 0
+    source = only_run(tmp_path / "a")
+    land = replay.load(source)
+    (prior,) = replay.warm_timings([str(source)], land.space)
+    measured = {r.config: r for r in Store.open(source).records()}
+    assert set(prior) == {c for c, r in measured.items() if r.status is not Status.INVALID}
+    assert all((t is None) == (measured[c].status is not Status.OK) for c, t in prior.items())
+
+    assert main(["tune", "matmul", *common, "--budget", "10", "--runs-dir", str(tmp_path / "b"), "--quiet",
+                 "--warm-start", str(source)]) == 0
+    run = only_run(tmp_path / "b")
+    shutil.rmtree(source)
+    capsys.readouterr()
+    assert main(["tune", "--resume", str(run), "--budget", "14"]) == 0
+    said = capsys.readouterr()
+    assert f"not warm-starting from {source}" in said.out + said.err
+    assert len(Store.open(run).records()) == 14
+    assert main(["tune", "matmul", *common, "--budget", "4", "--runs-dir", str(tmp_path / "c"), "--quiet",
+                 "--warm-start", str(source)]) == 2
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
+
+
 def test_a_grid_run_replays_as_recorded(tmp_path, monkeypatch):
     """Record a full landscape with --sampler grid on a real backend, then replay it."""
     fast_env(monkeypatch, tmp_path)

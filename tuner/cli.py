@@ -169,6 +169,9 @@ def cmd_tune(args) -> int:
         context = {**render_context(op), **device.render_context(op)}
         limits = device.limits()
         refuse_empty_space(skeleton, lambda c: skeleton.space.check(c, context, limits))
+        if args.warm_start:  # a source that does not read fails here, not in a new run
+            from .replay import warm_starts
+            warm_starts(args.warm_start, skeleton.space)
         store = create_run(settings, spec, backend, skeleton, args.sampler, args.seed, args.storage,
                            command=_redacted_argv(sys.argv),
                            extra={"budget": args.budget or DEFAULT_BUDGET, "patience": args.patience,

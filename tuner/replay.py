@@ -269,14 +269,9 @@ def _order(v: Any) -> tuple:
 WARM_START_K = 1
 
 
-def warm_starts(sources: Iterable[str], space: Space, k: int = WARM_START_K) -> tuple[Config, ...]:
-    """Ranked configs to try first, from earlier measurements of the same space elsewhere (another
-    shape, device or run): the `k` fastest of each source that are points of `space` (params
-    the space has gained since, taken from its default), interleaved by rank (every source's
-    best first), duplicates dropped. A source is a run
-    directory, a landscape JSON (`FILE@SHAPE` picks a shape; plain FILE takes all its shapes),
-    or a JSON list of configs already ranked."""
-    ranked: list[list[Config]] = []
+def _warm_sources(sources: Iterable[str]) -> list[list[Config] | Landscape]:
+    """Each warm-start source read: a landscape per shape, or a JSON list of configs (ranked)."""
+    out: list[list[Config] | Landscape] = []
     for src in sources:
         path, _, shape = str(src).partition("@")
         p = Path(path)
@@ -287,16 +282,47 @@ def warm_starts(sources: Iterable[str], space: Space, k: int = WARM_START_K) -> 
                 raise LandscapeError(f"{p}: a warm-start list holds configs, each a JSON object of "
                                      f"param -> value, e.g. [{{\"TILE\": 256}}]; found "
                                      f"{repr(bad) if configs else 'an empty list'}")
-            ranked.append([Config.of(c) for c in configs])
+            out.append([Config.of(c) for c in configs])
             continue
-        for sh in ([shape] if shape else shapes(p)):
-            ranked.append(load(p, sh or None).ranked())
+        out.extend(load_cached(p, sh or None) for sh in ([shape] if shape else shapes(p)))
+    return out
+
+
+def warm_starts(sources: Iterable[str], space: Space, k: int = WARM_START_K) -> tuple[Config, ...]:
+    """Ranked configs to try first, from earlier measurements of the same space elsewhere (another
+    shape, device or run): the `k` fastest of each source that are points of `space` (params
+    the space has gained since, taken from its default), interleaved by rank (every source's
+    best first), duplicates dropped. A source is a run
+    directory, a landscape JSON (`FILE@SHAPE` picks a shape; plain FILE takes all its shapes),
+    or a JSON list of configs already ranked."""
+    ranked = [src if isinstance(src, list) else src.ranked() for src in _warm_sources(sources)]
     out: list[Config] = []
     for rank in range(k):
         for configs in ranked:
             fits = [f for f in (space.complete(c) for c in configs) if f is not None]
             if rank < len(fits) and fits[rank] not in out:
                 out.append(fits[rank])
+    return tuple(out)
+
+
+def warm_timings(sources: Iterable[str], space: Space) -> tuple[dict[Config, float | None], ...]:
+    """What each warm-start source measured, for the guided searcher's prior (`Proposer`'s
+    `prior`): config (a point of `space`) -> seconds, None where it failed. Configs a source's
+    formulas rejected (never run) are left out; a JSON list of configs has no timings and
+    gives nothing."""
+    out = []
+    for src in _warm_sources(sources):
+        if isinstance(src, list):
+            continue
+        timed: dict[Config, float | None] = {}
+        for key, o in src.outcomes.items():
+            if o.status is Status.INVALID:
+                continue
+            c = space.complete(Config.of(json.loads(key)))
+            if c is not None:
+                timed[c] = o.seconds if o.status is Status.OK else None
+        if timed:
+            out.append(timed)
     return tuple(out)
 
 
@@ -411,6 +437,12 @@ class Trace:
     best_s: float
     asks: int = 0
     wall_s: float = 0.0
+    configs: list[Config] = field(default_factory=list)  # row for row with `times`
+
+    def timings(self) -> dict[Config, float | None]:
+        """config -> seconds (None: failed), as `warm_timings` reads a run: a prior for another
+        search."""
+        return {c: (t if math.isfinite(t) else None) for c, t in zip(self.configs, self.times)}
 
     def evaluations_to(self, tolerance: float) -> float:
         """Evaluations spent until one config within `tolerance` of the optimum; inf if none."""
@@ -456,8 +488,9 @@ def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, 
             pass
     else:
         run_search(store, ev, searcher, budget, None, parallel)
-    times = [r.seconds for r in store.records() if r.status is not Status.INVALID]
-    return Trace(times, landscape.best_s, len(searcher.study.trials), time.monotonic() - t0)
+    done = [r for r in store.records() if r.status is not Status.INVALID]
+    return Trace([r.seconds for r in done], landscape.best_s, len(searcher.study.trials),
+                 time.monotonic() - t0, [r.config for r in done])
 
 
 # ---- synthetic landscapes (strategies are judged on more than one kernel) --------------------
@@ -547,5 +580,5 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["Landscape", "LandscapeError", "Outcome", "Trace", "load", "load_cached", "shapes", "warm_starts",
+__all__ = ["Landscape", "LandscapeError", "Outcome", "Trace", "load", "load_cached", "shapes", "warm_starts", "warm_timings",
            "replay_search", "skeleton_files", "synthetic", "SYNTHETIC"]

@@ -50,6 +50,9 @@ fewer evaluations. Each ask:
   from the objective model told the failures as 2x the best, when that is lower: past a
   resource limit the timings' trend promises gains that no config there delivers, and even
   a small P(works) times such a promise kept the search probing the limit.
+* **Prior.** Timings of the same space measured elsewhere (another shape, device, an
+  earlier run) become the model's mean, scaled to the timings so far: the model learns
+  where this landscape differs from the other, not the whole landscape again.
 * **Cost.** An ask is bounded whatever the space and the history: a few thousand candidates,
   a model conditioned on at most `TRAIN_MAX` points whose hyperparameters are fitted on at
   most `FIT_MAX` (the GP itself is in `tuner.gp`). Scoring every point of a 32k space with a
@@ -65,11 +68,12 @@ on each ask, so a resumed run continues where its records say it is.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from .gp import CHUNK, GP, expected_improvement, matern, sqdist
+from .prior import Prior
 from .space import Space
 from .values import Config
 
@@ -247,6 +251,14 @@ class Proposer:
       8 warps had measured slow at BLOCK_M 64), matmul 4096^3 (rescues) 24 -> 19,
       cross_entropy 4096x32000 55.5 -> 48 (but 17 of 20 seeds within 100, not 19: more probes
       of completed ROWS and num_warps moves before PROGS_PER_SM 0).
+    * `prior`: timings of the same space measured elsewhere (another shape, device or
+      earlier run; `tuner tune --warm-start`, `tuner retune`): mappings config -> seconds
+      (None: failed), one per source. The objective model is then of the difference from
+      them (`tuner.prior`). `prior_weight` x the sources' coverage is where their weight
+      starts before the timings fit it: 0.5 and 0.25 were within a few evaluations of each
+      other on the recorded landscapes but for matmul 16x14336x4096 (18 and 13; the best
+      config of the other shapes alone: 14); near 1, shapes whose optimum moved lost
+      (rmsnorm 4096x1024 from 16384x2048: 5 -> 23).
     * `rescue`: rescues tried at most per cliff next to the incumbent (see the module notes;
       0: off). Recorded matmul at 4096^3: 25 -> 19 evaluations to within 3 % (median of 20
       seeds). Without a cap (18), a move no rescue can save (BM 256 BN 256 spills even at 8
@@ -262,7 +274,8 @@ class Proposer:
                  decay: float = 0.1, classifier: float | None = 0.03, dominance: bool | str = True,
                  impute: float | None = 2.0, repair: Callable[..., Config | None] | None = None,
                  explore: int | None = 3, explore_every: int = 3, rescue: int = 2,
-                 promise: bool = True):
+                 promise: bool = True, prior: Sequence[Mapping[Any, float | None]] = (),
+                 prior_weight: float = 0.25):
         self.enc = Encoding(space)
         self.check = check
         self.repair = repair
@@ -282,6 +295,9 @@ class Proposer:
         self._theta: np.ndarray | None = None
         self._ls: np.ndarray | None = None
         self._completed: tuple[int, np.ndarray, np.ndarray] | None = None  # (incumbent, completions, the moves)
+        self.prior_weight = prior_weight
+        made = Prior(self.enc, prior, clip) if prior else None
+        self._prior = made if made else None  # None also when no source timed a config of this space
 
     # -- candidates --
 
@@ -294,7 +310,9 @@ class Proposer:
             flat = self._all
         else:
             sample = rng.integers(0, enc.size, SAMPLE_CANDIDATES, dtype=np.int64)
-            flat = np.unique(np.concatenate([sample, self._neighbours(good), completed]))
+            # The configs a prior rates best are candidates too: a random sample would miss them.
+            top = self._prior.best(64) if self._prior is not None else sample[:0]
+            flat = np.unique(np.concatenate([sample, self._neighbours(good), completed, top]))
         mask = ~np.isin(flat, seen)
         if self._invalid:
             mask &= ~np.isin(flat, np.fromiter(self._invalid, dtype=np.int64))
@@ -462,6 +480,14 @@ class Proposer:
             X = enc.features(np.array([i for i, _ in rows]))
             y = np.array([v for _, v in rows])
             y = np.minimum(y, y.min() + math.log10(self.clip)) if self.clip else y
+            # With timings of related runs (`prior`), the model is of the difference from them.
+            row_keys = enc.flat(np.array([i for i, _ in rows]))
+            if self._prior is not None:
+                prior = self._prior.mean(row_keys, y, self.prior_weight * self._prior.coverage(self._valid))
+            else:
+                prior = lambda flat: np.zeros(len(flat))  # noqa: E731
+            y_min = float(y.min())
+            y = y - prior(row_keys)
             # Hyperparameters: refitted on every ask early on, then every 4th; on at most
             # FIT_MAX rows (the fit is O(n^3) per step), the model then conditioned on all rows.
             theta = self._theta
@@ -473,13 +499,14 @@ class Proposer:
             Xp = enc.features(np.array(pending)) if pending else None
             if Xp is not None:  # in flight: believe the model's mean there (keeps parallel asks apart)
                 gp = gp.with_points(Xp, gp.predict(Xp)[0])
-            score = self._improvement(gp, Xc, p_ok, X, y, hard, incumbent, Xp) * p_ok
+            score = self._improvement(gp, Xc, prior(flat), p_ok, X, y, y_min, prior, hard, incumbent, Xp) * p_ok
             if len(fixed) and self.promise:  # a fixed-up move is worth what the move promised
                 mean, sd = gp.predict(enc.features(moves))
                 promised = np.zeros(len(flat))
                 at = np.searchsorted(flat, fixed)  # `flat` is sorted, and holds every one not yet seen
                 hit = (at < len(flat)) & (flat[np.minimum(at, len(flat) - 1)] == fixed)
-                np.maximum.at(promised, at[hit], (expected_improvement(mean, sd, float(gp.y.min())) * gp.scale)[hit])
+                best = (y_min - prior(enc.flat(moves)) - gp.mean) / gp.scale
+                np.maximum.at(promised, at[hit], (expected_improvement(mean, sd, best) * gp.scale)[hit])
                 score = np.maximum(score, promised * p_ok)
             if not self._stalled(ok, len(pending)):
                 score = score * self._near(cidx, incumbent, np.isin(flat, completed))
@@ -495,24 +522,27 @@ class Proposer:
         stall = len(ok) + in_flight - 1 - int(np.argmin([y for _, y in ok]))
         return stall >= self.explore and (stall - self.explore) % self.explore_every == 0
 
-    def _improvement(self, gp: GP, Xc: np.ndarray, p_ok: np.ndarray, X: np.ndarray, y: np.ndarray,
-                     hard: list, incumbent: Sequence[int], Xp: np.ndarray | None) -> np.ndarray:
+    def _improvement(self, gp: GP, Xc: np.ndarray, m_c: np.ndarray, p_ok: np.ndarray, X: np.ndarray,
+                     y: np.ndarray, y_min: float, prior: Callable[[np.ndarray], np.ndarray], hard: list,
+                     incumbent: Sequence[int], Xp: np.ndarray | None) -> np.ndarray:
         """Expected improvement (log10 seconds) at Xc. Where P(works) < 0.5, also from the same
         model told the hard failures (the TRAIN_MAX / 4 nearest the incumbent) as `impute` x
         the best, and the lower figure counts: the timings' trend runs on past a resource limit,
         and near a failure nothing better than the best is to be expected."""
         mean, sd = gp.predict(Xc)
-        ei = expected_improvement(mean, sd, float(gp.y.min())) * gp.scale
+        ei = expected_improvement(mean, sd, (y_min - m_c - gp.mean) / gp.scale) * gp.scale
         doubtful = p_ok < 0.5
         if self.impute and hard and doubtful.any():
             failed = [(h, None) for h in hard]
-            Xf = self.enc.features(np.array([failed[k][0] for k in self._keep(failed, incumbent, TRAIN_MAX // 4)]))
-            told = GP(np.vstack([X, Xf]), np.concatenate([y, np.full(len(Xf), y.min() + math.log10(self.impute))]),
-                      gp.theta, fit=False)
+            fidx = np.array([failed[k][0] for k in self._keep(failed, incumbent, TRAIN_MAX // 4)])
+            Xf = self.enc.features(fidx)
+            told_y = y_min + math.log10(self.impute) - prior(self.enc.flat(fidx))
+            told = GP(np.vstack([X, Xf]), np.concatenate([y, told_y]), gp.theta, fit=False)
             if Xp is not None:  # in flight, as for the main model
                 told = told.with_points(Xp, told.predict(Xp)[0])
             m2, s2 = told.predict(Xc[doubtful])
-            ei[doubtful] = np.minimum(ei[doubtful], expected_improvement(m2, s2, float(told.y.min())) * told.scale)
+            told_ei = expected_improvement(m2, s2, (y_min - m_c[doubtful] - told.mean) / told.scale)
+            ei[doubtful] = np.minimum(ei[doubtful], told_ei * told.scale)
         return ei
 
     def _steps(self, idx: np.ndarray, incumbent: Sequence[int]) -> np.ndarray:

@@ -282,6 +282,30 @@ def create_run(settings: Settings, spec: OpSpec, backend: str, skeleton: Skeleto
     return store
 
 
+def _related(meta: dict, space, view) -> tuple[tuple[Config, ...], tuple]:
+    """From the same space measured elsewhere (the `--warm-start` sources; for a retune, the
+    old run): configs to try first (each source's best) and every source's timings (the
+    guided searcher's prior). A source that cannot be read any more (moved or deleted since
+    the run began; a new run checks its sources before it starts) is skipped with a note:
+    the search goes on as it would have without it."""
+    from .replay import LandscapeError, warm_starts, warm_timings
+    readable = []
+    for src in meta.get("warm_start") or []:
+        try:
+            warm_starts([src], space)
+            readable.append(src)
+        except (LandscapeError, OSError) as e:
+            view.note(f"not warm-starting from {src}: {e}")
+    prior_from = readable + ([meta["retune_of"]["run"]] if meta.get("retune_of") else [])
+    prior: list = []
+    for src in prior_from:
+        try:
+            prior.extend(warm_timings([src], space))
+        except (LandscapeError, OSError) as e:
+            view.note(f"not using {src}'s timings: {e}")
+    return warm_starts(readable, space), tuple(prior)
+
+
 def execute(store: Store, settings: Settings, budget: int, time_budget_s: float | None = None,
             parallel: int | Callable[[], int] | None = None, view=None, seeds: tuple[Config, ...] = (),
             make_evaluator: Callable[..., Evaluator] | None = None) -> dict:
@@ -303,18 +327,19 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
                                               tuple(meta["devices"]) if meta.get("devices") else None)
     evaluator = (make_evaluator or Evaluator)(meta["backend"], spec, skeleton, settings, store.path)
     try:
-        # The guided sampler repairs candidates when a space's constraints reject nearly all,
-        # and completes a one-step move they reject (keeping the moved param).
-        repair = {"repair": lambda c, keep=(): skeleton.space.repair(c, evaluator.context, evaluator.limits,
-                                                                     30, keep)}
+        # Run dirs / landscapes of the same space measured elsewhere: their best first, and
+        # for the guided sampler, their timings as its prior.
+        warm, prior = _related(meta, skeleton.space, view)
+        options = None
+        if meta["sampler"] == "guided":
+            # It repairs candidates when a space's constraints reject nearly all, and
+            # completes a one-step move they reject (keeping the moved param).
+            options = {"repair": lambda c, keep=(): skeleton.space.repair(c, evaluator.context, evaluator.limits,
+                                                                          30, keep),
+                       "prior": prior}
         searcher = Searcher(skeleton.space, meta["sampler"], meta["seed"], meta["storage"],
                             study_name=meta.get("study_name", "tuner"), check=evaluator.check,
-                            patience=meta.get("patience"),
-                            sampler_options=repair if meta["sampler"] == "guided" else None)
-        warm: tuple[Config, ...] = ()
-        if meta.get("warm_start"):  # run dirs / landscapes measured elsewhere: their best first
-            from .replay import warm_starts
-            warm = warm_starts(meta["warm_start"], skeleton.space)
+                            patience=meta.get("patience"), sampler_options=options)
         starts = skeleton.space.starts(evaluator.context, evaluator.limits)
         for config in (*starts, *seeds, *warm):
             config = skeleton.space.complete(config)  # a param added since: its default
