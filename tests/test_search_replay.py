@@ -140,6 +140,19 @@ def test_warm_start_timings_reach_the_search_and_a_lost_source_does_not_stop_a_r
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
 
 
+def test_a_warm_start_from_another_ops_run_is_named_as_unused(tmp_path, monkeypatch, capsys):
+    fast_env(monkeypatch, tmp_path)
+    assert replay.main(["skeleton", str(MATMUL), "--shape", "4096x4096x4096", "--out", str(tmp_path / "sk")]) == 0
+    other = FIXTURES.parents[1] / "bench" / "landscapes" / "rope-4096x32x128-bf16-h200"
+    capsys.readouterr()
+    assert main(["tune", "matmul", "--shape", "16x16x16", "--backend", "replay",
+                 "--template", str(tmp_path / "sk" / "replay.txt.j2"), "--space", str(tmp_path / "sk" / "replay.yaml"),
+                 "--parallel", "1", "--budget", "3", "--runs-dir", str(tmp_path / "runs"),
+                 "--warm-start", str(other)]) == 0
+    said = capsys.readouterr()
+    assert f"not warm-starting from {other}: none of the configs it passed" in said.out + said.err
+
+
 def test_a_grid_run_replays_as_recorded(tmp_path, monkeypatch):
     """Record a full landscape with --sampler grid on a real backend, then replay it."""
     fast_env(monkeypatch, tmp_path)

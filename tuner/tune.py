@@ -284,19 +284,26 @@ def create_run(settings: Settings, spec: OpSpec, backend: str, skeleton: Skeleto
 
 def _related(meta: dict, space, view) -> tuple[tuple[Config, ...], tuple]:
     """From the same space measured elsewhere (the `--warm-start` sources; for a retune, the
-    old run): configs to try first (each source's best) and every source's timings (the
-    guided searcher's prior). A source that cannot be read any more (moved or deleted since
+    old run): configs to try first (each source's best) and, for the guided sampler, every
+    source's timings (its prior; other samplers have no use for them). A source that cannot be read any more (moved or deleted since
     the run began; a new run checks its sources before it starts) is skipped with a note:
     the search goes on as it would have without it."""
     from .replay import LandscapeError, warm_starts, warm_timings
     readable = []
     for src in meta.get("warm_start") or []:
         try:
-            warm_starts([src], space)
-            readable.append(src)
+            fits = warm_starts([src], space)
         except (LandscapeError, OSError) as e:
             view.note(f"not warm-starting from {src}: {e}")
+            continue
+        if fits:
+            readable.append(src)
+        else:  # another op's or skeleton's run: its params are not this space's
+            view.note(f"not warm-starting from {src}: none of the configs it passed is a point of "
+                      f"this skeleton's space (params {', '.join(space.names)})")
     prior_from = readable + ([meta["retune_of"]["run"]] if meta.get("retune_of") else [])
+    if meta["sampler"] != "guided":
+        prior_from = []
     prior: list = []
     for src in prior_from:
         try:
@@ -328,7 +335,7 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
     evaluator = (make_evaluator or Evaluator)(meta["backend"], spec, skeleton, settings, store.path)
     try:
         # Run dirs / landscapes of the same space measured elsewhere: their best first, and
-        # for the guided sampler, their timings as its prior.
+        # for the guided sampler their timings as its prior.
         warm, prior = _related(meta, skeleton.space, view)
         options = None
         if meta["sampler"] == "guided":
