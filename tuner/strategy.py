@@ -528,7 +528,10 @@ class Proposer:
         """Expected improvement (log10 seconds) at Xc. Where P(works) < 0.5, also from the same
         model told the hard failures (the TRAIN_MAX / 4 nearest the incumbent) as `impute` x
         the best, and the lower figure counts: the timings' trend runs on past a resource limit,
-        and near a failure nothing better than the best is to be expected."""
+        and near a failure nothing better than the best is to be expected. The model is of the
+        difference from the prior (`prior`, flat keys -> log10 seconds; `m_c` its value at Xc),
+        so a candidate improves on `y_min`, the best timing, by more than its model mean says
+        where the prior expects it faster."""
         mean, sd = gp.predict(Xc)
         ei = expected_improvement(mean, sd, (y_min - m_c - gp.mean) / gp.scale) * gp.scale
         doubtful = p_ok < 0.5
