@@ -29,6 +29,21 @@ def fast_settings(tmp_path, cache_dir):
                     run_timeout_s=20.0, compile_timeout_s=30.0, compile_workers=2)
 
 
+@pytest.fixture
+def priors_given(monkeypatch) -> list:
+    """The `prior` each guided Proposer made from now on was given (one entry per Proposer)."""
+    from tuner import strategy
+    given: list = []
+    init = strategy.Proposer.__init__
+
+    def spy(self, *args, **kw):
+        given.append(kw.get("prior", ()))
+        init(self, *args, **kw)
+
+    monkeypatch.setattr(strategy.Proposer, "__init__", spy)
+    return given
+
+
 def pytest_collection_modifyitems(config, items):
     """Accelerator tests run where the accelerator is; elsewhere they are skipped, not failed."""
     try:

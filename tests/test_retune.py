@@ -114,21 +114,12 @@ def test_retune_refuses_what_it_cannot_do(quick, capsys, tmp_path):
     assert "--chip" in capsys.readouterr().err
 
 
-def test_retune_gives_the_guided_search_the_old_runs_timings_as_its_prior(quick, monkeypatch):
-    from tuner import strategy
+def test_retune_gives_the_guided_search_the_old_runs_timings_as_its_prior(quick, priors_given):
     tmp, space = quick
     runs = tmp / "runs"
     old = _old_run_on_910b2(tmp, space)
     old_times = {r.config: r.seconds for r in Store(old).records()}
-    priors = []
-    init = strategy.Proposer.__init__
-
-    def spy(self, *args, **kw):
-        priors.append(kw.get("prior", ()))
-        init(self, *args, **kw)
-
-    monkeypatch.setattr(strategy.Proposer, "__init__", spy)
     assert main(["retune", str(old), "--chip", "910B4", "--budget", "4", "--runs-dir", str(runs), "--quiet"]) == 0
-    assert priors and len(priors[0]) == 1
-    (prior,) = priors[0]
+    assert priors_given and len(priors_given[0]) == 1
+    (prior,) = priors_given[0]
     assert prior == pytest.approx(old_times) and len(prior) == 6

@@ -108,7 +108,8 @@ def test_tune_through_the_cli_on_a_replayed_landscape(tmp_path, monkeypatch):
     assert meta["sampler"] == "guided" and meta["warm_start"] == [f"{MATMUL}@2048x8192x1024"]
 
 
-def test_warm_start_timings_reach_the_search_and_a_lost_source_does_not_stop_a_resume(tmp_path, monkeypatch, capsys):
+def test_warm_start_timings_reach_the_search_and_a_lost_source_does_not_stop_a_resume(tmp_path, monkeypatch, capsys,
+                                                                                      priors_given):
     """A run warm-started from another run directory: the source's timings become the guided
     searcher's prior (`replay.warm_timings`); deleted before a resume, the source is skipped
     with a note and the run finishes its budget. A source that does not read fails the new run
@@ -126,8 +127,10 @@ def test_warm_start_timings_reach_the_search_and_a_lost_source_does_not_stop_a_r
     assert set(prior) == {c for c, r in measured.items() if r.status is not Status.INVALID}
     assert all((t is None) == (measured[c].status is not Status.OK) for c, t in prior.items())
 
+    priors_given.clear()
     assert main(["tune", "matmul", *common, "--budget", "10", "--runs-dir", str(tmp_path / "b"), "--quiet",
                  "--warm-start", str(source)]) == 0
+    assert priors_given and priors_given[0] == (prior,)  # the guided searcher got the source's timings
     run = only_run(tmp_path / "b")
     shutil.rmtree(source)
     capsys.readouterr()

@@ -37,7 +37,8 @@ class Prior:
     def __init__(self, enc: Encoding, sources: Sequence[Mapping[Any, float | None]], clip: float | None):
         self.enc = enc
         cap = math.log10(clip or 2.0)
-        acc: dict[int, list[float]] = {}
+        rows: list[tuple[int, ...]] = []
+        vals: list[float] = []
         for src in sources:
             ok = [s for s in src.values() if s is not None and math.isfinite(s) and s > 0]
             if not ok:
@@ -45,14 +46,14 @@ class Prior:
             best = min(ok)
             for c, s in src.items():
                 idx = enc.index(c)
-                if idx is None:
-                    continue
-                f = int(enc.flat(np.array([idx]))[0])
-                v = min(math.log10(s / best), cap) if s is not None and math.isfinite(s) and s > 0 else cap
-                acc.setdefault(f, []).append(v)
+                if idx is not None:
+                    rows.append(idx)
+                    vals.append(min(math.log10(s / best), cap) if s is not None and math.isfinite(s) and s > 0
+                                else cap)
         # Averaged over the sources that measured a config.
-        self.keys = np.array(sorted(acc), dtype=np.int64)
-        self.values = np.array([float(np.mean(acc[int(k)])) for k in self.keys])
+        flat = enc.flat(np.array(rows, dtype=np.int64)) if rows else np.zeros(0, dtype=np.int64)
+        self.keys, where = np.unique(flat, return_inverse=True)
+        self.values = np.bincount(where, weights=vals, minlength=len(self.keys)) / np.bincount(where)
         self._nearest: dict[int, float] = {}  # flat key -> value, for configs no source measured
         self._coverage: float | None = None
 
