@@ -43,6 +43,23 @@ def test_plan_expands_ops_shapes_dtypes(tmp_path):
     assert [t.budget for t in load_plan(tmp_path / "s.yaml").tasks] == [4, 3, 3]
 
 
+def test_later_shapes_of_an_op_warm_start_from_its_first(tmp_path):
+    plan = load_plan(SWEEP)
+    first, second, other = plan.tasks
+    assert plan.anchor(first) is None and plan.anchor(other) is None
+    assert plan.anchor(second) is first
+    assert plan.patience is None
+    text = SWEEP.read_text().replace("../null/", str(FIXTURES / "null") + "/")
+    (tmp_path / "cold.yaml").write_text(text + "\nwarm_start: false\npatience: 4\n")
+    cold = load_plan(tmp_path / "cold.yaml")
+    assert [cold.anchor(t) for t in cold.tasks] == [None] * 3 and cold.patience == 4
+    for extra, words in [("warm_start: yes please", "true or false"), ("patience: 0", "at least 1"),
+                         ("patience: soon", "an integer")]:
+        (tmp_path / "bad.yaml").write_text(text + "\n" + extra + "\n")
+        with pytest.raises(SweepError, match=words):
+            load_plan(tmp_path / "bad.yaml")
+
+
 @pytest.mark.parametrize("text, words", [
     ("ops: {nosuchop: {shapes: [1x2]}}", "unknown op"),
     ("ops: {softmax: {shapes: [12]}}", "bad shape"),
@@ -79,6 +96,13 @@ def test_local_sweep_runs_resumes_and_summarises(tmp_path, capsys):
     for r in summary["tasks"]:
         assert r["evaluations"] == 6 and r["best_s"] and r["ceiling_percent"] and r["speedup_vs_reference"]
         assert Store.open(r["run"]).meta()["sweep"] == "null-sweep"
+    # softmax's second shape started from its first: that one's best config right after the default.
+    assert [r["warm_start"] for r in summary["tasks"]] == [[], ["softmax-256x512-fp32-null"], []]
+    anchor, later = (Store(out / "tasks" / k) for k in ("softmax-256x512-fp32-null", "softmax-512x512-fp32-null"))
+    assert later.meta()["warm_start"] == [str(anchor.path.resolve())]
+    timed = {r.config.key: r.seconds for r in anchor.records() if r.status.value == "OK"}
+    tried = [r.config.key for r in later.records() if r.status.value != "INVALID"]
+    assert timed.get(tried[1]) == min(timed.values())  # one of the fastest (scripted times tie)
     first = records(out)
 
     # The same command again: nothing is redone.
@@ -121,6 +145,9 @@ def test_ray_sweep_gives_the_local_winners(tmp_path):
         kb = sorted((r.config.key, r.status.value) for r in Store(remote / "tasks" / name).records())
         assert ka == kb
     assert json.loads((remote / "summary.json").read_text())["executor"] == "ray"
+    # softmax's second shape waited for its first, which it is warm-started from.
+    anchor, later = (remote / "tasks" / k for k in ("softmax-256x512-fp32-null", "softmax-512x512-fp32-null"))
+    assert (anchor / "summary.json").stat().st_mtime <= (later / "run.json").stat().st_mtime
 
 
 def test_a_shape_yaml_reads_as_a_number_says_quote_it(tmp_path):

@@ -10,6 +10,8 @@ A sweep file (YAML):
     # time_budget_s: 120       # wall time of one task's search (with or without budget)
     # total_time_s: 3600       # wall time of the whole sweep: tasks not started by then are skipped
     sampler: guided            # the default, as for tuner tune; seed: 0 (each task's seed is derived from it)
+    # warm_start: true         # later shapes of an op start from its first task (below); false: all cold
+    # patience: 20             # stop a task after this many evaluations without a 0.5 % gain
     ops:
       softmax: {shapes: [256x1024, 4096x4096]}
       rmsnorm: {shapes: [1024x4096], dtypes: [fp32]}
@@ -25,6 +27,14 @@ task each (default: the file's own sizes).
 Every task is a whole run directory, `<sweep>/tasks/<op>-<shape>-<dtype>-<backend>`, created by
 `tune.create_run` and searched by `tune.execute`, so that re-running the same command resumes:
 finished tasks are read back, a killed one continues from its records, the rest start.
+
+Warm starts. The tasks of one op (the same skeleton, on the same backend) form a family; its
+first task in the file runs cold, and the others are warm-started from it, as `tuner tune
+--warm-start` would be: its best configs are tried first and, for the guided searcher, all its
+timings are the prior. So that every executor runs the same searches whatever finishes first,
+each family's first task is run before the rest (the first tasks of all families first, side by
+side under Ray), and a later task starts only once its family's first has ended; with fewer
+families than lanes, some lanes wait meanwhile (`warm_start: false`: every task cold, no wait).
 
 Executors. `local`: one task at a time, each with the local compile pool and benchmark workers
 (tasks side by side would time on the same cores or GPU). `ray`: several tasks at once (by
@@ -43,6 +53,7 @@ import re
 import sys
 import threading
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 import yaml
@@ -57,7 +68,7 @@ from .tune import Progress, create_run, execute
 from .values import OpSpec
 
 TOP_KEYS = {"name", "backend", "dtypes", "budget", "total_budget", "time_budget_s", "total_time_s",
-            "sampler", "seed", "ops", "out", "concurrency"}
+            "sampler", "seed", "ops", "out", "concurrency", "warm_start", "patience"}
 OP_KEYS = {"op", "shapes", "dtypes", "template", "space", "budget", "problem", "sizes"}
 
 
@@ -80,6 +91,12 @@ class Task:
     @property
     def key(self) -> str:
         return f"{self.op}-{self.shape}-{self.dtype}-{self.backend}"
+
+    @property
+    def family(self) -> tuple:
+        """Tasks that search the same space: the same op and skeleton on the same backend
+        (shapes and dtypes differ)."""
+        return (self.op, self.template, self.space, self.problem, self.backend)
 
     @functools.cached_property
     def spec(self) -> OpSpec:
@@ -106,9 +123,19 @@ class Plan:
     concurrency: int | None = None
     out: str | None = None
     text_hash: str = ""
+    warm_start: bool = True
+    patience: int | None = None
 
     def folder(self, override: str | None = None) -> Path:
         return Path(override or self.out or Path("sweeps") / self.name)
+
+    def anchor(self, task: Task) -> Task | None:
+        """The task that `task` is warm-started from: its family's first (None for that one,
+        and for every task with `warm_start: false`)."""
+        if not self.warm_start:
+            return None
+        first = next(t for t in self.tasks if t.family == task.family)
+        return None if first is task else first
 
     def task_seed(self, task: Task) -> int:
         return int(hashlib.sha256(f"{self.seed}:{task.key}".encode()).hexdigest()[:8], 16) % 2**31
@@ -283,12 +310,18 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
     concurrency = _num(path, "concurrency", data.get("concurrency"), int)
     if concurrency is not None and concurrency < 1:
         raise SweepError(f"{path}: `concurrency:` must be at least 1, got {concurrency}")
+    warm = data.get("warm_start", True)
+    if not isinstance(warm, bool):
+        raise SweepError(f"{path}: `warm_start:` must be true or false, got {warm!r}")
+    patience = _num(path, "patience", data.get("patience"), int)
+    if patience is not None and patience < 1:
+        raise SweepError(f"{path}: `patience:` must be at least 1, got {patience}")
     return Plan(name=str(data.get("name") or path.stem), source=str(path), backend=backend,
                 tasks=tasks, sampler=sampler, seed=_num(path, "seed", data.get("seed", 0), int),
                 time_budget_s=_num(path, "time_budget_s", data.get("time_budget_s"), float, positive=True),
                 total_time_s=_num(path, "total_time_s", data.get("total_time_s"), float, positive=True),
                 concurrency=concurrency, out=data.get("out"),
-                text_hash=hashlib.sha256(text.encode()).hexdigest()[:16])
+                text_hash=hashlib.sha256(text.encode()).hexdigest()[:16], warm_start=warm, patience=patience)
 
 
 def _num(where, key: str, v, kind=int, positive: bool = False):
@@ -320,6 +353,7 @@ class TaskState:
     run: str = ""
     error: str = ""
     wall_s: float = 0.0
+    warm_from: list = dataclasses.field(default_factory=list)  # the tasks it was warm-started from
 
 
 class _TaskView:
@@ -484,7 +518,15 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
             raise SweepError(f"unknown executor {executor!r}; one of local, ray")
         with SweepView(states, view_enabled) as view:
             lock = threading.Lock()
-            pending = list(states)
+            ended = threading.Condition(lock)  # notified whenever a task ends
+            by_key = {s.task.key: s for s in states}
+            # Each family's first task before the rest (see "Warm starts" above).
+            pending = ([s for s in states if plan.anchor(s.task) is None]
+                       + [s for s in states if plan.anchor(s.task) is not None])
+
+            def ready(state: TaskState) -> bool:
+                anchor = plan.anchor(state.task)
+                return anchor is None or by_key[anchor.key].state in ("done", "failed", "skipped")
 
             def run_one(state: TaskState) -> None:
                 task = state.task
@@ -495,15 +537,20 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
                     if (path / "run.json").is_file():
                         store = Store.open(path)
                         store.repair()
+                        state.warm_from = [Path(w).name for w in store.meta().get("warm_start") or []]
                         done = _task_done(store, task, plan.time_budget_s)
                         if done is not None:
                             state.summary, state.state = done, "done"
                             view.update()
                             return
                     else:
+                        anchor = plan.anchor(task)
+                        warm = [str((folder / "tasks" / anchor.key).resolve())] if anchor else None
                         store = create_run(settings, task.spec, task.backend, task.skeleton(), plan.sampler,
                                            plan.task_seed(task), None, command=f"tuner sweep {plan.source}",
-                                           path=path, extra={"sweep": plan.name})
+                                           path=path, extra={"sweep": plan.name, "warm_start": warm,
+                                                             "patience": plan.patience})
+                        state.warm_from = [anchor.key] if anchor else []
                     tb = plan.time_budget_s
                     if deadline is not None:
                         with lock:
@@ -521,14 +568,21 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
                 finally:
                     state.wall_s = time.monotonic() - t0
                     view.update()
+                    with ended:
+                        ended.notify_all()
 
             def next_task() -> TaskState | None:
-                with lock:
+                with ended:
                     while pending:
-                        s = pending.pop(0)
+                        s = next((s for s in pending if ready(s)), None)
+                        if s is None:  # every one left waits for a family's first task, running now
+                            ended.wait(1.0)
+                            continue
+                        pending.remove(s)
                         if deadline is not None and time.monotonic() >= deadline and not (
                                 Path(folder / "tasks" / s.task.key / "summary.json").is_file()):
                             s.state, s.error = "skipped", "the sweep's total_time_s ran out before it started"
+                            ended.notify_all()
                             continue
                         return s
                 return None
@@ -565,6 +619,7 @@ def sweep_summary(plan: Plan, states: list[TaskState], wall_s: float, executor: 
                      "ceiling_what": ceiling.get("what"), "speedup_vs_reference": best.get("speedup_vs_reference"),
                      "reference_s": (summ.get("reference") or {}).get("median_s"), "failures": fails,
                      "device": (summ.get("device") or {}).get("name"), "task_wall_s": round(s.wall_s, 2),
+                     "warm_start": s.warm_from,
                      "timeline": summ.get("timeline") or {}})
     return {"name": plan.name, "source": plan.source, "backend": plan.backend, "executor": executor,
             "wall_s": round(wall_s, 2), "tasks": rows,
