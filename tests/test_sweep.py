@@ -201,3 +201,19 @@ ops:
     assert all(r["evaluations"] == 3 and r["best_s"] for r in summary["tasks"])
     meta = Store.open(summary["tasks"][1]["run"]).meta()
     assert meta["op"]["kind"] == "kernelbench" and meta["op"]["sizes"] == {"batch_size": 8, "dim": 256}
+
+
+def test_a_first_task_where_nothing_passed_is_named_so(tmp_path):
+    """The later shapes of an op go on cold, with a note that says why."""
+    from tuner.tune import _related
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(SWEEP), "--out", str(out), "--quiet", "--json"]) == 0
+    anchor = out / "tasks" / "softmax-256x512-fp32-null"
+    lines = (anchor / "records.jsonl").read_text().splitlines()
+    (anchor / "records.jsonl").write_text("\n".join(ln for ln in lines if '"status":"OK"' not in ln) + "\n")
+    later = Store(out / "tasks" / "softmax-512x512-fp32-null")
+    notes = []
+    view = type("View", (), {"note": lambda self, text: notes.append(text)})()
+    warm, prior = _related(later.meta() | {"sampler": "guided"}, later.skeleton().space, view)
+    assert warm == () and prior == ()
+    assert notes == [f"not warm-starting from {anchor.resolve()}: no config passed there"]

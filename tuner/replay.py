@@ -305,6 +305,11 @@ def warm_starts(sources: Iterable[str], space: Space, k: int = WARM_START_K) -> 
     return tuple(out)
 
 
+def any_passed(sources: Iterable[str]) -> bool:
+    """Whether any of the sources holds a config that passed (a JSON list of configs does)."""
+    return any(bool(src) if isinstance(src, list) else bool(src.ranked(1)) for src in _warm_sources(sources))
+
+
 def warm_timings(sources: Iterable[str], space: Space) -> tuple[dict[Config, float | None], ...]:
     """What each warm-start source measured, for the guided searcher's prior (`Proposer`'s
     `prior`): config (a point of `space`) -> seconds, None where it failed. Configs a source's

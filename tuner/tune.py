@@ -288,7 +288,7 @@ def _related(meta: dict, space, view) -> tuple[tuple[Config, ...], tuple]:
     source's timings (its prior; other samplers have no use for them). A source that cannot be read any more (moved or deleted since
     the run began; a new run checks its sources before it starts) is skipped with a note:
     the search goes on as it would have without it."""
-    from .replay import LandscapeError, warm_starts, warm_timings
+    from .replay import LandscapeError, any_passed, warm_starts, warm_timings
     readable = []
     for src in meta.get("warm_start") or []:
         try:
@@ -298,6 +298,8 @@ def _related(meta: dict, space, view) -> tuple[tuple[Config, ...], tuple]:
             continue
         if fits:
             readable.append(src)
+        elif not any_passed([src]):  # e.g. a sweep's first task of an op, where every config failed
+            view.note(f"not warm-starting from {src}: no config passed there")
         else:  # another op's or skeleton's run: its params are not this space's
             view.note(f"not warm-starting from {src}: none of the configs it passed is a point of "
                       f"this skeleton's space (params {', '.join(space.names)})")
