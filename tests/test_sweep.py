@@ -217,3 +217,35 @@ def test_a_first_task_where_nothing_passed_is_named_so(tmp_path):
     warm, prior = _related(later.meta() | {"sampler": "guided"}, later.skeleton().space, view)
     assert warm == () and prior == ()
     assert notes == [f"not warm-starting from {anchor.resolve()}: no config passed there"]
+
+
+def test_an_unexpected_error_in_a_first_task_does_not_leave_its_later_tasks_waiting(tmp_path, monkeypatch):
+    """Under Ray two lanes: one dies with the first softmax task, the other would wait for it forever."""
+    pytest.importorskip("ray")
+    import threading
+
+    from tuner import sweep
+    from tuner.settings import Settings
+    real = sweep.execute
+
+    def execute(store, *a, **k):
+        if store.path.name == "softmax-256x512-fp32-null":
+            raise RuntimeError("a bug")
+        return real(store, *a, **k)
+
+    monkeypatch.setattr(sweep, "execute", execute)
+    raised = []
+
+    def go():
+        try:
+            sweep.run_sweep(load_plan(SWEEP), Settings.from_env(), "ray", devices=1, concurrency=2,
+                            out=str(tmp_path / "s"), view_enabled=False)
+        except RuntimeError as e:
+            raised.append(e)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(240)
+    assert not t.is_alive(), "the sweep hung"
+    assert [str(e) for e in raised] == ["a bug"]
+    assert (tmp_path / "s" / "tasks" / "softmax-512x512-fp32-null" / "summary.json").is_file()

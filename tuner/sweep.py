@@ -46,6 +46,7 @@ cluster's slots (devices + compile CPUs).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import functools
 import hashlib
 import math
@@ -53,7 +54,6 @@ import re
 import sys
 import threading
 import time
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 import yaml
@@ -566,9 +566,11 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
                 except (SkeletonError, StoreError, BackendUnavailable, OpError, ValueError) as e:
                     state.state, state.error = "failed", f"{type(e).__name__}: {e}"
                 finally:
+                    if state.state in ("waiting", "running"):  # an unexpected error on its way out
+                        state.state, state.error = "failed", state.error or "stopped by an unexpected error"
                     state.wall_s = time.monotonic() - t0
                     view.update()
-                    with ended:
+                    with ended:  # the tasks waiting for this one may start (else they would wait forever)
                         ended.notify_all()
 
             def next_task() -> TaskState | None:
