@@ -354,6 +354,7 @@ class TaskState:
     error: str = ""
     wall_s: float = 0.0
     warm_from: list = dataclasses.field(default_factory=list)  # the tasks it was warm-started from
+    after: "TaskState | None" = None  # the task it waits for (its op's first: its warm start)
 
 
 class _TaskView:
@@ -431,7 +432,10 @@ class SweepView:
         for s in self.states:
             p = s.progress
             fails = sum((p.failures if p else {}).values())
-            t.add_row(f"{s.task.op} {s.task.shape} {s.task.dtype}", s.state if s.state != "running" or p else s.note[:30] or s.state,
+            state = s.state if s.state != "running" or p else s.note[:30] or s.state
+            if s.state == "waiting" and s.after is not None and s.after.state in ("waiting", "running"):
+                state = f"after {s.after.task.op} {s.after.task.shape}"  # its warm start
+            t.add_row(f"{s.task.op} {s.task.shape} {s.task.dtype}", state,
                       f"{p.evaluations}/{p.budget}" if p else "-", fmt_time(p.best_s if p else None),
                       str(fails) if p else "-")
         return t
@@ -479,6 +483,9 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
                                             "text_hash": plan.text_hash, "tasks": [t.key for t in plan.tasks],
                                             "created": prev.get("created") or time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     states = [TaskState(t) for t in plan.tasks]
+    by_task = {id(s.task): s for s in states}
+    for s in states:
+        s.after = by_task[id(a)] if (a := plan.anchor(s.task)) is not None else None
     started = time.monotonic()
     deadline = None if plan.total_time_s is None else started + plan.total_time_s
     owned = None
@@ -519,14 +526,11 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
         with SweepView(states, view_enabled) as view:
             lock = threading.Lock()
             ended = threading.Condition(lock)  # notified whenever a task ends
-            by_key = {s.task.key: s for s in states}
             # Each family's first task before the rest (see "Warm starts" above).
-            pending = ([s for s in states if plan.anchor(s.task) is None]
-                       + [s for s in states if plan.anchor(s.task) is not None])
+            pending = [s for s in states if s.after is None] + [s for s in states if s.after is not None]
 
             def ready(state: TaskState) -> bool:
-                anchor = plan.anchor(state.task)
-                return anchor is None or by_key[anchor.key].state in ("done", "failed", "skipped")
+                return state.after is None or state.after.state in ("done", "failed", "skipped")
 
             def run_one(state: TaskState) -> None:
                 task = state.task
