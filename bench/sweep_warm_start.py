@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=30)
     ap.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")], default=[0],
                     help="comma-separated; each runs both sweeps")
+    ap.add_argument("--executor", choices=("local", "ray"), default="local",
+                    help="tuner sweep's executor (ray: an op's later tasks wait for its first)")
     ap.add_argument("--out", default=None, help="where the two sweeps go (default: a temporary folder)")
     args = ap.parse_args(argv)
     cases = []
@@ -68,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode, warm in (("cold", False), ("warm", True)):
             f = work / f"{mode}-{seed}.yaml"
             f.write_text(sweep_text(cases, args.backend, args.dtype, args.budget, seed, warm))
-            cmd = [sys.executable, "-m", "tuner", "sweep", str(f), "--out", str(work / f"{mode}-{seed}"), "--quiet"]
+            cmd = [sys.executable, "-m", "tuner", "sweep", str(f), "--out", str(work / f"{mode}-{seed}"), "--quiet",
+                   "--executor", args.executor]
             print("$", " ".join(cmd), flush=True)
             t0 = time.monotonic()
             with open(work / f"{mode}-{seed}.out", "w") as log:  # its own summary table: kept, not printed
@@ -78,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"{mode}: tuner sweep exited with {done.returncode}")
             curves[mode] = {p.name: best_so_far(p) for p in sorted((work / f"{mode}-{seed}" / "tasks").iterdir())}
 
-        print(f"\n{args.backend}, {args.dtype}, budget {args.budget} per task, guided, seed {seed}; "
+        print(f"\n{args.backend}, {args.dtype}, budget {args.budget} per task, guided, seed {seed}, "
+              f"{args.executor} executor; "
               f"sweep wall time: cold {walls['cold']:.0f} s, warm {walls['warm']:.0f} s")
         print("| task | mode | best (us) | " + " | ".join(f"after {n}" for n in marks) + " | first within 3 % |")
         print("| --- | --- | --- | " + " | ".join("---" for _ in marks) + " | --- |")

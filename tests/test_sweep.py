@@ -53,6 +53,18 @@ def test_later_shapes_of_an_op_warm_start_from_its_first(tmp_path):
     (tmp_path / "cold.yaml").write_text(text + "\nwarm_start: false\npatience: 4\n")
     cold = load_plan(tmp_path / "cold.yaml")
     assert [cold.anchor(t) for t in cold.tasks] == [None] * 3 and cold.patience == 4
+    # An entry of its own with `warm_start: false`: cold, and no warm start for the op's others.
+    (tmp_path / "own.yaml").write_text(text.replace("  rmsnorm:", "  wide:\n    op: softmax\n    shapes: [64x4096]\n"
+                                                    "    warm_start: false\n    template: " + str(FIXTURES / "null")
+                                                    + "/landscape.txt.j2\n    space: " + str(FIXTURES / "null")
+                                                    + "/landscape.yaml\n  rmsnorm:"))
+    own = load_plan(tmp_path / "own.yaml")
+    assert [t.key for t in own.tasks] == ["softmax-256x512-fp32-null", "softmax-512x512-fp32-null",
+                                          "softmax-64x4096-fp32-null", "rmsnorm-256x512-fp32-null"]
+    assert [own.anchor(t) for t in own.tasks] == [None, own.tasks[0], None, None]
+    (tmp_path / "bad.yaml").write_text((tmp_path / "own.yaml").read_text().replace("warm_start: false", "warm_start: 0"))
+    with pytest.raises(SweepError, match="ops.wide: `warm_start:` must be true or false"):
+        load_plan(tmp_path / "bad.yaml")
     for extra, words in [("warm_start: yes please", "true or false"), ("patience: 0", "at least 1"),
                          ("patience: soon", "an integer")]:
         (tmp_path / "bad.yaml").write_text(text + "\n" + extra + "\n")

@@ -11,6 +11,7 @@ A sweep file (YAML):
     # total_time_s: 3600       # wall time of the whole sweep: tasks not started by then are skipped
     sampler: guided            # the default, as for tuner tune; seed: 0 (each task's seed is derived from it)
     # warm_start: true         # later shapes of an op start from its first task (below); false: all cold
+                               # (also per entry: those tasks cold, e.g. a shape whose best is unlike the rest)
     # patience: 20             # stop a task after this many evaluations without a 0.5 % gain
     ops:
       softmax: {shapes: [256x1024, 4096x4096]}
@@ -69,7 +70,7 @@ from .values import OpSpec
 
 TOP_KEYS = {"name", "backend", "dtypes", "budget", "total_budget", "time_budget_s", "total_time_s",
             "sampler", "seed", "ops", "out", "concurrency", "warm_start", "patience"}
-OP_KEYS = {"op", "shapes", "dtypes", "template", "space", "budget", "problem", "sizes"}
+OP_KEYS = {"op", "shapes", "dtypes", "template", "space", "budget", "problem", "sizes", "warm_start"}
 
 
 class SweepError(ValueError):
@@ -87,6 +88,7 @@ class Task:
     budget: int | None = None  # set by the plan
     problem: str | None = None  # a problem file: `shape` is then a label of `sizes`
     sizes: tuple[tuple[str, int], ...] = ()
+    cold: bool = False  # its entry says `warm_start: false`: never warm-started, nor a warm start
 
     @property
     def key(self) -> str:
@@ -132,9 +134,9 @@ class Plan:
     def anchor(self, task: Task) -> Task | None:
         """The task that `task` is warm-started from: its family's first (None for that one,
         and for every task with `warm_start: false`)."""
-        if not self.warm_start:
+        if not self.warm_start or task.cold:
             return None
-        first = next(t for t in self.tasks if t.family == task.family)
+        first = next(t for t in self.tasks if t.family == task.family and not t.cold)
         return None if first is task else first
 
     def task_seed(self, task: Task) -> int:
@@ -227,9 +229,14 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
         unknown = set(entry) - OP_KEYS
         if unknown:
             raise SweepError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(OP_KEYS))}")
+        warm = entry.get("warm_start", True)
+        if not isinstance(warm, bool):
+            raise SweepError(f"{where}: `warm_start:` must be true or false, got {warm!r}")
         if entry.get("problem") is not None:
-            tasks.extend(t for t in _problem_tasks(name, entry, base, backend, dtypes, where, budgets)
-                         if all(o.key != t.key for o in tasks))
+            for t in _problem_tasks(name, entry, base, backend, dtypes, where, budgets):
+                if all(o.key != t.key for o in tasks):
+                    t.cold = not warm
+                    tasks.append(t)
             continue
         if entry.get("sizes") is not None:
             raise SweepError(f"{where}: `sizes:` is for `problem:` entries; a built-in op takes `shapes:`")
@@ -259,7 +266,7 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
                     builtin_spec(op, shape, dtype)
                 except OpError as e:
                     raise SweepError(f"{where}: {e}") from None
-                t = Task(op, shape, dtype, backend, template, space)
+                t = Task(op, shape, dtype, backend, template, space, cold=not warm)
                 if any(o.key == t.key for o in tasks):
                     continue
                 tasks.append(t)
