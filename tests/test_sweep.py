@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -261,3 +262,21 @@ def test_an_unexpected_error_in_a_first_task_does_not_leave_its_later_tasks_wait
     assert not t.is_alive(), "the sweep hung"
     assert [str(e) for e in raised] == ["a bug"]
     assert (tmp_path / "s" / "tasks" / "softmax-512x512-fp32-null" / "summary.json").is_file()
+
+
+def test_a_task_stopped_by_patience_is_done_on_a_rerun(tmp_path):
+    text = SWEEP.read_text().replace("../null/", str(FIXTURES / "null") + "/").replace("budget: 6", "budget: 40")
+    (tmp_path / "p.yaml").write_text(text + "\npatience: 2\n")
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(tmp_path / "p.yaml"), "--out", str(out), "--quiet", "--json"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    stopped = [r for r in summary["tasks"] if r["evaluations"] < 40]
+    assert stopped, "no task stalled within the budget"
+    for r in stopped:
+        said = json.loads((Path(r["run"]) / "summary.json").read_text())["search_stopped"]
+        assert said.startswith("--patience 2: the last 2 evaluations found nothing")
+    before = {r["task"]: (Path(r["run"]) / "summary.json").stat().st_mtime_ns for r in stopped}
+    first = records(out)
+    assert main(["sweep", str(tmp_path / "p.yaml"), "--out", str(out), "--quiet", "--json"]) == 0
+    assert records(out) == first
+    assert {r["task"]: (Path(r["run"]) / "summary.json").stat().st_mtime_ns for r in stopped} == before

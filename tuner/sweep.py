@@ -475,6 +475,8 @@ def _task_done(store: Store, task: Task, time_budget_s: float | None) -> dict | 
         return summary  # the space is exhausted
     if time_budget_s is not None:
         return summary  # it ran out of time; re-running would spend the budget again
+    if str(summary.get("search_stopped", "")).startswith("--patience"):
+        return summary  # it stalled (`patience:`); re-running would only stop again
     return None
 
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 from .evaluate import Evaluator
 from .ops import ceiling, load_op
-from .search import Searcher
+from .search import STALL_GAIN, Searcher
 from .settings import Settings
 from .skeleton import Skeleton
 from .store import Store
@@ -152,6 +152,9 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
             for fut in done:
                 trial, _config = inflight.pop(fut)
                 finish(trial, fut.result())
+    if not progress.stopped and searcher.stalled():  # said in the summary: a resume has no more to do
+        progress.stopped = (f"--patience {searcher.patience}: the last {searcher.patience} evaluations "
+                            f"found nothing {STALL_GAIN:.1%} faster than the best")
     # Trials still waiting on a config that finished are told above; any left are abandoned.
     for trials in waiting.values():
         for t in trials:
