@@ -31,9 +31,10 @@ MARKS = (1, 3, 5, 10, 20, 30, 40, 60)
 
 
 def sweep_text(cases: list[tuple[str, list[str]]], backend: str, dtype: str, budget: int, seed: int,
-               warm: bool) -> str:
+               warm: bool, patience: int | None = None) -> str:
     lines = [f"name: warm-{'on' if warm else 'off'}", f'backend: "{backend}"', f"dtypes: [{dtype}]",
-             f"budget: {budget}", "sampler: guided", f"seed: {seed}", f"warm_start: {str(warm).lower()}", "ops:"]
+             f"budget: {budget}", "sampler: guided", f"seed: {seed}", f"warm_start: {str(warm).lower()}",
+             *([f"patience: {patience}"] if patience else []), "ops:"]
     lines += [f"  {op}: {{shapes: [{', '.join(shapes)}]}}" for op, shapes in cases]
     return "\n".join(lines) + "\n"
 
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=30)
     ap.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")], default=[0],
                     help="comma-separated; each runs both sweeps")
+    ap.add_argument("--patience", type=int, default=None,
+                    help="the sweeps' patience: (a task stops after this many evaluations without a 0.5 %% gain)")
     ap.add_argument("--executor", choices=("local", "ray"), default="local",
                     help="tuner sweep's executor (ray: an op's later tasks wait for its first)")
     ap.add_argument("--out", default=None, help="where the two sweeps go (default: a temporary folder)")
@@ -64,12 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     marks = [n for n in MARKS if n <= args.budget]
     firsts: dict[tuple[str, str], list[int]] = {}  # (task, mode) -> first within 3 %, per seed
     finals: dict[tuple[str, str], list[float]] = {}  # (task, mode) -> best / the better best, per seed
+    evals = {"cold": 0, "warm": 0}  # evaluations of all tasks, over every seed
     for seed in args.seeds:
         curves: dict[str, dict[str, list[float]]] = {}
         walls = {}
         for mode, warm in (("cold", False), ("warm", True)):
             f = work / f"{mode}-{seed}.yaml"
-            f.write_text(sweep_text(cases, args.backend, args.dtype, args.budget, seed, warm))
+            f.write_text(sweep_text(cases, args.backend, args.dtype, args.budget, seed, warm, args.patience))
             cmd = [sys.executable, "-m", "tuner", "sweep", str(f), "--out", str(work / f"{mode}-{seed}"), "--quiet",
                    "--executor", args.executor]
             print("$", " ".join(cmd), flush=True)
@@ -80,10 +84,13 @@ def main(argv: list[str] | None = None) -> int:
             if done.returncode != 0:
                 raise SystemExit(f"{mode}: tuner sweep exited with {done.returncode}")
             curves[mode] = {p.name: best_so_far(p) for p in sorted((work / f"{mode}-{seed}" / "tasks").iterdir())}
+            evals[mode] += sum(map(len, curves[mode].values()))
 
         print(f"\n{args.backend}, {args.dtype}, budget {args.budget} per task, guided, seed {seed}, "
               f"{args.executor} executor; "
-              f"sweep wall time: cold {walls['cold']:.0f} s, warm {walls['warm']:.0f} s")
+              f"sweep wall time: cold {walls['cold']:.0f} s, warm {walls['warm']:.0f} s; evaluations: "
+              f"cold {sum(map(len, curves['cold'].values()))}, warm {sum(map(len, curves['warm'].values()))}"
+              + (f" (patience {args.patience})" if args.patience else ""))
         print("| task | mode | best (us) | " + " | ".join(f"after {n}" for n in marks) + " | first within 3 % |")
         print("| --- | --- | --- | " + " | ".join("---" for _ in marks) + " | --- |")
         for task in curves["cold"]:
@@ -105,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.seeds) > 1:
         print(f"\nOver seeds {', '.join(map(str, args.seeds))}: median first evaluation within 3 % of the "
               f"better of the pair ({args.budget + 1}: not within budget) and median best / the better best")
+        print(f"(evaluations of all tasks over the seeds: cold {evals['cold']}, warm {evals['warm']})")
         print("| task | cold: first within 3 % | warm | cold: best ratio | warm |")
         print("| --- | --- | --- | --- | --- |")
         for task in sorted({t for t, _ in firsts}, key=lambda t: (t in first_tasks, t)):
