@@ -102,7 +102,7 @@ def test_local_sweep_runs_resumes_and_summarises(tmp_path, capsys):
     out = tmp_path / "sweep"
     assert main(["sweep", str(SWEEP), "--out", str(out), "--quiet"]) == 0
     table = capsys.readouterr().out
-    for words in ("softmax", "rmsnorm", "256x512", "% of ceiling", "vs reference", "failures"):
+    for words in ("softmax", "rmsnorm", "256x512", "% of ceiling", "vs reference", "failures", "done, warm"):
         assert words in table
     summary = json.loads((out / "summary.json").read_text())
     assert [r["state"] for r in summary["tasks"]] == ["done"] * 3

@@ -657,6 +657,8 @@ def summary_table(summary: dict, folder: str = ""):
         state = r["state"] if not r["error"] else f"{r['state']}: {r['error'][:60]}"
         if r["state"] == "done" and r["best_s"] is None:
             state = "done: no config passed"
+        elif r["state"] == "done" and r.get("warm_start"):
+            state = "done, warm"  # started from its op's first task
         t.add_row(r["op"], r["shape"], r["dtype"], state,
                   f"{r['evaluations']}/{r['budget']}" if r["evaluations"] is not None else "-",
                   fmt_time(r["best_s"]), pct, sp, fails)
