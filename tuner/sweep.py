@@ -31,7 +31,7 @@ finished tasks are read back, a killed one continues from its records, the rest 
 
 Warm starts. The tasks of one op (the same skeleton, on the same backend) form a family; its
 first task in the file runs cold, and the others are warm-started from it, as `tuner tune
---warm-start` would be: its best configs are tried first and, for the guided searcher, all its
+--warm-start` would be: its best config is tried first and, for the guided searcher, all its
 timings are the prior. So that every executor runs the same searches whatever finishes first,
 each family's first task is run before the rest (the first tasks of all families first, side by
 side under Ray), and a later task starts only once its family's first has ended; with fewer
