@@ -1,8 +1,10 @@
-"""What a person reads: the live progress line, the end-of-run table, the list of runs."""
+"""What a person reads: the live progress line, the end-of-run table, the list of runs, and a
+sweep's live table and summary."""
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any
 
@@ -136,4 +138,120 @@ def runs_table(rows) -> Table:
                   op.get("dtype", "?"), meta.get("backend", "?"), fmt_time(best.get("median_s")),
                   f"{sp:.2f}x" if sp else "-", str((summary or {}).get("evaluations", "-")),
                   "finished" if summary else "incomplete (resume with --resume)")
+    return t
+
+
+# ---- sweeps (tuner.sweep: TaskState rows) --------------------------------------------------
+
+class _TaskView:
+    """The per-task view that `tune.execute` calls; it feeds the one sweep view."""
+
+    def __init__(self, sweep_view: "SweepView", state):
+        self.sweep_view, self.state = sweep_view, state
+
+    def __call__(self, p: Progress) -> None:
+        self.state.progress = p
+        self.sweep_view.update()
+
+    def note(self, text: str) -> None:
+        self.state.note = text
+        self.sweep_view.update()
+
+
+class SweepView:
+    """One progress view for the whole sweep: a live table on a terminal, a line every few
+    seconds elsewhere (logs, CI)."""
+
+    def __init__(self, states: list, enabled: bool = True):  # of tuner.sweep.TaskState
+        self.states, self.enabled = states, enabled
+        self.tty = sys.stderr.isatty()
+        self.started = time.monotonic()
+        self._last = 0.0
+        self._live = None
+        self._lock = threading.Lock()
+
+    def for_task(self, state) -> _TaskView:
+        return _TaskView(self, state)
+
+    def __enter__(self):
+        if self.enabled and self.tty:
+            from rich.live import Live
+
+            self._live = Live(self._table(), console=err_console, refresh_per_second=2, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._live is not None:
+            self._live.update(self._table())
+            self._live.__exit__(*exc)
+        return False
+
+    def line(self) -> str:
+        counts: dict[str, int] = {}
+        evals = 0
+        running = []
+        for s in self.states:
+            counts[s.state] = counts.get(s.state, 0) + 1
+            if s.progress:
+                evals += s.progress.evaluations
+            elif s.summary:
+                evals += s.summary.get("evaluations", 0)
+            if s.state == "running":
+                p = s.progress
+                running.append(f"{s.task.op} {s.task.shape} " + (
+                    f"{p.evaluations}/{p.budget} best {fmt_time(p.best_s)}" if p else s.note[:40]))
+        done = counts.get("done", 0) + counts.get("failed", 0) + counts.get("skipped", 0)
+        return (f"sweep: {done}/{len(self.states)} tasks done, {counts.get('running', 0)} running, "
+                f"{counts.get('waiting', 0)} waiting · {evals} evaluations · "
+                f"{time.monotonic() - self.started:.0f} s" + (" · " + " · ".join(running) if running else ""))
+
+    def _table(self):
+        t = Table(title=self.line().split(" · ")[0], title_justify="left")
+        for c in ("task", "state", "evaluated", "best", "failed"):
+            t.add_column(c)
+        for s in self.states:
+            p = s.progress
+            fails = sum((p.failures if p else {}).values())
+            state = s.state if s.state != "running" or p else s.note[:30] or s.state
+            if s.state == "waiting" and s.after is not None and s.after.state in ("waiting", "running"):
+                state = f"after {s.after.task.op} {s.after.task.shape}"  # its warm start
+            t.add_row(f"{s.task.op} {s.task.shape} {s.task.dtype}", state,
+                      f"{p.evaluations}/{p.budget}" if p else "-", fmt_time(p.best_s if p else None),
+                      str(fails) if p else "-")
+        return t
+
+    def update(self) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            if self._live is not None:
+                self._live.update(self._table())
+            elif time.monotonic() - self._last > 5:
+                self._last = time.monotonic()
+                print(self.line(), file=sys.stderr, flush=True)
+
+    def note(self, text: str) -> None:
+        if self.enabled:
+            print(text, file=sys.stderr, flush=True)
+
+
+def sweep_table(summary: dict, folder: str = "") -> Table:
+    t = Table(title=f"sweep {summary['name']} on {summary['backend']} ({summary['executor']} executor): "
+                    f"{summary['evaluations']} evaluations in {summary['wall_s']:.0f} s"
+                    + (f" · {folder}" if folder else ""), title_justify="left")
+    for c in ("op", "shape", "dtype", "state", "evals", "best", "% of ceiling", "vs reference", "failures"):
+        t.add_column(c)
+    for r in summary["tasks"]:
+        fails = ", ".join(f"{k} {v}" for k, v in sorted(r["failures"].items())) or "none"
+        pct = f"{r['ceiling_percent']:.1f} %" if r["ceiling_percent"] is not None else "-"
+        sp = f"{r['speedup_vs_reference']:.2f}x" if r["speedup_vs_reference"] else "-"
+        state = r["state"] if not r["error"] else f"{r['state']}: {r['error'][:60]}"
+        if r["state"] == "done" and r["best_s"] is None:
+            state = "done: no config passed"
+        elif r["state"] == "done" and r.get("warm_start"):
+            state = "done, warm"  # started from its op's first task
+        t.add_row(r["op"], r["shape"], r["dtype"], state,
+                  f"{r['evaluations']}/{r['budget']}" if r["evaluations"] is not None else "-",
+                  fmt_time(r["best_s"]), pct, sp, fails)
     return t

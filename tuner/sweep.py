@@ -65,6 +65,7 @@ from .problem import spec_from_problem_file
 from .settings import Settings
 from .skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
 from .store import Store, StoreError
+from .report import SweepView
 from .tune import Progress, create_run, execute
 from .values import OpSpec
 
@@ -348,7 +349,7 @@ def _num(where, key: str, v, kind=int, positive: bool = False):
     return x
 
 
-# ---- progress -----------------------------------------------------------------------------
+# ---- a task's state (shown by report.SweepView) -------------------------------------------
 
 @dataclass
 class TaskState:
@@ -362,104 +363,6 @@ class TaskState:
     wall_s: float = 0.0
     warm_from: list = dataclasses.field(default_factory=list)  # the tasks it was warm-started from
     after: "TaskState | None" = None  # the task it waits for (its op's first: its warm start)
-
-
-class _TaskView:
-    """The per-task view that `tune.execute` calls; it feeds the one sweep view."""
-
-    def __init__(self, sweep_view: "SweepView", state: TaskState):
-        self.sweep_view, self.state = sweep_view, state
-
-    def __call__(self, p: Progress) -> None:
-        self.state.progress = p
-        self.sweep_view.update()
-
-    def note(self, text: str) -> None:
-        self.state.note = text
-        self.sweep_view.update()
-
-
-class SweepView:
-    """One progress view for the whole sweep: a live table on a terminal, a line every few
-    seconds elsewhere (logs, CI)."""
-
-    def __init__(self, states: list[TaskState], enabled: bool = True):
-        self.states, self.enabled = states, enabled
-        self.tty = sys.stderr.isatty()
-        self.started = time.monotonic()
-        self._last = 0.0
-        self._live = None
-        self._lock = threading.Lock()
-
-    def for_task(self, state: TaskState) -> _TaskView:
-        return _TaskView(self, state)
-
-    def __enter__(self):
-        if self.enabled and self.tty:
-            from rich.live import Live
-
-            from .report import err_console
-            self._live = Live(self._table(), console=err_console, refresh_per_second=2, transient=False)
-            self._live.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self._live is not None:
-            self._live.update(self._table())
-            self._live.__exit__(*exc)
-        return False
-
-    def line(self) -> str:
-        from .report import fmt_time
-        counts: dict[str, int] = {}
-        evals = 0
-        running = []
-        for s in self.states:
-            counts[s.state] = counts.get(s.state, 0) + 1
-            if s.progress:
-                evals += s.progress.evaluations
-            elif s.summary:
-                evals += s.summary.get("evaluations", 0)
-            if s.state == "running":
-                p = s.progress
-                running.append(f"{s.task.op} {s.task.shape} " + (
-                    f"{p.evaluations}/{p.budget} best {fmt_time(p.best_s)}" if p else s.note[:40]))
-        done = counts.get("done", 0) + counts.get("failed", 0) + counts.get("skipped", 0)
-        return (f"sweep: {done}/{len(self.states)} tasks done, {counts.get('running', 0)} running, "
-                f"{counts.get('waiting', 0)} waiting · {evals} evaluations · "
-                f"{time.monotonic() - self.started:.0f} s" + (" · " + " · ".join(running) if running else ""))
-
-    def _table(self):
-        from rich.table import Table
-
-        from .report import fmt_time
-        t = Table(title=self.line().split(" · ")[0], title_justify="left")
-        for c in ("task", "state", "evaluated", "best", "failed"):
-            t.add_column(c)
-        for s in self.states:
-            p = s.progress
-            fails = sum((p.failures if p else {}).values())
-            state = s.state if s.state != "running" or p else s.note[:30] or s.state
-            if s.state == "waiting" and s.after is not None and s.after.state in ("waiting", "running"):
-                state = f"after {s.after.task.op} {s.after.task.shape}"  # its warm start
-            t.add_row(f"{s.task.op} {s.task.shape} {s.task.dtype}", state,
-                      f"{p.evaluations}/{p.budget}" if p else "-", fmt_time(p.best_s if p else None),
-                      str(fails) if p else "-")
-        return t
-
-    def update(self) -> None:
-        if not self.enabled:
-            return
-        with self._lock:
-            if self._live is not None:
-                self._live.update(self._table())
-            elif time.monotonic() - self._last > 5:
-                self._last = time.monotonic()
-                print(self.line(), file=sys.stderr, flush=True)
-
-    def note(self, text: str) -> None:
-        if self.enabled:
-            print(text, file=sys.stderr, flush=True)
 
 
 # ---- running ------------------------------------------------------------------------------
@@ -641,31 +544,7 @@ def sweep_summary(plan: Plan, states: list[TaskState], wall_s: float, executor: 
             "evaluations": sum(r["evaluations"] or 0 for r in rows)}
 
 
-def summary_table(summary: dict, folder: str = ""):
-    from rich.table import Table
-
-    from .report import fmt_time
-    t = Table(title=f"sweep {summary['name']} on {summary['backend']} ({summary['executor']} executor): "
-                    f"{summary['evaluations']} evaluations in {summary['wall_s']:.0f} s"
-                    + (f" · {folder}" if folder else ""), title_justify="left")
-    for c in ("op", "shape", "dtype", "state", "evals", "best", "% of ceiling", "vs reference", "failures"):
-        t.add_column(c)
-    for r in summary["tasks"]:
-        fails = ", ".join(f"{k} {v}" for k, v in sorted(r["failures"].items())) or "none"
-        pct = f"{r['ceiling_percent']:.1f} %" if r["ceiling_percent"] is not None else "-"
-        sp = f"{r['speedup_vs_reference']:.2f}x" if r["speedup_vs_reference"] else "-"
-        state = r["state"] if not r["error"] else f"{r['state']}: {r['error'][:60]}"
-        if r["state"] == "done" and r["best_s"] is None:
-            state = "done: no config passed"
-        elif r["state"] == "done" and r.get("warm_start"):
-            state = "done, warm"  # started from its op's first task
-        t.add_row(r["op"], r["shape"], r["dtype"], state,
-                  f"{r['evaluations']}/{r['budget']}" if r["evaluations"] is not None else "-",
-                  fmt_time(r["best_s"]), pct, sp, fails)
-    return t
-
-
-__all__ = ["Plan", "Task", "SweepError", "load_plan", "run_sweep", "summary_table", "sweep_summary"]
+__all__ = ["Plan", "Task", "SweepError", "load_plan", "run_sweep", "sweep_summary"]
 
 
 # ---- the `tuner sweep` command -------------------------------------------------------------
@@ -693,7 +572,7 @@ def add_cli(sub) -> None:
 def cmd_sweep(args) -> int:
     import json as _json
 
-    from .report import console
+    from .report import console, sweep_table
     settings = Settings.from_env(run_timeout_s=args.run_timeout, compile_timeout_s=args.compile_timeout)
     plan = load_plan(args.file, args.backend)
     folder = plan.folder(args.out)
@@ -707,5 +586,5 @@ def cmd_sweep(args) -> int:
     if args.json:
         print(_json.dumps(summary, indent=1, default=str))
     else:
-        console.print(summary_table(summary, str(folder)))
+        console.print(sweep_table(summary, str(folder)))
     return 0 if all(r["state"] == "done" for r in summary["tasks"]) else 1
