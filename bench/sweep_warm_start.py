@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")], default=[0],
                     help="comma-separated; each runs both sweeps")
     ap.add_argument("--patience", type=int, default=None,
-                    help="the sweeps' patience: (a task stops after this many evaluations without a 0.5 %% gain)")
+                    help="the sweeps' `patience:` (a task stops after this many evaluations without a 0.5 %% gain)")
     ap.add_argument("--executor", choices=("local", "ray"), default="local",
                     help="tuner sweep's executor (ray: an op's later tasks wait for its first)")
     ap.add_argument("--out", default=None, help="where the two sweeps go (default: a temporary folder)")

@@ -296,8 +296,8 @@ class Proposer:
         self._ls: np.ndarray | None = None
         self._completed: tuple[int, np.ndarray, np.ndarray] | None = None  # (incumbent, completions, the moves)
         self.prior_weight = prior_weight
-        made = Prior(self.enc, prior, clip) if prior else None
-        self._prior = made if made else None  # None also when no source timed a config of this space
+        # None also when no source timed a config of this space (an empty Prior is falsy).
+        self._prior = (Prior(self.enc, prior, clip) if prior else None) or None
 
     # -- candidates --
 

@@ -66,7 +66,7 @@ from .settings import Settings
 from .skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
 from .store import Store, StoreError
 from .report import SweepView
-from .tune import Progress, create_run, execute
+from .tune import Progress, create_run, execute, stopped_by_patience
 from .values import OpSpec
 
 TOP_KEYS = {"name", "backend", "dtypes", "budget", "total_budget", "time_budget_s", "total_time_s",
@@ -378,7 +378,7 @@ def _task_done(store: Store, task: Task, time_budget_s: float | None) -> dict | 
         return summary  # the space is exhausted
     if time_budget_s is not None:
         return summary  # it ran out of time; re-running would spend the budget again
-    if str(summary.get("search_stopped", "")).startswith("--patience"):
+    if stopped_by_patience(summary):
         return summary  # it stalled (`patience:`); re-running would only stop again
     return None
 

@@ -83,6 +83,14 @@ def _count(progress: Progress, record: Record) -> None:
         progress.failures[status.value] = progress.failures.get(status.value, 0) + 1
 
 
+PATIENCE_STOP = "--patience"  # how a summary's `search_stopped` begins when patience ran out
+
+
+def stopped_by_patience(summary: dict) -> bool:
+    """Whether the run's search stalled (`--patience`): searched again, it would only stop again."""
+    return str(summary.get("search_stopped", "")).startswith(PATIENCE_STOP)
+
+
 def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: int,
                time_budget_s: float | None, parallel: int | Callable[[], int],
                on_progress: Callable[[Progress], None] = lambda p: None) -> Progress:
@@ -153,7 +161,7 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
                 trial, _config = inflight.pop(fut)
                 finish(trial, fut.result())
     if not progress.stopped and searcher.stalled():  # said in the summary: a resume has no more to do
-        progress.stopped = (f"--patience {searcher.patience}: the last {searcher.patience} evaluations "
+        progress.stopped = (f"{PATIENCE_STOP} {searcher.patience}: the last {searcher.patience} evaluations "
                             f"found nothing {STALL_GAIN:.1%} faster than the best")
     # Trials still waiting on a config that finished are told above; any left are abandoned.
     for trials in waiting.values():
@@ -288,9 +296,9 @@ def create_run(settings: Settings, spec: OpSpec, backend: str, skeleton: Skeleto
 def _related(meta: dict, space, view) -> tuple[tuple[Config, ...], tuple]:
     """From the same space measured elsewhere (the `--warm-start` sources; for a retune, the
     old run): configs to try first (each source's best) and, for the guided sampler, every
-    source's timings (its prior; other samplers have no use for them). A source that cannot be read any more (moved or deleted since
-    the run began; a new run checks its sources before it starts) is skipped with a note:
-    the search goes on as it would have without it."""
+    source's timings (its prior; other samplers have no use for them). A source that cannot be
+    read any more (moved or deleted since the run began; a new run checks its sources before it
+    starts) is skipped with a note: the search goes on as it would have without it."""
     from .replay import LandscapeError, any_passed, warm_starts, warm_timings
     readable = []
     for src in meta.get("warm_start") or []:
