@@ -209,11 +209,38 @@ def test_two_processes_on_one_run_are_refused(capsys, tmp_path):
 
 
 def test_resume_keeps_the_runs_budget(tmp_path):
-    from tuner.cli import _run_budget
+    from tuner.cli import _run_settings
     store = fake_run(tmp_path)
-    assert _run_budget(SimpleNamespace(budget=None), store) == 2  # not the default 40
-    assert _run_budget(SimpleNamespace(budget=7), store) == 7
+    assert _run_settings(SimpleNamespace(budget=None, patience=None), store) == (2, False)  # not the default 40
+    assert _run_settings(SimpleNamespace(budget=7, patience=None), store) == (7, False)
     assert json.loads((store.path / "run.json").read_text())["budget"] == 7  # for the next resume
+
+
+def test_a_resume_that_asks_for_more_searches_past_a_patience_stop(capsys, tmp_path):
+    """--patience stopped the run: a resume with the same settings has nothing to do, one with
+    a larger --budget or another --patience gets a patience window of its own (it used to
+    evaluate nothing, and the summary still named the old patience)."""
+    argv = ["tune", "softmax", "--shape", "256x512", "--backend", "null", "--sampler", "random",
+            "--template", FIXTURES / "null/landscape.txt.j2", "--space", FIXTURES / "null/landscape.yaml",
+            "--runs-dir", tmp_path / "runs", "--quiet", "--json"]
+    rc, _ = run(capsys, *argv, "--patience", "2", "--budget", "30")
+    path = next((tmp_path / "runs").iterdir())
+
+    def evaluations():
+        return json.loads((path / "summary.json").read_text())["evaluations"]
+    stopped = json.loads((path / "summary.json").read_text())["search_stopped"]
+    first = evaluations()
+    assert rc == 0 and first < 30 and stopped.startswith("--patience 2:")
+    assert run(capsys, "tune", "--resume", path, "--quiet", "--json")[0] == 0
+    assert evaluations() == first  # the same ask: it would only stop again
+    assert run(capsys, "tune", "--resume", path, "--budget", "60", "--quiet", "--json")[0] == 0
+    more = evaluations()
+    assert more >= first + 2
+    assert run(capsys, "tune", "--resume", path, "--patience", "5", "--quiet", "--json")[0] == 0
+    summary = json.loads((path / "summary.json").read_text())
+    assert summary["evaluations"] >= more + 5 and summary["search_stopped"].startswith("--patience 5:")
+    meta = json.loads((path / "run.json").read_text())
+    assert (meta["budget"], meta["patience"]) == (60, 5)
 
 
 def test_ctrl_c_names_the_run_to_resume(capsys, tmp_path, monkeypatch):

@@ -264,7 +264,7 @@ def test_an_unexpected_error_in_a_first_task_does_not_leave_its_later_tasks_wait
     assert (tmp_path / "s" / "tasks" / "softmax-512x512-fp32-null" / "summary.json").is_file()
 
 
-def test_a_task_stopped_by_patience_is_done_on_a_rerun(tmp_path):
+def test_a_task_stopped_by_patience_is_done_on_a_rerun_unless_asked_for_more(tmp_path):
     text = SWEEP.read_text().replace("../null/", str(FIXTURES / "null") + "/").replace("budget: 6", "budget: 40")
     (tmp_path / "p.yaml").write_text(text + "\npatience: 2\n")
     out = tmp_path / "sweep"
@@ -280,3 +280,10 @@ def test_a_task_stopped_by_patience_is_done_on_a_rerun(tmp_path):
     assert main(["sweep", str(tmp_path / "p.yaml"), "--out", str(out), "--quiet", "--json"]) == 0
     assert records(out) == first
     assert {r["task"]: (Path(r["run"]) / "summary.json").stat().st_mtime_ns for r in stopped} == before
+    # Asked for more (another patience), the stopped tasks search on, each its own window.
+    (tmp_path / "p.yaml").write_text(text + "\npatience: 4\n")
+    assert main(["sweep", str(tmp_path / "p.yaml"), "--out", str(out), "--quiet", "--json"]) == 0
+    for r in stopped:
+        after = json.loads((Path(r["run"]) / "summary.json").read_text())
+        assert after["evaluations"] >= min(40, r["evaluations"] + 4)
+        assert after.get("search_stopped", "--patience 4").startswith("--patience 4")

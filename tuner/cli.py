@@ -23,7 +23,7 @@ from .sweep import SweepError
 from .llm import LLMConfig, LLMError
 from .proposer import ProposerError, make_proposer, openai_meta
 from .retune import with_backend_options
-from .tune import create_rounds_run, create_run, execute, execute_rounds, refuse_empty_space
+from .tune import asks_more, create_rounds_run, create_run, execute, execute_rounds, refuse_empty_space
 from .values import OpSpec, Status
 from .worker import WorkerError, WorkerFailure
 
@@ -186,9 +186,11 @@ def _tune_one(args, settings: Settings, store: Store) -> int:
     from .report import ProgressView, console, summary_table
     args.resume_hint = f"tuner tune --resume {shlex.quote(str(store.path))}"
     with _executor(args, settings, store) as make_evaluator, ProgressView(not args.quiet) as view:
-        summary = execute(store, settings, _run_budget(args, store), args.time_budget, args.parallel, view,
+        budget, restart = _run_settings(args, store)
+        summary = execute(store, settings, budget, args.time_budget, args.parallel, view,
                           make_evaluator=with_backend_options(make_evaluator,
-                                                              store.meta().get("backend_options")))
+                                                              store.meta().get("backend_options")),
+                          restart_patience=restart)
     if args.json:
         print(json.dumps(summary, indent=1, default=str))
     else:
@@ -196,15 +198,18 @@ def _tune_one(args, settings: Settings, store: Store) -> int:
     return 0
 
 
-def _run_budget(args, store: Store) -> int:
-    """--budget, else the budget the run was started with, else the default. A resumed run
-    (killed, or stopped with Ctrl-C) finishes what it was asked for, not the default; the
-    budget is kept in run.json for the next resume."""
+def _run_settings(args, store: Store) -> tuple[int, bool]:
+    """The budget (--budget, else the run's own, else the default) and whether `--patience`
+    counts afresh (`tune.asks_more`). A resumed run (killed, or stopped with Ctrl-C) finishes
+    what it was asked for, not the default; budget and patience are kept in run.json for the
+    next resume."""
     meta = store.meta()
     budget = args.budget or meta.get("budget") or DEFAULT_BUDGET
-    if meta.get("budget") != budget:
-        store.write_meta({**meta, "budget": budget})
-    return budget
+    patience = getattr(args, "patience", None) or meta.get("patience")
+    restart = asks_more({"budget": DEFAULT_BUDGET, **meta}, budget, patience)
+    if (meta.get("budget"), meta.get("patience")) != (budget, patience):
+        store.write_meta({**meta, "budget": budget, "patience": patience})
+    return budget, restart
 
 
 @contextlib.contextmanager
@@ -244,7 +249,7 @@ def _tune_rounds(args, settings: Settings, store: Store | None, spec: OpSpec | N
     overrides = {k: v for k, v in _llm_overrides(args).items() if k != "model"}
     proposer = make_proposer(meta["proposer"], store.path, api_key=args.llm_api_key, **overrides)
     with _executor(args, settings, store) as make_evaluator, ProgressView(not args.quiet) as view:
-        summary = execute_rounds(store, settings, proposer, _run_budget(args, store), args.time_budget,
+        summary = execute_rounds(store, settings, proposer, _run_settings(args, store)[0], args.time_budget,
                                  args.parallel, view,
                                  make_evaluator=make_evaluator)
     if args.json:

@@ -157,6 +157,7 @@ class Searcher:
         self.dists = distributions(space, encoding)
         self.sampler_name = sampler
         self.patience = patience
+        self._patience_from = 0  # evaluations before this one do not count (`restart_patience`)
         if encoding == "categorical":
             self._encode, self._decode = (lambda sp, c: c.as_dict()), (lambda sp, p: Config.of(dict(p)))
         else:
@@ -199,30 +200,41 @@ class Searcher:
         trial = self.study.ask(self.dists)
         return trial, self._decode(self.space, trial.params)
 
-    def tell(self, trial: optuna.Trial | int, record: Record) -> None:
+    def tell(self, trial: optuna.Trial | int, record: Record, repeat: bool = False) -> None:
+        """`repeat`: the sampler asked for a config already evaluated, answered from its record
+        (it cost nothing, so `patience` does not count it)."""
         t = trial if isinstance(trial, optuna.Trial) else optuna.Trial(self.study, self._trial_id(trial))
         ok = record.status is Status.OK
         t.set_constraint("failed", 0.0 if ok else 1.0)
         t.set_user_attr("status", record.status.value)
+        if repeat:
+            t.set_user_attr("repeat", True)
         value = math.log10(max(record.seconds, 1e-12)) if ok else PENALTY
         self.study.tell(t, value)
 
     def stalled(self) -> bool:
-        """With `patience` N: the last N evaluations (INVALID configs cost none) brought no
-        config at least STALL_GAIN faster than the best before them. Read from the study, so
-        it holds across a resume. Always False without `patience`."""
+        """With `patience` N: the last N evaluations (INVALID configs and repeats cost none)
+        brought no config at least STALL_GAIN faster than the best before them. Read from the
+        study, so it holds across a resume. Always False without `patience`."""
         if not self.patience:
             return False
-        best, since = math.inf, 0
-        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            if t.user_attrs.get("status") == Status.INVALID.value:
-                continue
+        evaluations = self._evaluations()
+        best, last = math.inf, -1  # the best so far, and where it was found
+        for k, t in enumerate(evaluations):
             feasible = all(v <= 0.0 for v in t.constraints.values())
             if feasible and t.value is not None and t.value < best + math.log10(1 - STALL_GAIN):
-                best, since = t.value, 0
-            else:
-                since += 1
-        return since >= self.patience
+                best, last = t.value, k
+        return len(evaluations) - max(last + 1, self._patience_from) >= self.patience
+
+    def restart_patience(self) -> None:
+        """Count `patience` from here on (the best so far still counts): a resume that asks for
+        more than the run had (a larger budget, another patience) gets a whole window of its own.
+        Else a run that patience stopped would evaluate nothing more, whatever it was given."""
+        self._patience_from = len(self._evaluations())
+
+    def _evaluations(self) -> list:
+        return [t for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if t.user_attrs.get("status") != Status.INVALID.value and not t.user_attrs.get("repeat")]
 
     def _trial_id(self, number: int) -> int:
         return self.study._storage.get_trial_id_from_study_id_trial_number(  # noqa: SLF001

@@ -66,7 +66,7 @@ from .settings import Settings
 from .skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
 from .store import Store, StoreError
 from .report import SweepView
-from .tune import Progress, create_run, execute, stopped_by_patience
+from .tune import Progress, asks_more, create_run, execute, stopped_by_patience
 from .values import OpSpec
 
 TOP_KEYS = {"name", "backend", "dtypes", "budget", "total_budget", "time_budget_s", "total_time_s",
@@ -367,7 +367,7 @@ class TaskState:
 
 # ---- running ------------------------------------------------------------------------------
 
-def _task_done(store: Store, task: Task, time_budget_s: float | None) -> dict | None:
+def _task_done(store: Store, task: Task, time_budget_s: float | None, patience: int | None) -> dict | None:
     """The task's summary when it needs no more work, else None (to start or resume it)."""
     summary = store.read_json("summary.json")
     if summary is None:
@@ -378,7 +378,7 @@ def _task_done(store: Store, task: Task, time_budget_s: float | None) -> dict | 
         return summary  # the space is exhausted
     if time_budget_s is not None:
         return summary  # it ran out of time; re-running would spend the budget again
-    if stopped_by_patience(summary):
+    if stopped_by_patience(summary) and not asks_more(store.meta(), task.budget, patience):
         return summary  # it stalled (`patience:`); re-running would only stop again
     return None
 
@@ -454,18 +454,23 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
                         store = Store.open(path)
                         store.repair()
                         state.warm_from = [Path(w).name for w in store.meta().get("warm_start") or []]
-                        done = _task_done(store, task, plan.time_budget_s)
+                        done = _task_done(store, task, plan.time_budget_s, plan.patience)
                         if done is not None:
                             state.summary, state.state = done, "done"
                             view.update()
                             return
+                        meta = store.meta()
+                        restart = asks_more(meta, task.budget, plan.patience)
+                        if (meta.get("budget"), meta.get("patience")) != (task.budget, plan.patience):
+                            store.write_meta({**meta, "budget": task.budget, "patience": plan.patience})
                     else:
                         anchor = plan.anchor(task)
                         warm = [str((folder / "tasks" / anchor.key).resolve())] if anchor else None
                         store = create_run(settings, task.spec, task.backend, task.skeleton(), plan.sampler,
                                            plan.task_seed(task), None, command=f"tuner sweep {plan.source}",
                                            path=path, extra={"sweep": plan.name, "warm_start": warm,
-                                                             "patience": plan.patience})
+                                                             "budget": task.budget, "patience": plan.patience})
+                        restart = False
                         state.warm_from = [anchor.key] if anchor else []
                     tb = plan.time_budget_s
                     if deadline is not None:
@@ -477,7 +482,8 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
                     state.state = "running"
                     view.update()
                     state.summary = execute(store, settings, task.budget, tb, in_flight or per_task_parallel,
-                                            view.for_task(state), make_evaluator=make_evaluator)
+                                            view.for_task(state), make_evaluator=make_evaluator,
+                                            restart_patience=restart)
                     state.state = "done"
                 except (SkeletonError, StoreError, BackendUnavailable, OpError, ValueError) as e:
                     state.state, state.error = "failed", f"{type(e).__name__}: {e}"

@@ -87,15 +87,28 @@ PATIENCE_STOP = "--patience"  # how a summary's `search_stopped` begins when pat
 
 
 def stopped_by_patience(summary: dict) -> bool:
-    """Whether the run's search stalled (`--patience`): searched again, it would only stop again."""
+    """Whether the run's search stalled (`--patience`): searched again with the same budget and
+    patience, it would only stop again."""
     return str(summary.get("search_stopped", "")).startswith(PATIENCE_STOP)
+
+
+def asks_more(meta: dict, budget: int, patience: int | None) -> bool:
+    """Whether resuming a run (its run.json `meta`) with this budget and patience asks for more
+    than it had: a larger budget, or another patience, where it had one. Such a resume counts
+    patience afresh (`Searcher.restart_patience`): else a run that patience stopped would
+    evaluate nothing more, whatever it was given."""
+    return bool(meta.get("patience")) and (budget > (meta.get("budget") or budget)
+                                           or patience != meta.get("patience"))
 
 
 def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: int,
                time_budget_s: float | None, parallel: int | Callable[[], int],
-               on_progress: Callable[[Progress], None] = lambda p: None) -> Progress:
+               on_progress: Callable[[Progress], None] = lambda p: None,
+               restart_patience: bool = False) -> Progress:
     """`parallel`: evaluations kept in flight, or a function asked before each ask (a sweep
-    raises it as its other tasks finish, so that the last ones keep the devices fed)."""
+    raises it as its other tasks finish, so that the last ones keep the devices fed).
+    `restart_patience`: the records on disk do not count towards `--patience` (see
+    `Searcher.restart_patience`)."""
     space = searcher.space
     limit = parallel if callable(parallel) else (lambda: parallel)
     known: dict[str, Record] = {}
@@ -113,6 +126,8 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
                 searcher.abandon(number)
     else:
         searcher.replay(list(known.values()))
+    if restart_patience:
+        searcher.restart_patience()
 
     inflight: dict[cf.Future, tuple[object, Config]] = {}
     waiting: dict[str, list] = {}  # config key -> trials asking for a config already in flight
@@ -125,7 +140,7 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
         known[record.config.key] = record
         searcher.tell(trial, record)
         for other in waiting.pop(record.config.key, []):
-            searcher.tell(other, record)
+            searcher.tell(other, record, repeat=True)
         _count(progress, record)
         on_progress(progress)
 
@@ -138,7 +153,7 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
                    and not progress.stopped):
                 trial, config = searcher.ask()
                 if config.key in known:
-                    searcher.tell(trial, known[config.key])
+                    searcher.tell(trial, known[config.key], repeat=True)
                     progress.repeats += 1
                     stall += 1
                     continue
@@ -328,7 +343,7 @@ def _related(meta: dict, space, view) -> tuple[tuple[Config, ...], tuple]:
 
 def execute(store: Store, settings: Settings, budget: int, time_budget_s: float | None = None,
             parallel: int | Callable[[], int] | None = None, view=None, seeds: tuple[Config, ...] = (),
-            make_evaluator: Callable[..., Evaluator] | None = None) -> dict:
+            make_evaluator: Callable[..., Evaluator] | None = None, restart_patience: bool = False) -> dict:
     """Search (or continue searching) a run until its budget, name the winner, write the summary.
 
     `seeds` are configs to try first (warm starts, a proposer's picks) after the skeleton's
@@ -379,7 +394,7 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         evaluator.start(wait=False, on_device=keep_device)
         progress = run_search(store, evaluator, searcher, budget, time_budget_s,
                               parallel or getattr(evaluator, "default_parallel", None)
-                              or settings.n_compile_workers, view)
+                              or settings.n_compile_workers, view, restart_patience)
         evaluator.wait_reference()  # a search that measured nothing has not waited for it
         timeline = {"device_s": round((evaluator.device_done or time.monotonic()) - started, 2)}
         timeline["device_and_reference_s"] = round((evaluator.reference_done or time.monotonic()) - started, 2)
