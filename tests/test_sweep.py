@@ -287,3 +287,43 @@ def test_a_task_stopped_by_patience_is_done_on_a_rerun_unless_asked_for_more(tmp
         after = json.loads((Path(r["run"]) / "summary.json").read_text())
         assert after["evaluations"] >= min(40, r["evaluations"] + 4)
         assert after.get("search_stopped", "--patience 4").startswith("--patience 4")
+
+
+def test_ctrl_c_stops_a_sweep_promptly_and_a_rerun_resumes_it(tmp_path):
+    """The tasks run on lane threads: Ctrl-C used to leave them running until the whole sweep
+    was done. Now the running task records what it has in flight and ends, no other starts,
+    the command exits 130 naming itself, and a re-run finishes from the records."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    text = SWEEP.read_text().replace("../null/", str(FIXTURES / "null") + "/").replace("budget: 6", "budget: 150")
+    (tmp_path / "s.yaml").write_text(text)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "tuner", "sweep", str(tmp_path / "s.yaml"), "--out", str(out)]
+    env = {**os.environ, "TUNER_BENCH_BUDGET_S": "0.01"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=Path(__file__).resolve().parents[1])
+    first = out / "tasks" / "softmax-256x512-fp32-null" / "records.jsonl"
+    deadline = time.monotonic() + 60
+    while not (first.is_file() and len(first.read_text().splitlines()) >= 5):
+        assert proc.poll() is None and time.monotonic() < deadline, "the sweep ended before it could be stopped"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("Ctrl-C did not stop the sweep")
+    assert time.monotonic() - t0 < 15
+    assert proc.returncode == 130 and f"continue with `tuner sweep {tmp_path / 's.yaml'} --out {out}`" in err
+    states = {r["task"]: r["state"] for r in json.loads((out / "summary.json").read_text())["tasks"]}
+    assert states == {"softmax-256x512-fp32-null": "interrupted", "softmax-512x512-fp32-null": "waiting",
+                      "rmsnorm-256x512-fp32-null": "waiting"}
+    assert not (out / "tasks" / "softmax-256x512-fp32-null" / "summary.json").exists()
+    def evaluated():
+        return [r.config.key for r in Store(first.parent).records() if r.status.value != "INVALID"]
+    assert 1 <= len(evaluated()) < 150
+    assert main(["sweep", str(tmp_path / "s.yaml"), "--out", str(out), "--quiet", "--json"]) == 0
+    assert len(evaluated()) == len(set(evaluated())) == 150  # resumed: nothing evaluated twice

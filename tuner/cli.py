@@ -529,8 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         # The exact command: a user who pressed Ctrl-C has not seen the run's path yet.
-        hint = getattr(args, "resume_hint", None) or (
-            "re-run the same `tuner sweep` command" if args.command == "sweep" else None)
+        hint = getattr(args, "resume_hint", None)
         print("interrupted" + (f"; continue with `{hint}`" if hint else ""), file=sys.stderr)
         return 130
 

@@ -52,6 +52,7 @@ import functools
 import hashlib
 import math
 import re
+import shlex
 import sys
 import threading
 import time
@@ -66,7 +67,7 @@ from .settings import Settings
 from .skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
 from .store import Store, StoreError
 from .report import SweepView
-from .tune import Progress, asks_more, create_run, execute, stopped_by_patience
+from .tune import Interrupted, Progress, asks_more, create_run, execute, stopped_by_patience
 from .values import OpSpec
 
 TOP_KEYS = {"name", "backend", "dtypes", "budget", "total_budget", "time_budget_s", "total_time_s",
@@ -402,6 +403,8 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
     deadline = None if plan.total_time_s is None else started + plan.total_time_s
     owned = None
     make_evaluator = None
+    stop = threading.Event()  # set on Ctrl-C: no task starts, the running ones stop asking
+    interrupted = False
     per_task_parallel = parallel
     in_flight = None  # a function: the in-flight count raised as tasks finish (Ray, unless fixed)
     k = 1
@@ -483,8 +486,10 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
                     view.update()
                     state.summary = execute(store, settings, task.budget, tb, in_flight or per_task_parallel,
                                             view.for_task(state), make_evaluator=make_evaluator,
-                                            restart_patience=restart)
+                                            restart_patience=restart, stop=stop)
                     state.state = "done"
+                except Interrupted:
+                    state.state = "interrupted"  # no summary written: a re-run resumes it
                 except (SkeletonError, StoreError, BackendUnavailable, OpError, ValueError) as e:
                     state.state, state.error = "failed", f"{type(e).__name__}: {e}"
                 finally:
@@ -497,7 +502,7 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
 
             def next_task() -> TaskState | None:
                 with ended:
-                    while pending:
+                    while pending and not stop.is_set():
                         s = next((s for s in pending if ready(s)), None)
                         if s is None:  # every one left waits for a family's first task, running now
                             ended.wait(1.0)
@@ -516,8 +521,22 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
                     run_one(s)
 
             with cf.ThreadPoolExecutor(max_workers=k) as pool:
-                for f in [pool.submit(lane) for _ in range(k)]:
-                    f.result()
+                lanes = [pool.submit(lane) for _ in range(k)]
+                try:
+                    for f in lanes:
+                        f.result()
+                except KeyboardInterrupt:
+                    # The lanes are threads: they would run the whole queue before the pool
+                    # let go. Tell them to stop instead; each running task records what it
+                    # has in flight and ends without a summary, so a re-run resumes it.
+                    interrupted = True
+                    stop.set()
+                    with ended:
+                        ended.notify_all()
+                    view.note("stopping: the running tasks end once their evaluations in flight are "
+                              "recorded; re-run the command to resume")
+                    for f in lanes:
+                        f.result()
     finally:
         if owned is not None:
             owned.close()
@@ -525,6 +544,8 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
     summary["tasks_at_once"] = k
     summary["evaluations_in_flight_per_task"] = per_task_parallel
     Store(folder).write_json("summary.json", summary)
+    if interrupted:
+        raise KeyboardInterrupt  # the command says how to resume, and exits 130
     return summary
 
 
@@ -586,6 +607,7 @@ def cmd_sweep(args) -> int:
         print(f"sweep {plan.name}: {len(plan.tasks)} tasks on {plan.backend} in {folder} "
               f"({args.executor} executor)", file=sys.stderr)
     folder.mkdir(parents=True, exist_ok=True)
+    args.resume_hint = shlex.join(["tuner", *sys.argv[1:]])  # what Ctrl-C says to run again
     with Store(folder).lock():  # two sweeps into one folder would run every task twice at once
         summary = run_sweep(plan, settings, args.executor, args.ray_address, args.devices, args.concurrency,
                             args.out, not args.quiet, parallel=args.parallel)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import random
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,14 +102,21 @@ def asks_more(meta: dict, budget: int, patience: int | None) -> bool:
                                            or patience != meta.get("patience"))
 
 
+class Interrupted(Exception):
+    """The search was asked to stop (`stop`: a sweep's Ctrl-C reaches its tasks so). The
+    evaluations in flight were recorded; no summary is written, so the run resumes as a
+    killed one does."""
+
+
 def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: int,
                time_budget_s: float | None, parallel: int | Callable[[], int],
                on_progress: Callable[[Progress], None] = lambda p: None,
-               restart_patience: bool = False) -> Progress:
+               restart_patience: bool = False, stop: threading.Event | None = None) -> Progress:
     """`parallel`: evaluations kept in flight, or a function asked before each ask (a sweep
     raises it as its other tasks finish, so that the last ones keep the devices fed).
     `restart_patience`: the records on disk do not count towards `--patience` (see
-    `Searcher.restart_patience`)."""
+    `Searcher.restart_patience`). `stop`: once set, nothing new is asked; the evaluations in
+    flight finish and are recorded, then `Interrupted` is raised."""
     space = searcher.space
     limit = parallel if callable(parallel) else (lambda: parallel)
     known: dict[str, Record] = {}
@@ -150,7 +158,7 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
             while (len(inflight) < max(1, limit()) and progress.evaluations + len(inflight) < budget
                    and (deadline is None or time.monotonic() < deadline) and stall < STALL_ASKS
                    and len(known) + len(inflight) < space.size and not searcher.stalled()
-                   and not progress.stopped):
+                   and not progress.stopped and not (stop is not None and stop.is_set())):
                 trial, config = searcher.ask()
                 if config.key in known:
                     searcher.tell(trial, known[config.key], repeat=True)
@@ -175,6 +183,8 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
             for fut in done:
                 trial, _config = inflight.pop(fut)
                 finish(trial, fut.result())
+    if stop is not None and stop.is_set():
+        raise Interrupted("stopped on request; the records are kept, resume the run")
     if not progress.stopped and searcher.stalled():  # said in the summary: a resume has no more to do
         progress.stopped = (f"{PATIENCE_STOP} {searcher.patience}: the last {searcher.patience} evaluations "
                             f"found nothing {STALL_GAIN:.1%} faster than the best")
@@ -343,7 +353,8 @@ def _related(meta: dict, space, view) -> tuple[tuple[Config, ...], tuple]:
 
 def execute(store: Store, settings: Settings, budget: int, time_budget_s: float | None = None,
             parallel: int | Callable[[], int] | None = None, view=None, seeds: tuple[Config, ...] = (),
-            make_evaluator: Callable[..., Evaluator] | None = None, restart_patience: bool = False) -> dict:
+            make_evaluator: Callable[..., Evaluator] | None = None, restart_patience: bool = False,
+            stop: threading.Event | None = None) -> dict:
     """Search (or continue searching) a run until its budget, name the winner, write the summary.
 
     `seeds` are configs to try first (warm starts, a proposer's picks) after the skeleton's
@@ -394,7 +405,7 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         evaluator.start(wait=False, on_device=keep_device)
         progress = run_search(store, evaluator, searcher, budget, time_budget_s,
                               parallel or getattr(evaluator, "default_parallel", None)
-                              or settings.n_compile_workers, view, restart_patience)
+                              or settings.n_compile_workers, view, restart_patience, stop)
         evaluator.wait_reference()  # a search that measured nothing has not waited for it
         timeline = {"device_s": round((evaluator.device_done or time.monotonic()) - started, 2)}
         timeline["device_and_reference_s"] = round((evaluator.reference_done or time.monotonic()) - started, 2)
