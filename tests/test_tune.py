@@ -132,6 +132,32 @@ def test_resume_after_sigkill(tmp_path):
     assert json.loads((run / "summary.json").read_text())["evaluations"] == 60
 
 
+def test_ctrl_c_records_the_evaluations_in_flight(tmp_path):
+    """Ctrl-C during a search: leaving waits for the evaluations in flight in any case (here two
+    hung kernels, killed at the run timeout); their records are kept, so a resume does not
+    evaluate them again."""
+    (tmp_path / "hang.yaml").write_text("language: script\nsizes: [M, N]\nparams:\n  A: {range: [1, 40]}\n")
+    (tmp_path / "hang.txt.j2").write_text("time: {{ 1e-4 * A }}\nfault: hang\n")
+    runs = tmp_path / "runs"
+    env = {**os.environ, "TUNER_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "tuner", "tune", "softmax", "--shape", "64x64", "--backend", "null",
+           "--template", str(tmp_path / "hang.txt.j2"), "--space", str(tmp_path / "hang.yaml"),
+           "--budget", "10", "--parallel", "2", "--run-timeout", "3", "--runs-dir", str(runs), "--quiet"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (runs.exists() and any(runs.glob("*/build/*/kernel.txt"))):  # an evaluation has begun
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
+        time.sleep(0.05)
+    time.sleep(0.5)
+    run = next(runs.iterdir())
+    assert Store(run).records() == []  # nothing has finished: the kernels hang for 3 s
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and f"tuner tune --resume {run}" in err
+    kept = [r for r in Store(run).records() if r.status is not Status.INVALID]
+    assert kept and all(r.status is Status.RUN_TIMEOUT for r in kept)
+
+
 def test_kernelbench_problem_file_on_null(tmp_path, monkeypatch, capsys):
     fast_env(monkeypatch, tmp_path)
     runs = tmp_path / "runs"

@@ -179,7 +179,16 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
                 inflight[fut] = (trial, config)
             if not inflight:
                 break
-            done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
+            try:
+                done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
+            except KeyboardInterrupt:
+                # Leaving the pool waits for the evaluations in flight anyway: record them, so
+                # that a resume does not evaluate them again.
+                for fut in cf.as_completed(inflight):
+                    trial, _config = inflight[fut]
+                    if fut.exception() is None:
+                        finish(trial, fut.result())
+                raise
             for fut in done:
                 trial, _config = inflight.pop(fut)
                 finish(trial, fut.result())
