@@ -141,7 +141,8 @@ def _read_json(path: Path) -> dict:
     except OSError as e:
         raise LandscapeError(f"cannot read landscape {path}: {e.strerror}") from None
     except ValueError as e:
-        raise LandscapeError(f"{path} is not JSON: {e}") from None
+        raise LandscapeError(f"{path} is not JSON ({e}); a landscape or warm-start source is a run "
+                             f"directory, its records.jsonl, a landscape JSON or a JSON list of configs") from None
 
 
 def _shape_key(shape: Any) -> str:
