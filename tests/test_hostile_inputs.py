@@ -89,6 +89,15 @@ def test_storage_url_of_an_unknown_database(capsys, tmp_path):
         Searcher(ps("params:\n  V: [1, 2]\n"), "random", 0, "weird://x")
 
 
+@pytest.mark.parametrize("storage, says", [("weird://x", "NoSuchModuleError"),
+                                           ("sqlite:////no/such/dir/s.db", "unable to open database file")])
+def test_a_storage_that_cannot_be_opened_leaves_no_run_behind(capsys, tmp_path, storage, says):
+    rc, err = run(capsys, "tune", "softmax", "--shape", "8x16", *NULL, "--runs-dir", tmp_path / "runs",
+                  "--storage", storage)
+    assert rc == 2 and f"cannot open the Optuna storage {storage!r}" in err and says in err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_warm_start_list_of_non_configs(tmp_path):
     from tuner.replay import LandscapeError, warm_starts
     f = tmp_path / "ws.json"

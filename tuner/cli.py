@@ -14,7 +14,7 @@ from . import __version__
 from .backends import BACKENDS, BackendUnavailable, default_backend, get_backend
 from .ops import BUILTINS, OpError, builtin_spec, load_op, render_context
 from .problem import probe_import, spec_from_problem_file
-from .search import SAMPLERS, SearchError
+from .search import SAMPLERS, SearchError, check_storage
 from .settings import Settings
 from .skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
 from .space import SpaceError
@@ -140,6 +140,7 @@ def cmd_tune(args) -> int:
             return _tune_one(args, settings, store)
     else:
         spec = build_spec(args)
+        check_storage(args.storage)  # before a run directory exists, as every mistake below
         backend = args.backend or ("sim" if args.chip else default_backend())
         if args.chip and backend != "sim":
             raise BackendUnavailable(f"--chip picks the simulated Ascend chip of --backend sim, not {backend}")

@@ -143,6 +143,22 @@ def open_storage(storage: str | None):
                       f"postgresql://...) or a path ending in .journal")
 
 
+def check_storage(storage: str | None) -> None:
+    """Open `storage` once, so that one that cannot be opened (a missing directory, an unknown
+    database driver, a refused login) is refused before a run directory exists."""
+    if storage is not None:
+        try:
+            optuna.storages.get_storage(open_storage(storage))
+        except SearchError:
+            raise
+        except Exception as e:  # SQLAlchemy's errors are its own classes
+            raise _storage_error(storage, e) from None
+
+
+def _storage_error(storage: str, e: Exception) -> SearchError:
+    return SearchError(f"cannot open the Optuna storage {storage!r}: {type(e).__name__}: {e}")
+
+
 class Searcher:
     def __init__(self, space: Space, sampler: str = DEFAULT_SAMPLER, seed: int | None = None,
                  storage: str | None = None, study_name: str = "tuner", n_startup: int = 8,
@@ -170,7 +186,7 @@ class Searcher:
         except SearchError:
             raise
         except Exception as e:  # SQLAlchemy's errors (an unknown dialect, a refused login) are its own classes
-            raise SearchError(f"cannot open the Optuna storage {storage!r}: {type(e).__name__}: {e}") from None
+            raise _storage_error(storage, e) from None
 
     @property
     def persistent(self) -> bool:
