@@ -15,9 +15,10 @@ import optuna
 import pytest
 
 from tuner import expr, replay, strategy
+from tuner.encoding import Encoding
 from tuner.search import PENALTY, SAMPLERS, Searcher, decode, distributions, encode
 from tuner.space import Rule, parse_space
-from tuner.strategy import ENUMERATE_MAX, FIT_MAX, Encoding, Proposer
+from tuner.strategy import ENUMERATE_MAX, FIT_MAX, Proposer
 from tuner.tune import run_search
 from tuner.values import Build, Config, Measurement, Record, Status
 from tests.conftest import FIXTURES

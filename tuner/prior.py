@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 if TYPE_CHECKING:
-    from .strategy import Encoding
+    from .encoding import Encoding
 
 RIDGE = 0.02  # how firmly b is held at its start: about as much as two timings 0.1 apart in log10
 NEAREST_BY_LINES = 2048  # sources measuring more configs: nearest searched along one param first
