@@ -217,6 +217,18 @@ def test_no_valid_skeleton_is_a_clear_error_with_everything_kept(env, capsys):
     assert "no valid skeleton" in capsys.readouterr().err and len(srv.chat_requests()) == 2
 
 
+def test_an_unreachable_endpoint_mid_run_names_the_resume(env, capsys, monkeypatch):
+    monkeypatch.setenv("TUNER_LLM_RETRIES", "0")
+    runs = env / "runs"
+    with ScriptedServer([]) as srv:
+        url = srv.base_url
+    rc = main(["tune", "softmax", "--shape", "64x128", "--backend", "null", "--llm", "coder",
+               "--llm-base-url", url, "--runs-dir", str(runs), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "connection failed" in err
+    assert f"once that is fixed, continue with `tuner tune --resume {only_run(runs)}`" in err
+
+
 def test_key_flag_is_redacted_from_the_saved_command():
     assert _redacted_argv(["tuner", "tune", "--llm-api-key", KEY, "x"]) == "tuner tune --llm-api-key '***' x"
     assert _redacted_argv(["tuner", f"--llm-api-key={KEY}"]) == "tuner '--llm-api-key=***'"

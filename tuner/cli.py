@@ -518,6 +518,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
+        # An endpoint or device that was unreachable: a resume asks again (a proposer's
+        # verdict on a skeleton, by contrast, is on disk and a resume would repeat it).
+        hint = getattr(args, "resume_hint", None) if isinstance(e, (LLMError, BackendUnavailable)) else None
+        if hint and hint not in str(e):
+            print(f"the work so far is kept: once that is fixed, continue with `{hint}`", file=sys.stderr)
         return 2
     except WorkerError as e:
         last = str(e).strip().splitlines()[-1] if str(e).strip() else "worker error"

@@ -607,8 +607,8 @@ def cmd_sweep(args) -> int:
         print(f"sweep {plan.name}: {len(plan.tasks)} tasks on {plan.backend} in {folder} "
               f"({args.executor} executor)", file=sys.stderr)
     folder.mkdir(parents=True, exist_ok=True)
-    args.resume_hint = shlex.join(["tuner", *sys.argv[1:]])  # what Ctrl-C says to run again
     with Store(folder).lock():  # two sweeps into one folder would run every task twice at once
+        args.resume_hint = shlex.join(["tuner", *sys.argv[1:]])  # what Ctrl-C or an error says to run again
         summary = run_sweep(plan, settings, args.executor, args.ray_address, args.devices, args.concurrency,
                             args.out, not args.quiet, parallel=args.parallel)
     if args.json:
