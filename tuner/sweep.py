@@ -355,7 +355,7 @@ def _num(where, key: str, v, kind=int, positive: bool = False):
 @dataclass
 class TaskState:
     task: Task
-    state: str = "waiting"  # waiting | running | done | failed | skipped
+    state: str = "waiting"  # waiting | running | done | failed | skipped | interrupted
     progress: Progress | None = None
     note: str = ""
     summary: dict | None = None
@@ -364,6 +364,11 @@ class TaskState:
     wall_s: float = 0.0
     warm_from: list = dataclasses.field(default_factory=list)  # the tasks it was warm-started from
     after: "TaskState | None" = None  # the task it waits for (its op's first: its warm start)
+
+    @property
+    def ready(self) -> bool:
+        """Whether it may start: the task it waits for (if any) has ended."""
+        return self.after is None or self.after.state in ("done", "failed", "skipped")
 
 
 # ---- running ------------------------------------------------------------------------------
@@ -428,6 +433,9 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
                 # As tasks finish, the last ones share the freed compile slots and devices: a
                 # sweep's last fifth left two GPUs 68 % idle, the last few tasks at 3 in flight
                 # each (bench/RESULTS.md, Ray, sixth run).
+                # Tasks waiting for their op's first task count as active: the first task,
+                # running alone, does not take every device (tried: at 17 in flight on one GPU
+                # its 30 evaluations ended 17 % off the best, for no shorter sweep; RESULTS).
                 def in_flight() -> int:
                     active = sum(1 for s in states if s.state in ("waiting", "running"))
                     return max(per_task_parallel, math.ceil(total / max(1, min(k, active))))
@@ -443,9 +451,6 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
             ended = threading.Condition(lock)  # notified whenever a task ends
             # Each family's first task before the rest (see "Warm starts" above).
             pending = [s for s in states if s.after is None] + [s for s in states if s.after is not None]
-
-            def ready(state: TaskState) -> bool:
-                return state.after is None or state.after.state in ("done", "failed", "skipped")
 
             def run_one(state: TaskState) -> None:
                 task = state.task
@@ -503,7 +508,7 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
             def next_task() -> TaskState | None:
                 with ended:
                     while pending and not stop.is_set():
-                        s = next((s for s in pending if ready(s)), None)
+                        s = next((s for s in pending if s.ready), None)
                         if s is None:  # every one left waits for a family's first task, running now
                             ended.wait(1.0)
                             continue
