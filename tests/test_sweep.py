@@ -114,7 +114,8 @@ def test_local_sweep_runs_resumes_and_summarises(tmp_path, capsys):
     anchor, later = (Store(out / "tasks" / k) for k in ("softmax-256x512-fp32-null", "softmax-512x512-fp32-null"))
     assert later.meta()["warm_start"] == [str(anchor.path.resolve())]
     timed = {r.config.key: r.seconds for r in anchor.records() if r.status.value == "OK"}
-    tried = [r.config.key for r in later.records() if r.status.value != "INVALID"]
+    # Asked in this order (records are in the order evaluations finished, two at a time).
+    tried = [r.config.key for r in sorted(later.records(), key=lambda r: r.trial) if r.status.value != "INVALID"]
     assert timed.get(tried[1]) == min(timed.values())  # one of the fastest (scripted times tie)
     first = records(out)
 
