@@ -229,6 +229,22 @@ def test_an_unreachable_endpoint_mid_run_names_the_resume(env, capsys, monkeypat
     assert f"once that is fixed, continue with `tuner tune --resume {only_run(runs)}`" in err
 
 
+def test_patience_reaches_each_rounds_search(env):
+    """`--patience` with a model proposer: each round's search stops when it stalls (it used to
+    be dropped: a round ran its whole budget)."""
+    runs = env / "runs"
+    with ScriptedServer([{"reply": space("[16, 256]") + template()}]) as srv:
+        rc = main(["tune", "softmax", "--shape", "256x64", "--backend", "null", "--llm", "coder",
+                   "--llm-base-url", srv.base_url, "--rounds", "1", "--budget", "40", "--patience", "2",
+                   "--validate-configs", "1", "--sampler", "random", "--seed", "5", "--runs-dir", str(runs),
+                   "--quiet"])
+    assert rc == 0
+    round1 = only_run(runs) / "rounds/01"
+    assert json.loads((round1 / "run.json").read_text())["patience"] == 2
+    summary = json.loads((round1 / "summary.json").read_text())
+    assert summary["evaluations"] < 15 and summary["search_stopped"].startswith("--patience 2:")
+
+
 def test_key_flag_is_redacted_from_the_saved_command():
     assert _redacted_argv(["tuner", "tune", "--llm-api-key", KEY, "x"]) == "tuner tune --llm-api-key '***' x"
     assert _redacted_argv(["tuner", f"--llm-api-key={KEY}"]) == "tuner '--llm-api-key=***'"

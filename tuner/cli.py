@@ -240,7 +240,7 @@ def _tune_rounds(args, settings: Settings, store: Store | None, spec: OpSpec | N
             raise LLMError(f"--llm-prompts: {e}") from None
         rounds = args.rounds or 3
         store = create_rounds_run(settings, spec, backend, meta, rounds, start, args.sampler, args.seed,
-                                  args.storage, command=_redacted_argv(sys.argv))
+                                  args.storage, command=_redacted_argv(sys.argv), patience=args.patience)
         print(f"run {store.path}: {rounds} round(s) with {llm.model} at "
               f"{llm.base_url or 'the default endpoint'}", file=sys.stderr)
         with store.lock():

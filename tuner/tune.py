@@ -459,7 +459,7 @@ def refuse_empty_space(skeleton: Skeleton, check: Callable[[Config], str | None]
 
 def create_rounds_run(settings: Settings, spec: OpSpec, backend: str, proposer: dict, rounds: int,
                       start: Skeleton | None = None, sampler: str = "guided", seed: int | None = None,
-                      storage: str | None = None, command: str = "") -> Store:
+                      storage: str | None = None, command: str = "", patience: int | None = None) -> Store:
     """A run of `rounds` rounds. Each round is a whole run directory under rounds/NN/; round 1
     searches `start` when given, else the proposer's skeleton; later rounds the proposer's
     revision. `proposer` is the proposer's description (`Proposer.meta()`, no key). llm/ keeps every call's transcript; best/ and summary.json name the overall winner."""
@@ -473,6 +473,7 @@ def create_rounds_run(settings: Settings, spec: OpSpec, backend: str, proposer: 
         store.write_text("start/space.yaml", space_yaml(start))
     store.write_meta({"id": store.path.name, "op": spec.to_json(), "backend": backend, "rounds": rounds,
                       "proposer": proposer, "sampler": sampler, "seed": seed, "storage": storage,
+                      "patience": patience,
                       "command": command, "tuner": __version__,
                       "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     return store
@@ -551,7 +552,8 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
                 rstore.write_text("skeleton/space.yaml", proposal.space_text)
                 create_run(settings, spec, backend, sk, meta["sampler"], meta["seed"] + r, meta["storage"],
                            meta.get("command", ""), path=rstore.path,
-                           extra={"round": r, "study_name": f"round-{r:02d}", "parent_run": store.path.name})
+                           extra={"round": r, "study_name": f"round-{r:02d}", "parent_run": store.path.name,
+                                  "patience": meta.get("patience")})
             sk = rstore.skeleton()
             space_text = (rstore.path / "skeleton/space.yaml").read_text()
             fb_json = rstore.read_json("feedback.json")
