@@ -473,3 +473,24 @@ def test_compile_workers_get_the_backends_compile_options_and_the_warm_up_the_sa
         for w in executor_ray._COMPILE_WORKERS.values():
             w.close()
         executor_ray._COMPILE_WORKERS.clear()
+
+
+def test_a_noisy_winner_timing_is_flagged_in_the_summary(tmp_path, monkeypatch, capsys):
+    """A busy machine: the winner's re-timing spread wider than a quarter of its median. The
+    table says so (it used to print the times as if they were sound)."""
+    from rich.console import Console
+
+    from tuner.report import summary_table
+    fast_env(monkeypatch, tmp_path)
+    runs = tmp_path / "runs"
+    assert main(["tune", "softmax", "--shape", "256x512", *NULL, "--budget", "4", "--runs-dir", str(runs),
+                 "--quiet"]) == 0
+    summary = json.loads((only_run(runs) / "summary.json").read_text())
+
+    def shown(s) -> str:
+        c = Console(width=300, record=True, file=open(os.devnull, "w"))
+        c.print(summary_table(s))
+        return c.export_text()
+    assert "timing noisy" not in shown(summary)  # the null device's times do not spread
+    summary["best"]["iqr_s"] = summary["best"]["median_s"] * 2.5
+    assert "timing noisy" in shown(summary) and "the IQR is 250% of the median" in shown(summary)

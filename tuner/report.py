@@ -16,6 +16,7 @@ from .tune import Progress
 # Off a terminal (a log, a pipe) rich would wrap at 80 columns; logs read better unwrapped.
 console = Console(stderr=False, width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True)
+NOISY = 0.25  # an IQR above this share of the median is worth a warning (quiet machines: a few %)
 
 
 def fmt_time(s: float | None) -> str:
@@ -92,6 +93,10 @@ def summary_table(s: dict[str, Any], run_dir: str = "") -> Table:
         t.add_row("best config", " ".join(f"{k}={v}" for k, v in best["config"].items()))
         t.add_row("median time", f"{fmt_time(best['median_s'])} (IQR {fmt_time(best['iqr_s'])}, "
                                  f"{best['samples']} samples)")
+        if best.get("iqr_s") and best["iqr_s"] > NOISY * best["median_s"]:
+            t.add_row("timing noisy", f"the IQR is {best['iqr_s'] / best['median_s']:.0%} of the median: "
+                                      f"something else was using the device or its cores, so these times "
+                                      f"and the choice may be off; re-run on an idle machine")
         rate = f"{best['gbps']:.2f} GB/s"
         if best.get("gflops"):
             rate += f", {best['gflops']:.1f} GFLOP/s"
