@@ -280,6 +280,22 @@ def test_sweep_file_mistakes_are_refused_before_any_task(tmp_path, text, says):
         load_plan(f)
 
 
+def test_one_task_with_two_skeletons_is_refused_and_a_repeated_shape_runs_once(tmp_path):
+    """Two entries with the same op, shape and dtype but different skeletons would share one run
+    directory: the second skeleton was silently never searched."""
+    from tuner.sweep import SweepError, load_plan
+    f = tmp_path / "sweep.yaml"
+    entry = "{{op: softmax, shapes: [8x8, 8x8], template: {0}/null/{1}.txt.j2, space: {0}/null/{1}.yaml}}"
+    f.write_text(f'backend: "null"\nops:\n  a: {entry.format(FIXTURES, "good")}\n'
+                 f'  b: {entry.format(FIXTURES, "landscape")}\n')
+    with pytest.raises(SweepError, match="ops.b: softmax-8x8-fp32-null is a task of this sweep already, "
+                                         "with another skeleton"):
+        load_plan(f)
+    f.write_text(f'backend: "null"\nops:\n  a: {entry.format(FIXTURES, "good")}\n'
+                 f'  b: {entry.format(FIXTURES, "good")}\n')
+    assert [t.key for t in load_plan(f).tasks] == ["softmax-8x8-fp32-null"]
+
+
 @pytest.mark.parametrize("line, says", [("transfers: 5", "transfers is malformed"),
                                         ("cube_flops_per_cycle: [1, 2]", "cube_flops_per_cycle is malformed"),
                                         ("l2_bytes: lots", "l2_bytes must be a number"),

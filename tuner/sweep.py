@@ -236,9 +236,8 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
             raise SweepError(f"{where}: `warm_start:` must be true or false, got {warm!r}")
         if entry.get("problem") is not None:
             for t in _problem_tasks(name, entry, base, backend, dtypes, where, budgets):
-                if all(o.key != t.key for o in tasks):
-                    t.cold = not warm
-                    tasks.append(t)
+                t.cold = not warm
+                _add(tasks, t, where)
             continue
         if entry.get("sizes") is not None:
             raise SweepError(f"{where}: `sizes:` is for `problem:` entries; a built-in op takes `shapes:`")
@@ -269,9 +268,8 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
                 except OpError as e:
                     raise SweepError(f"{where}: {e}") from None
                 t = Task(op, shape, dtype, backend, template, space, cold=not warm)
-                if any(o.key == t.key for o in tasks):
+                if not _add(tasks, t, where):
                     continue
-                tasks.append(t)
                 if entry.get("budget") is not None:
                     budgets[t.key] = _num(where, "budget", entry["budget"], int)
     if not tasks:
@@ -331,6 +329,20 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
                 total_time_s=_num(path, "total_time_s", data.get("total_time_s"), float, positive=True),
                 concurrency=concurrency, out=data.get("out"),
                 text_hash=hashlib.sha256(text.encode()).hexdigest()[:16], warm_start=warm, patience=patience)
+
+
+def _add(tasks: list[Task], t: Task, where: str) -> bool:
+    """Append `t` unless the sweep has its task already (a shape listed twice); False then. The
+    same op, shape and dtype with another skeleton would share its run directory: refused."""
+    same = next((o for o in tasks if o.key == t.key), None)
+    if same is None:
+        tasks.append(t)
+        return True
+    if (same.template, same.space, same.problem) != (t.template, t.space, t.problem):
+        raise SweepError(f"{where}: {t.key} is a task of this sweep already, with another skeleton; a "
+                         f"sweep runs one task per op, shape, dtype and backend: tune the other "
+                         f"skeleton in a sweep of its own")
+    return False
 
 
 def _num(where, key: str, v, kind=int, positive: bool = False):
