@@ -108,3 +108,15 @@ def test_exported_module(exported, cache_dir, monkeypatch):
     x = torch.randn(1024, 512)
     assert torch.allclose(mod.call("softmax", x), torch.softmax(x, -1), atol=1e-6)
     assert mod.lookup("softmax", {"M": 1000, "N": 512}).entry["sizes"] == {"M": 1024, "N": 512}
+
+
+def test_a_table_that_is_not_one_and_an_unknown_op_say_so(exported, cache_dir, tmp_path):
+    for text, says in [('{"entries": [', "is not a tuning table: not JSON"), ("[1, 2]", "no `entries` list")]:
+        (tmp_path / "t.json").write_text(text)
+        with pytest.raises(ValueError, match=says):
+            Table.load(tmp_path / "t.json")
+    with pytest.raises(FileNotFoundError, match="cannot read the tuning table .*tuner export --db"):
+        Table.load(tmp_path / "missing.json")
+    t = Table.load(exported / "tuning.json", backend="null", cache_dir=cache_dir)
+    with pytest.raises(LookupError, match="unknown op 'sofmax': not a built-in op, and this table has only softmax"):
+        t("sofmax", torch.randn(4, 4))

@@ -57,6 +57,22 @@ BACKEND_ORDER = ("npu", "cuda", "cpu", "null")
 VERIFY = ("nearest", "always", "never")
 
 
+def _read_table(path: Path) -> dict:
+    """An export's tuning.json, or a clear error (a path mistyped, a file cut short)."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise FileNotFoundError(f"cannot read the tuning table {path}: {e.strerror}; write one with "
+                                f"`tuner export --db tuning-db.json --out DIR` (DIR/tuning.json)") from None
+    except ValueError as e:
+        raise ValueError(f"{path} is not a tuning table: not JSON ({e}); write one with `tuner export "
+                         f"--db tuning-db.json --out DIR` (DIR/tuning.json)") from None
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+        raise ValueError(f"{path} is not a tuning table: no `entries` list; write one with `tuner export "
+                         f"--db tuning-db.json --out DIR` (DIR/tuning.json)")
+    return data
+
+
 def sizes_of(op: str, inputs) -> dict[str, int]:
     if op not in SIZES_FROM_INPUTS:
         raise LookupError(f"cannot read {op!r}'s sizes from its inputs; pass sizes={{...}}")
@@ -141,7 +157,7 @@ class Table:
     def __init__(self, data: dict | str | Path, backend: str | None = None, verify: str = "nearest",
                  strict: bool = False, cache_dir: str | None = None, check_toolchain: bool = True):
         if not isinstance(data, dict):
-            data = json.loads(Path(data).read_text())
+            data = _read_table(Path(data))
         if verify not in VERIFY:
             raise ValueError(f"verify must be one of {', '.join(VERIFY)}")
         self.entries: list[dict] = list(data.get("entries", []))
@@ -156,7 +172,7 @@ class Table:
 
     @classmethod
     def load(cls, path: str | Path, **options) -> "Table":
-        return cls(json.loads(Path(path).read_text()), **options)
+        return cls(_read_table(Path(path)), **options)
 
     @classmethod
     def from_db(cls, db, **options) -> "Table":
@@ -249,6 +265,10 @@ class Table:
 
     def __call__(self, op: str, *inputs, sizes: dict[str, int] | None = None, backend: str | None = None,
                  out=None):
+        if not sizes and op not in SIZES_FROM_INPUTS and all(e["op"] != op for e in self.entries):
+            have = sorted({e["op"] for e in self.entries})
+            raise LookupError(f"unknown op {op!r}: not a built-in op, and this table has "
+                              f"{'only ' + ', '.join(have) if have else 'no entries'}")
         sizes = sizes or sizes_of(op, inputs)
         dtype = dtype_name(inputs[0]) if inputs and inputs[0].is_floating_point() else "fp32"
         k = self.kernel(op, sizes, dtype, backend)
