@@ -155,3 +155,12 @@ def test_seeds_from_before_a_param_was_added_are_tried_with_its_default(tmp_path
     execute(store, settings, 3, parallel=1, seeds=(older,))
     configs = [r.config.as_dict() for r in store.records()]
     assert configs[1] == {"BM": 64, "BN": 128, "WARPS": 4, "STAGES": 1}
+
+
+@pytest.mark.parametrize("text, says", [('{"format":', "is not a readable tuning database"),
+                                        ("[]", "is not a tuning database: a JSON list"),
+                                        ('{"format": 0}', "has format 0")])
+def test_a_database_file_that_is_not_one_is_refused_clearly(tmp_path, text, says):
+    (tmp_path / "db.json").write_text(text)
+    with pytest.raises(DBError, match=says):
+        TuningDB(tmp_path / "db.json")

@@ -77,6 +77,9 @@ class TuningDB:
                 data = json.loads(self.path.read_text())
             except (OSError, ValueError) as e:
                 raise DBError(f"{self.path} is not a readable tuning database: {e}") from None
+            if not isinstance(data, dict):
+                raise DBError(f"{self.path} is not a tuning database: a JSON {type(data).__name__}, not the "
+                              f"object `tuner db update` writes")
             if data.get("format") != DB_FORMAT:
                 raise DBError(f"{self.path} has format {data.get('format')}; this tuner reads {DB_FORMAT}")
             self.data = data
