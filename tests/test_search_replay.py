@@ -34,7 +34,7 @@ def only_run(runs: Path) -> Path:
     return dirs[0]
 
 
-def test_landscape_json_reads_as_recorded():
+def test_landscape_json_reads_as_recorded(tmp_path):
     assert replay.shapes(MATMUL) == ["4096x4096x4096", "16x14336x4096", "2048x8192x1024"]
     land = replay.load(MATMUL, "4096x4096x4096")
     assert land.space.size == 960 and len(land.outcomes) == 960
@@ -47,6 +47,11 @@ def test_landscape_json_reads_as_recorded():
         replay.load(MATMUL)
     with pytest.raises(replay.LandscapeError, match="no shape"):
         replay.load(MATMUL, "1x2x3")
+
+    for text in ("[1, 2]", '{"space": [1]}'):  # JSON, but not a landscape: said so, not an AttributeError
+        (tmp_path / "not.json").write_text(text)
+        with pytest.raises(replay.LandscapeError, match="a landscape JSON has 'space'"):
+            replay.load(tmp_path / "not.json", "")
 
 
 def test_replay_backend_answers_from_the_landscape(tmp_path):

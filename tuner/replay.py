@@ -97,6 +97,8 @@ def shapes(path: str | Path) -> list[str]:
     if _is_run(path):
         return [""]
     data = _read_json(path)
+    if not isinstance(data, dict):
+        raise LandscapeError(f"{path}: a landscape JSON has 'space' (param -> values) and 'records'")
     return [_shape_key(s) for s in data.get("shapes", [])] or sorted(data.get("reference", {}))
 
 
@@ -151,7 +153,7 @@ def _shape_key(shape: Any) -> str:
 
 def _load_json(path: Path, shape: str | None) -> Landscape:
     data = _read_json(path)
-    if not isinstance(data.get("space"), dict) or not isinstance(data.get("records"), list):
+    if not isinstance(data, dict) or not isinstance(data.get("space"), dict) or not isinstance(data.get("records"), list):
         raise LandscapeError(f"{path}: a landscape JSON has 'space' (param -> values) and 'records'")
     have = shapes(path)
     if shape is None:
