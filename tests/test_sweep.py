@@ -138,6 +138,13 @@ def test_local_sweep_runs_resumes_and_summarises(tmp_path, capsys):
     assert records(out)["softmax-256x512-fp32-null"] == first["softmax-256x512-fp32-null"]
     assert json.loads(capsys.readouterr().out)["tasks"][1]["evaluations"] == 6
 
+    # The sweep's folder is not a run; `show` says where its runs are, `list` lists them.
+    assert main(["show", str(out)]) == 2
+    assert f"{out} is a sweep's folder, not a run: its runs are under {out / 'tasks'}" in capsys.readouterr().err
+    assert main(["list", "--runs-dir", str(out)]) == 0
+    listed = capsys.readouterr().out
+    assert all(k in listed for k in ("softmax-256x512-fp32-null", "softmax-512x512-fp32-null", "rmsnorm-256x512"))
+
 
 def test_ray_sweep_gives_the_local_winners(tmp_path):
     """All tasks at once over two device actors of a local Ray cluster: per task the same

@@ -73,6 +73,9 @@ class Store:
         store = cls(path)
         meta_path = store.path / "run.json"
         if not meta_path.is_file():
+            if (store.path / "sweep.json").is_file():  # a sweep's folder: its runs are its tasks
+                raise StoreError(f"{store.path} is a sweep's folder, not a run: its runs are under "
+                                 f"{store.path / 'tasks'} (`tuner list --runs-dir {store.path}` lists them)")
             raise StoreError(f"{store.path} is not a run directory (no run.json); "
                              f"`tuner list` shows the runs")
         meta = store.meta()
@@ -234,8 +237,12 @@ class Store:
 
 
 def list_runs(runs_dir: str | Path) -> list[tuple[Path, dict[str, Any], dict[str, Any] | None]]:
+    """The runs directly under `runs_dir` (for a sweep's folder: its tasks), oldest name first."""
+    runs_dir = Path(runs_dir)
+    if (runs_dir / "sweep.json").is_file():
+        runs_dir = runs_dir / "tasks"
     out = []
-    for p in sorted(Path(runs_dir).glob("*/run.json")):
+    for p in sorted(runs_dir.glob("*/run.json")):
         try:
             meta = json.loads(p.read_text())
         except (OSError, ValueError):
