@@ -476,7 +476,7 @@ def test_compile_workers_get_the_backends_compile_options_and_the_warm_up_the_sa
 
 
 def test_a_noisy_winner_timing_is_flagged_in_the_summary(tmp_path, monkeypatch, capsys):
-    """A busy machine: the winner's re-timing spread wider than a quarter of its median. The
+    """A busy machine: the winner's re-timing spread wider than half its median. The
     table says so (it used to print the times as if they were sound)."""
     from rich.console import Console
 

@@ -16,7 +16,7 @@ from .tune import Progress
 # Off a terminal (a log, a pipe) rich would wrap at 80 columns; logs read better unwrapped.
 console = Console(stderr=False, width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True)
-NOISY = 0.25  # an IQR above this share of the median is worth a warning (quiet machines: a few %)
+NOISY = 0.5  # an IQR above this share of the median is worth a warning (idle 2-core VM: 3-19 %)
 
 
 def fmt_time(s: float | None) -> str:
