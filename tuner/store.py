@@ -237,7 +237,7 @@ class Store:
 
 
 def list_runs(runs_dir: str | Path) -> list[tuple[Path, dict[str, Any], dict[str, Any] | None]]:
-    """The runs directly under `runs_dir` (for a sweep's folder: its tasks), oldest name first."""
+    """The runs directly under `runs_dir` (for a sweep's folder: its tasks), by name."""
     runs_dir = Path(runs_dir)
     if (runs_dir / "sweep.json").is_file():
         runs_dir = runs_dir / "tasks"
