@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tuner import replay  # noqa: E402
+from tuner.space import load_space  # noqa: E402
 
 STRATEGIES = {  # name -> (sampler, Searcher options, warm start)
     "random": ("random", {}, False),
@@ -79,7 +80,9 @@ def landscapes(paths: list[str], runs: list[str], synthetic: bool) -> list[tuple
     return out
 
 
-def load(path: str, shape: str | None, seed: int) -> replay.Landscape:
+def load(path: str, shape: str | None, seed: int, formulas: tuple | None = None) -> replay.Landscape:
+    """`formulas`: (space YAML, DTYPE_BYTES, device limits) to replay a landscape JSON, which
+    declares none, under a skeleton's constraints and resource formulas (see --formulas)."""
     if shape is None:
         return replay.synthetic(path, seed)
     land = replay.load_cached(path, shape or None)
@@ -87,6 +90,19 @@ def load(path: str, shape: str | None, seed: int) -> replay.Landscape:
         # A run directory of the library's own skeleton: its space's default is the optimum
         # these grid runs found, so the search starts from each param's middle value instead.
         land = dataclasses.replace(land, space=dataclasses.replace(land.space, default=()))
+    elif formulas is not None:
+        yaml_path, dtype_bytes, limits = formulas
+        space = load_space(yaml_path)
+        if [(p.name, p.values) for p in space.params] != [(p.name, p.values) for p in land.space.params]:
+            raise SystemExit(f"--formulas {yaml_path}: its params must be the landscape's, value for value: "
+                             f"{[(p.name, list(p.values)) for p in land.space.params]}")
+        dims = [int(v) for v in shape.split("x")]
+        if len(dims) != len(space.sizes):
+            raise SystemExit(f"--formulas {yaml_path}: sizes {list(space.sizes)} do not match the shape {shape}")
+        land = dataclasses.replace(
+            land, space=dataclasses.replace(space, params=land.space.params, source=land.space.source,
+                                            meta=land.space.meta, default=()),
+            context={**dict(zip(space.sizes, dims)), "DTYPE_BYTES": dtype_bytes}, limits=dict(limits))
     return land
 
 
@@ -110,11 +126,11 @@ def _siblings(path: str, runs: list[str]) -> list[str]:
 def one(job: tuple) -> tuple[float, float, float, int]:
     """(evaluations to 3 %, to 10 %, seconds, failed evaluations) for one landscape, strategy
     and seed."""
-    path, shape, strategy, seed, cap, runs = job
+    path, shape, strategy, seed, cap, runs, formulas = job
     warnings.simplefilter("ignore")
     import optuna
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    land = load(path, shape, seed)
+    land = load(path, shape, seed, formulas)
     sampler, options, warm = STRATEGIES[strategy]
     seeds = ()
     if warm:
@@ -181,8 +197,22 @@ def main() -> None:
     ap.add_argument("--within", type=int, default=100,
                     help="also report the share of seeds within 3 %% after this many evaluations")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--formulas", metavar="SPACE.yaml",
+                    help="replay the landscape JSONs under this space's constraints and resource formulas "
+                         "(its params must be the landscape's; sizes are read from the shape), for every "
+                         "strategy: a config they reject costs no evaluation")
+    ap.add_argument("--dtype-bytes", type=int, default=2, help="DTYPE_BYTES for --formulas (default 2: bf16)")
+    ap.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
+                    help="a device limit for --formulas' resources, e.g. smem_bytes=232448 (an H200)")
     ap.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
     args = ap.parse_args()
+    if args.formulas and args.write:
+        ap.error("--write keeps the table of the landscapes as recorded; --formulas prints its own")
+    try:
+        limits = {k: float(v) for k, v in (item.split("=", 1) for item in args.limit)}
+    except ValueError:
+        ap.error(f"--limit takes NAME=VALUE (a number), got {args.limit}")
+    formulas = (args.formulas, args.dtype_bytes, tuple(limits.items())) if args.formulas else None
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     for s in strategies:
         if s not in STRATEGIES:
@@ -192,7 +222,9 @@ def main() -> None:
 
     jobs, keys = [], []
     for label, path, shape in lands:
-        budget = max(1, valid_configs(load(path, shape, 0)) // 10)
+        if formulas is not None and shape:
+            label += f" under {Path(args.formulas).name}"
+        budget = max(1, valid_configs(load(path, shape, 0, formulas)) // 10)
         for strategy in strategies:
             if strategy == "guided+warm" and (shape is None or (shape == "" and not _siblings(path, runs))):
                 continue  # nothing to warm-start from
@@ -203,7 +235,7 @@ def main() -> None:
             cap = budget if STRATEGIES[strategy][0] == "gp" else max(budget, args.cap)
             n = args.gp_seeds if STRATEGIES[strategy][0] == "gp" and args.gp_seeds else args.seeds
             for seed in range(n):
-                jobs.append((path, shape, strategy, seed, cap, runs))
+                jobs.append((path, shape, strategy, seed, cap, runs, formulas))
                 keys.append((label, strategy, budget, cap))
     t0 = time.monotonic()
     if args.jobs > 1:
