@@ -1,6 +1,7 @@
 """End to end through the CLI on the null backend (and the cpu backend where it is cheap)."""
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -488,7 +489,7 @@ def test_a_noisy_winner_timing_is_flagged_in_the_summary(tmp_path, monkeypatch, 
     summary = json.loads((only_run(runs) / "summary.json").read_text())
 
     def shown(s) -> str:
-        c = Console(width=300, record=True, file=open(os.devnull, "w"))
+        c = Console(width=300, record=True, file=io.StringIO())
         c.print(summary_table(s))
         return c.export_text()
     assert "timing noisy" not in shown(summary)  # the null device's times do not spread
