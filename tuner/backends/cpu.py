@@ -71,7 +71,7 @@ class CpuBackend(Backend):
     def render_context(self, op) -> dict[str, Any]:
         if op.spec.dtype not in CTYPES:
             raise BackendUnavailable(f"the cpu backend supports dtypes {', '.join(CTYPES)}, "
-                                     f"not {op.spec.dtype}; pass --dtype fp32")
+                                     f"not {op.spec.dtype}; pass --dtype fp32 (in a sweep file: dtypes: [fp32])")
         return {"ctype": CTYPES[op.spec.dtype], "CORES": os.cpu_count() or 1}
 
     def compile(self, source: str, workdir: str, timeout_s: float) -> Build:
