@@ -23,7 +23,8 @@ from .sweep import SweepError
 from .llm import LLMConfig, LLMError
 from .proposer import ProposerError, make_proposer, openai_meta
 from .retune import with_backend_options
-from .tune import asks_more, create_rounds_run, create_run, execute, execute_rounds, refuse_empty_space
+from .tune import (create_rounds_run, create_run, execute, execute_rounds, keep_resume_settings,
+                   refuse_empty_space)
 from .values import OpSpec, Status
 from .worker import WorkerError, WorkerFailure
 
@@ -201,16 +202,13 @@ def _tune_one(args, settings: Settings, store: Store) -> int:
 
 def _run_settings(args, store: Store) -> tuple[int, bool]:
     """The budget (--budget, else the run's own, else the default) and whether `--patience`
-    counts afresh (`tune.asks_more`). A resumed run (killed, or stopped with Ctrl-C) finishes
-    what it was asked for, not the default; budget and patience are kept in run.json for the
-    next resume."""
+    counts afresh (`tune.keep_resume_settings`). A resumed run (killed, or stopped with Ctrl-C)
+    finishes what it was asked for, not the default; budget and patience are kept in run.json
+    for the next resume."""
     meta = store.meta()
     budget = args.budget or meta.get("budget") or DEFAULT_BUDGET
     patience = getattr(args, "patience", None) or meta.get("patience")
-    restart = asks_more({"budget": DEFAULT_BUDGET, **meta}, budget, patience)
-    if (meta.get("budget"), meta.get("patience")) != (budget, patience):
-        store.write_meta({**meta, "budget": budget, "patience": patience})
-    return budget, restart
+    return budget, keep_resume_settings(store, budget, patience)
 
 
 @contextlib.contextmanager

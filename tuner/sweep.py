@@ -67,7 +67,8 @@ from .settings import Settings
 from .skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
 from .store import Store, StoreError
 from .report import SweepView
-from .tune import Interrupted, Progress, asks_more, create_run, execute, stopped_by_patience
+from .tune import (Interrupted, Progress, asks_more, create_run, execute, keep_resume_settings,
+                   stopped_by_patience)
 from .values import OpSpec
 
 TOP_KEYS = {"name", "backend", "dtypes", "budget", "total_budget", "time_budget_s", "total_time_s",
@@ -479,10 +480,7 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
                             state.summary, state.state = done, "done"
                             view.update()
                             return
-                        meta = store.meta()
-                        restart = asks_more(meta, task.budget, plan.patience)
-                        if (meta.get("budget"), meta.get("patience")) != (task.budget, plan.patience):
-                            store.write_meta({**meta, "budget": task.budget, "patience": plan.patience})
+                        restart = keep_resume_settings(store, task.budget, plan.patience)
                     else:
                         anchor = plan.anchor(task)
                         warm = [str((folder / "tasks" / anchor.key).resolve())] if anchor else None

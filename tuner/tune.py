@@ -102,6 +102,16 @@ def asks_more(meta: dict, budget: int, patience: int | None) -> bool:
                                            or patience != meta.get("patience"))
 
 
+def keep_resume_settings(store: Store, budget: int, patience: int | None) -> bool:
+    """Keep `budget` and `patience` in the run's run.json for the next resume; True when they
+    ask for more than the run had (`asks_more`: its patience then counts afresh)."""
+    meta = store.meta()
+    more = asks_more(meta, budget, patience)
+    if (meta.get("budget"), meta.get("patience")) != (budget, patience):
+        store.write_meta({**meta, "budget": budget, "patience": patience})
+    return more
+
+
 class Interrupted(Exception):
     """The search was asked to stop (`stop`: a sweep's Ctrl-C reaches its tasks so). The
     evaluations in flight were recorded; no summary is written, so the run resumes as a
