@@ -1,7 +1,11 @@
 """The cuda backend: the rendered-module contract (no GPU needed), and on a GPU (marked cuda)
 the compile-ahead cache hit, an end-to-end tuning run, and the library on realistic shapes."""
 
+import ast
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -237,3 +241,65 @@ def test_compile_workers_are_told_the_arch_and_never_ask_the_device(monkeypatch)
     worker_side = CudaBackend(0, **parent.compile_options())
     assert worker_side._arch() == 90 and worker_side.limits() == {"smem_bytes": 232448.0}
     assert CudaBackend(0, interpret=True).compile_options() == {}
+
+
+# A row softmax whose store is masked or not: unmasked, each row's block (BLOCK = 64 > 40)
+# writes 24 elements past its row, and the last row's past the end of the output.
+STRAY_STORE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def k(x_ptr, y_ptr, n, BLOCK: tl.constexpr, MASKED: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    row = tl.program_id(0) * n
+    x = tl.load(x_ptr + row + offs, mask=offs < n, other=-float("inf"))
+    e = tl.exp(x - tl.max(x, 0))
+    if MASKED:
+        tl.store(y_ptr + row + offs, e / tl.sum(e, 0), mask=offs < n)
+    else:
+        tl.store(y_ptr + row + offs, e / tl.sum(e, 0))
+
+
+def launch(x, y):
+    k[(x.shape[0],)](x, y, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]), MASKED=MASKED)
+'''
+
+
+def stray_store_verdicts(workdir: str, interpret: bool) -> dict[bool, str | None]:
+    """What the check says of the masked and the unmasked kernel."""
+    from tuner.measure import _reference, check
+    from tuner.ops import builtin_spec, load_op
+    spec = builtin_spec("softmax", "3x40", "fp32")
+    backend = CudaBackend(0, interpret=interpret, op=spec.to_json())
+    op = load_op(spec)
+    verdicts = {}
+    for masked in (True, False):
+        build = backend.compile(f"MASKED = {masked}\n" + STRAY_STORE, f"{workdir}/{masked}/k", 120)
+        assert build.status is Status.OK, build.error
+        why, _, _ = check(backend, backend.load(build.artifact, op), op, 7, _reference(op, 7))
+        verdicts[masked] = why
+    return verdicts
+
+
+def test_an_unmasked_triton_store_past_the_end_is_a_wrong_result_in_the_interpreter(tmp_path):
+    """The guard band around every output catches a Triton tail store without a mask, which
+    on a GPU lands in whatever the allocator put next (a silent pass, or a later crash)."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    code = ("import sys; from tests.test_cuda_backend import stray_store_verdicts; "
+            "print(repr(stray_store_verdicts(sys.argv[1], True)))")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    verdicts = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
+    assert verdicts[True] is None
+    assert verdicts[False] == "the kernel wrote past the end of output y (as far as 24 element(s) beyond it)"
+
+
+@pytest.mark.cuda
+def test_an_unmasked_triton_store_past_the_end_is_a_wrong_result_on_the_gpu(tmp_path):
+    verdicts = stray_store_verdicts(str(tmp_path), False)
+    assert verdicts[True] is None
+    assert verdicts[False] == "the kernel wrote past the end of output y (as far as 24 element(s) beyond it)"

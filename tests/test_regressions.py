@@ -7,7 +7,7 @@ from tuner.evaluate import Evaluator
 from tuner.ops import builtin_spec
 from tuner.skeleton import load_skeleton
 from tuner.store import Store
-from tuner.values import Status
+from tuner.values import Config, Status
 from tests.conftest import FIXTURES
 
 
@@ -86,3 +86,23 @@ def _maps(pid: str, folder: str) -> bool:
             return folder in f.read()
     except OSError:
         return False
+
+
+def test_a_kernel_that_writes_just_outside_a_buffer_is_a_wrong_result(fast_settings, tmp_path):
+    """A store a few elements past the end of an output (or before its start, or past an
+    input) lands in a guard band around the buffer: the config is a WRONG_RESULT that says
+    where, instead of a corrupted heap that crashes the worker later, or nothing at all."""
+    skel = load_skeleton(FIXTURES / "faulty/stray.c.j2", FIXTURES / "faulty/stray.yaml")
+    ev = Evaluator("cpu", builtin_spec("softmax", "8x16"), skel, fast_settings, tmp_path)
+    try:
+        ev.start()
+        recs = {s: ev.evaluate(Config.of({"STRAY": s})) for s in ("none", "tail", "head", "input")}
+    finally:
+        ev.close()
+    assert recs["none"].status is Status.OK
+    assert recs["tail"].status is Status.WRONG_RESULT
+    assert "past the end of output y (as far as 3 element(s) beyond it)" in recs["tail"].reason
+    assert recs["head"].status is Status.WRONG_RESULT
+    assert "before the start of output y (as far as 1 element(s) before it)" in recs["head"].reason
+    assert recs["input"].status is Status.WRONG_RESULT
+    assert "past the end of input x" in recs["input"].reason

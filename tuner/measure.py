@@ -163,6 +163,35 @@ def _device_set(backend, op: Op, seed: int, ref: list | None) -> tuple[list, lis
     return xs, rs
 
 
+# Every buffer a check hands the kernel sits between two guard bands of a known byte: a
+# kernel that writes a little past the end of a buffer (an unmasked tail, an off-by-one
+# bound) or before its start would otherwise corrupt the allocator's heap (a crash some
+# evaluations later, blamed on another config) or pass unnoticed. 64 KiB keeps every
+# buffer's start as aligned as the allocation (Triton specializes on 16-byte alignment).
+_GUARD_BYTES = 65536
+_GUARD_BYTE = 0xA5
+
+
+def _guarded(shape, dtype, device) -> tuple:
+    """(a contiguous tensor of `shape`, the byte buffer it sits in, guard bands included)."""
+    import torch
+    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    buf = torch.full((n + 2 * _GUARD_BYTES,), _GUARD_BYTE, dtype=torch.uint8, device=device)
+    return buf[_GUARD_BYTES:_GUARD_BYTES + n].view(dtype).view(shape), buf
+
+
+def _stray_write(view, buf, name: str) -> str | None:
+    """Where and how far a kernel wrote outside `view` into its guard bands; None if not."""
+    g, size = _GUARD_BYTES, view.element_size()
+    head = (buf[:g] != _GUARD_BYTE).nonzero()
+    tail = (buf[buf.numel() - g:] != _GUARD_BYTE).nonzero()
+    if len(tail):
+        return f"past the end of {name} (as far as {int(tail.max()) // size + 1} element(s) beyond it)"
+    if len(head):
+        return f"before the start of {name} (as far as {(g - int(head.min()) + size - 1) // size} element(s) before it)"
+    return None
+
+
 def check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | None, float, float]:
     """Run once on seed's inputs; return (why it is wrong or None, max abs err, max rel err)."""
     try:
@@ -179,12 +208,23 @@ def _check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | 
     import torch
 
     pristine, ref_dev = _device_set(backend, op, seed, ref)
-    inputs = [x.clone() for x in pristine]
+    inputs = [_guarded(x.shape, x.dtype, x.device) for x in pristine]
+    for dev, x in zip(inputs, pristine):
+        dev[0].copy_(x)
     dt = pristine[0].dtype if pristine and pristine[0].is_floating_point() else None
     # Made where the reference lives, so on the device: no host buffer copied over per check.
-    outs = [torch.full(r.shape, float("nan"), dtype=dt or r.dtype, device=r.device) for r in ref_dev]
-    backend.launch(kernel, inputs + outs)
+    outs = [_guarded(r.shape, dt or r.dtype, r.device) for r in ref_dev]
+    for out, _ in outs:
+        out.fill_(float("nan"))
+    backend.launch(kernel, [t for t, _ in inputs + outs])
     backend.sync()
+    names = [f"input {n}" for n in op.input_names] + [f"output {n}" for n in op.output_names]
+    for name, (view, buf) in zip(names, inputs + outs):
+        stray = _stray_write(view, buf, name)
+        if stray:
+            return f"the kernel wrote {stray}", 0.0, 0.0
+    inputs = [view for view, _ in inputs]
+    outs = [view for view, _ in outs]
     atol, rtol = op.tolerance
     max_abs = max_rel = 0.0
     for name, x, dev in zip(op.input_names, pristine, inputs):
