@@ -106,3 +106,25 @@ def test_a_kernel_that_writes_just_outside_a_buffer_is_a_wrong_result(fast_setti
     assert "before the start of output y (as far as 1 element(s) before it)" in recs["head"].reason
     assert recs["input"].status is Status.WRONG_RESULT
     assert "past the end of input x" in recs["input"].reason
+
+
+def test_a_kernel_that_prints_on_every_call_cannot_fill_the_disk(fast_settings, tmp_path, monkeypatch):
+    """A debug printf in a kernel prints once per timed repetition: the worker's files stop
+    growing at LOG_LIMIT (the kernel still runs and is timed), and a worker started on a log
+    past half of it moves the log aside."""
+    from tuner import worker
+    monkeypatch.setattr(worker, "LOG_LIMIT", 2**20)
+    skel = load_skeleton(FIXTURES / "faulty/chatty.c.j2", FIXTURES / "faulty/chatty.yaml")
+    log = tmp_path / "workers.log"
+    for lines in (1024, 1025):
+        ev = Evaluator("cpu", builtin_spec("softmax", "8x16"), skel, fast_settings, tmp_path)
+        try:
+            ev.start()
+            rec = ev.evaluate(Config.of({"LINES": lines}))
+            rec2 = ev.evaluate(Config.of({"LINES": 1026}))
+        finally:
+            ev.close()
+        assert rec.status is Status.OK and rec2.status is Status.OK, (rec.reason, rec2.reason)
+        assert 2**19 <= log.stat().st_size <= 2**20
+    assert (tmp_path / "workers.log.1").stat().st_size <= 2**20
+    assert log.read_text().startswith("[tuner] the output before this was moved to workers.log.1")

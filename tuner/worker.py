@@ -113,6 +113,8 @@ class Worker:
         self.started = 0  # processes started; restarts = started - 1
 
     def _start(self) -> None:
+        if self.log_path:
+            _rotate(self.log_path)
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
@@ -125,7 +127,7 @@ class Worker:
         cpu = self.settings.worker_cpu_s if self.settings else 0
         _send(self.proc.stdin.fileno(), ("init", {
             "backend": self.backend, "device": self.device, "options": self.options,
-            "memory_bytes": mem, "cpu_s": cpu, "nice": self.nice}))
+            "memory_bytes": mem, "cpu_s": cpu, "nice": self.nice, "file_bytes": LOG_LIMIT}))
 
     def _env(self) -> dict[str, str]:
         env = scrubbed_env()
@@ -218,9 +220,29 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _limit(memory_bytes: int) -> None:
+# What candidate code prints goes to the run's workers.log. A kernel that prints in its loop
+# (a debug printf, a tl.device_print per program) prints once per timed repetition: tens of MB
+# per candidate on a 2-core CPU, gigabytes on a GPU. No file a worker writes may exceed
+# LOG_LIMIT (RLIMIT_FSIZE; Python ignores SIGXFSZ, so a write past it fails and the kernel's
+# output is dropped), and a worker that starts on a log past half of it moves it aside first.
+LOG_LIMIT = 256 * 2**20
+
+
+def _rotate(log_path: str) -> None:
+    try:
+        if os.path.getsize(log_path) >= LOG_LIMIT // 2:
+            os.replace(log_path, log_path + ".1")
+            with open(log_path, "ab") as f:
+                f.write(f"[tuner] the output before this was moved to {Path(log_path).name}.1; "
+                        f"a log stops growing at {LOG_LIMIT >> 20} MiB\n".encode())
+    except OSError:
+        pass  # no log yet, or one that cannot be moved: it still stops growing at the limit
+
+
+def _limit(memory_bytes: int, file_bytes: int) -> None:
     import resource
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a segfaulting kernel leaves no core file
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     if memory_bytes:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
 
@@ -258,7 +280,7 @@ def main() -> None:
     _die_with_parent()
     method, init = _recv(in_fd)
     assert method == "init"
-    _limit(init["memory_bytes"])
+    _limit(init["memory_bytes"], init["file_bytes"])
     if init.get("nice"):
         os.nice(init["nice"])  # the compilers it starts (ptxas, cc) inherit it
     from . import measure as m
