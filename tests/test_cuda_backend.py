@@ -278,7 +278,8 @@ def stray_store_verdicts(workdir: str, interpret: bool) -> dict[bool, str | None
     for masked in (True, False):
         build = backend.compile(f"MASKED = {masked}\n" + STRAY_STORE, f"{workdir}/{masked}/k", 120)
         assert build.status is Status.OK, build.error
-        why, _, _ = check(backend, backend.load(build.artifact, op), op, 7, _reference(op, 7))
+        ref = _reference(op, 7, backend.data_device())
+        why, _, _ = check(backend, backend.load(build.artifact, op), op, 7, ref)
         verdicts[masked] = why
     return verdicts
 
