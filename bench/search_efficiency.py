@@ -47,6 +47,8 @@ import time
 import warnings
 from pathlib import Path
 
+import yaml
+
 for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")  # small matrices: threads only contend
 
@@ -80,9 +82,11 @@ def landscapes(paths: list[str], runs: list[str], synthetic: bool) -> list[tuple
     return out
 
 
-def load(path: str, shape: str | None, seed: int, formulas: tuple | None = None) -> replay.Landscape:
+def load(path: str, shape: str | None, seed: int, formulas: tuple | None = None,
+         guesses: tuple = ()) -> replay.Landscape:
     """`formulas`: (space YAML, DTYPE_BYTES, device limits) to replay a landscape JSON, which
-    declares none, under a skeleton's constraints and resource formulas (see --formulas)."""
+    declares none, under a skeleton's constraints and resource formulas (see --formulas).
+    `guesses`: partial configs a landscape JSON's space takes as `promising` (see --promising)."""
     if shape is None:
         return replay.synthetic(path, seed)
     land = replay.load_cached(path, shape or None)
@@ -103,7 +107,22 @@ def load(path: str, shape: str | None, seed: int, formulas: tuple | None = None)
             land, space=dataclasses.replace(space, params=land.space.params, source=land.space.source,
                                             meta=land.space.meta, default=()),
             context={**dict(zip(space.sizes, dims)), "DTYPE_BYTES": dtype_bytes}, limits=dict(limits))
+    if guesses and shape:
+        for g in guesses:
+            if land.space.complete(dict(g)) is None:
+                raise SystemExit(f"--promising: {dict(g)} is not a (partial) config of {path}: "
+                                 f"{[(p.name, list(p.values)) for p in land.space.params]}")
+        land = dataclasses.replace(land, space=dataclasses.replace(land.space, promising=guesses))
     return land
+
+
+def read_guesses(path: str) -> tuple:
+    """A YAML file whose `promising:` is a list of (partial) configs."""
+    data = yaml.safe_load(Path(path).read_text())
+    guesses = data.get("promising") if isinstance(data, dict) else None
+    if not isinstance(guesses, list) or not all(isinstance(g, dict) for g in guesses):
+        raise SystemExit(f"--promising {path}: expected a 'promising:' list of configs")
+    return tuple(tuple(sorted(g.items())) for g in guesses)
 
 
 def valid_configs(land: replay.Landscape) -> int:
@@ -126,11 +145,11 @@ def _siblings(path: str, runs: list[str]) -> list[str]:
 def one(job: tuple) -> tuple[float, float, float, int]:
     """(evaluations to 3 %, to 10 %, seconds, failed evaluations) for one landscape, strategy
     and seed."""
-    path, shape, strategy, seed, cap, runs, formulas = job
+    path, shape, strategy, seed, cap, runs, formulas, guesses = job
     warnings.simplefilter("ignore")
     import optuna
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    land = load(path, shape, seed, formulas)
+    land = load(path, shape, seed, formulas, guesses)
     sampler, options, warm = STRATEGIES[strategy]
     seeds = ()
     if warm:
@@ -204,10 +223,15 @@ def main() -> None:
     ap.add_argument("--dtype-bytes", type=int, default=2, help="DTYPE_BYTES for --formulas (default 2: bf16)")
     ap.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
                     help="a device limit for --formulas' resources, e.g. smem_bytes=232448 (an H200)")
+    ap.add_argument("--promising", metavar="FILE.yaml",
+                    help="a 'promising:' list of (partial) configs that the landscape JSONs' spaces take, "
+                         "as a skeleton's author or a model would write them: tried after the start")
     ap.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
     args = ap.parse_args()
-    if args.formulas and args.write:
-        ap.error("--write keeps the table of the landscapes as recorded; --formulas prints its own")
+    if (args.formulas or args.promising) and args.write:
+        ap.error("--write keeps the table of the landscapes as recorded; --formulas and --promising "
+                 "print their own")
+    guesses = read_guesses(args.promising) if args.promising else ()
     try:
         limits = {k: float(v) for k, v in (item.split("=", 1) for item in args.limit)}
     except ValueError:
@@ -224,6 +248,8 @@ def main() -> None:
     for label, path, shape in lands:
         if formulas is not None and shape:
             label += f" under {Path(args.formulas).name}"
+        if guesses and shape:
+            label += f" with {Path(args.promising).name}"
         budget = max(1, valid_configs(load(path, shape, 0, formulas)) // 10)
         for strategy in strategies:
             if strategy == "guided+warm" and (shape is None or (shape == "" and not _siblings(path, runs))):
@@ -235,7 +261,7 @@ def main() -> None:
             cap = budget if STRATEGIES[strategy][0] == "gp" else max(budget, args.cap)
             n = args.gp_seeds if STRATEGIES[strategy][0] == "gp" and args.gp_seeds else args.seeds
             for seed in range(n):
-                jobs.append((path, shape, strategy, seed, cap, runs, formulas))
+                jobs.append((path, shape, strategy, seed, cap, runs, formulas, guesses))
                 keys.append((label, strategy, budget, cap))
     t0 = time.monotonic()
     if args.jobs > 1:

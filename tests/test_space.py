@@ -65,6 +65,11 @@ def test_json_roundtrip():
     ("params:\n  1A: [1]\n", 2, "identifier"),
     ("params:\n  A: [1]\nbogus: 1\n", 3, "unknown key"),
     ("params:\n  A: [1, 2]\ndefault: {A: 3}\n", 3, "not one of"),
+    ("params:\n  A: [1, 2]\npromising: {A: 2}\n", 3, "must be a list of configs"),
+    ("params:\n  A: [1, 2]\npromising:\n  - {A: 2}\n  - {A: 3}\n", 5, "promising config 2 A=3 is not one of"),
+    ("params:\n  A: [1, 2]\npromising:\n  - {B: 2}\n", 4, "unknown param 'B'"),
+    ("params:\n  A: [1, 2]\npromising:\n  - 2\n", 4, "must be a mapping"),
+    ("params:\n  A: [1, 2]\npromising:\n" + "  - {A: 1}\n" * 33, 3, "at most 32"),
     ("params:\n  A: [1, [2]]\n", 2, "must be a number"),
     ("params:\n  A: {weird: 1}\n", 2, "expected a list"),
     ("params: [\n", 2, "not valid YAML"),
@@ -133,3 +138,19 @@ def test_repair_can_keep_params_as_they_are():
     assert space.repair(moved, {"N": 1024}, keep=("LOOPED",)).as_dict() == {"LOOPED": False, "BLOCK": 1024, "W": 2}
     assert space.repair(moved, {"N": 1024}).as_dict()["LOOPED"] is True  # the move undone
     assert space.repair(moved, {"N": 1024}, keep=("LOOPED", "BLOCK")) is None
+
+
+def test_promising_configs_are_completed_repaired_at_this_shape_and_kept_in_the_json():
+    """The author's guesses: partial configs take the default's other values; one the formulas
+    reject at this shape becomes the nearest config they accept; repeats are tried once."""
+    s = parse_space(GOOD + "promising:\n  - {BLOCK: 256}\n  - {BLOCK: 16, ONLINE: false}\n"
+                           "  - {BLOCK: 256, ROWS: 2}\n", "good.yaml")
+    ctx = {"M": 8, "N": 100, "DTYPE_BYTES": 4, "CORES": 2}
+    hunches = s.hunches(ctx)
+    assert hunches[0] == Config.of({**s.default_config().as_dict(), "BLOCK": 256})
+    # BLOCK 16 not online breaks `ONLINE or BLOCK >= N`: repaired by one param, the smallest move
+    assert len(hunches) == 2 and s.check(hunches[1], ctx) is None
+    assert hunches[1] != Config.of({**s.default_config().as_dict(), "BLOCK": 16, "ONLINE": False})
+    from tuner.space import Space
+    assert Space.from_json(s.to_json()).hunches(ctx) == hunches
+    assert parse_space(GOOD).hunches(ctx) == []

@@ -213,6 +213,25 @@ def test_a_default_invalid_at_this_shape_starts_the_search_next_to_it(tmp_path, 
     assert by_trial[1].status is not Status.INVALID
 
 
+def test_the_spaces_promising_configs_are_tried_right_after_the_default(tmp_path, monkeypatch):
+    """The skeleton author's (or the model's) guesses cost an evaluation each, in their order,
+    before the search proper; one the constraints reject at this shape is tried as the nearest
+    config they accept."""
+    fast_env(monkeypatch, tmp_path)
+    space = tmp_path / "s.yaml"
+    space.write_text((FIXTURES / "null/landscape.yaml").read_text()
+                     + "promising:\n  - {BM: 16, BN: 128, WARPS: 8}\n  - {BM: 256, BN: 64}\n")
+    runs = tmp_path / "runs"
+    assert main(["tune", "softmax", "--shape", "64x512", "--backend", "null", "--template",
+                 str(FIXTURES / "null/landscape.txt.j2"), "--space", str(space), "--budget", "5",
+                 "--parallel", "1", "--runs-dir", str(runs), "--quiet"]) == 0
+    by_trial = {r.trial: r.config.as_dict() for r in Store.open(only_run(runs)).records()}
+    assert by_trial[0] == {"BM": 32, "BN": 32, "WARPS": 2, "STAGES": 1}
+    assert by_trial[1] == {"BM": 16, "BN": 128, "WARPS": 8, "STAGES": 1}
+    assert by_trial[2] == {"BM": 64, "BN": 64, "WARPS": 2, "STAGES": 1}  # BM <= M at M = 64
+    assert len(by_trial) == 5
+
+
 def test_a_space_whose_constraints_leave_almost_nothing_still_gets_searched(tmp_path, monkeypatch):
     fast_env(monkeypatch, tmp_path)
     names = "ABCDEFGHIJKL"

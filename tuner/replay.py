@@ -478,7 +478,7 @@ def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, 
         options.setdefault("repair", lambda c, keep=(): space.repair(c, ev.context, ev.limits, 30, keep))
         searcher_options = {**searcher_options, "sampler_options": options}
     searcher = Searcher(space, sampler, seed, check=ev.check, **searcher_options)
-    for config in (*space.starts(ev.context, ev.limits), *seeds):
+    for config in (*space.starts(ev.context, ev.limits), *seeds, *space.hunches(ev.context, ev.limits)):
         if space.contains(config):
             searcher.enqueue(config)
     store = MemoryStore()

@@ -58,6 +58,10 @@ class Space:
     default: tuple[tuple[str, Any], ...] = ()
     source: str = "<space>"
     meta: tuple[tuple[str, Any], ...] = ()  # template, language, backend, ...
+    # Configs the space's author (a person, or the model that wrote the skeleton) expects to
+    # be fast, partial (the rest from the default): tried right after the default and any
+    # warm-start configs, so a good guess costs an evaluation, not a search.
+    promising: tuple[tuple[tuple[str, Any], ...], ...] = ()
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -170,6 +174,18 @@ class Space:
         near = self.repair(default, context, limits)
         return [default] + ([near] if near is not None else [])
 
+    def hunches(self, context: dict[str, Any], limits: dict[str, float] | None = None) -> list[Config]:
+        """The `promising` configs at this shape: each one the formulas reject replaced by the
+        nearest config they accept (`repair`), and dropped when there is none."""
+        out: list[Config] = []
+        for partial in self.promising:
+            config = self.complete(dict(partial))
+            if config is not None and self.check(config, context, limits) is not None:
+                config = self.repair(config, context, limits)
+            if config is not None and config not in out:
+                out.append(config)
+        return out
+
     def repair(self, config: Config, context: dict[str, Any], limits: dict[str, float] | None = None,
                max_steps: int = 100, keep: tuple[str, ...] = ()) -> Config | None:
         """A valid config near `config`: one param at a time (never those in `keep`), the move
@@ -211,6 +227,7 @@ class Space:
             "resources": {n: r.expr.text for n, r in self.resources},
             "sizes": list(self.sizes), "default": dict(self.default),
             "source": self.source, "meta": dict(self.meta),
+            "promising": [dict(c) for c in self.promising],
         }
 
     @classmethod
@@ -221,7 +238,8 @@ class Space:
             constraints=tuple(Rule(_expr.parse(t)) for t in data.get("constraints", [])),
             resources=tuple((n, Rule(_expr.parse(t))) for n, t in data.get("resources", {}).items()),
             sizes=tuple(data.get("sizes", [])), default=tuple(sorted(data.get("default", {}).items())),
-            source=data.get("source", "<space>"), meta=tuple(sorted(data.get("meta", {}).items())))
+            source=data.get("source", "<space>"), meta=tuple(sorted(data.get("meta", {}).items())),
+            promising=tuple(tuple(sorted(c.items())) for c in data.get("promising", [])))
 
 
 def _member(value: Any, values: tuple[Any, ...]) -> bool:
@@ -232,8 +250,9 @@ def _member(value: Any, values: tuple[Any, ...]) -> bool:
 
 # ---- loading from YAML ------------------------------------------------------------------
 
-_TOP_KEYS = {"params", "constraints", "resources", "sizes", "default",
+_TOP_KEYS = {"params", "constraints", "resources", "sizes", "default", "promising",
              "template", "language", "backend", "description"}
+MAX_PROMISING = 32  # configs tried before the search proper: more would be a search of its own
 
 
 def load_space(path: str | Path) -> Space:
@@ -313,22 +332,36 @@ def parse_space(text: str, source: str = "<space>") -> Space:
             raise err(cnode, "'constraints' must be a list of boolean expressions")
         constraints = [_rule(n, known, err) for n in cnode.value]
 
+    byname = {p.name: p for p in params}
+
+    def point(node: yaml.Node, data: Any, what: str) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise err(node, f"{what} must be a mapping of param -> value")
+        for k, v in data.items():
+            if k not in byname:
+                raise err(node, f"{what} names unknown param {k!r}")
+            if not _member(v, byname[k].values):
+                raise err(node, f"{what} {k}={v!r} is not one of {list(byname[k].values)}")
+        return data
+
     default: dict[str, Any] = {}
     if "default" in top:
         dnode = top["default"][1]
-        default = _data(dnode) or {}
-        if not isinstance(default, dict):
-            raise err(dnode, "'default' must be a mapping of param -> value")
-        byname = {p.name: p for p in params}
-        for k, v in default.items():
-            if k not in byname:
-                raise err(dnode, f"default names unknown param {k!r}")
-            if not _member(v, byname[k].values):
-                raise err(dnode, f"default {k}={v!r} is not one of {list(byname[k].values)}")
+        default = point(dnode, _data(dnode) or {}, "default")
+    promising: list[dict[str, Any]] = []
+    if "promising" in top:
+        key, seq = top["promising"]
+        if not isinstance(seq, yaml.SequenceNode):
+            raise err(key, "'promising' must be a list of configs (mappings of param -> value; "
+                           "params left out take the default)")
+        if len(seq.value) > MAX_PROMISING:
+            raise err(key, f"'promising' lists {len(seq.value)} configs; at most {MAX_PROMISING}")
+        promising = [point(n, _data(n), f"promising config {i + 1}") for i, n in enumerate(seq.value)]
 
     meta = {k: _data(top[k][1]) for k in ("template", "language", "backend", "description") if k in top}
     space = Space(tuple(params), tuple(constraints), tuple(resources), tuple(sizes),
-                  tuple(sorted(default.items())), source, tuple(sorted(meta.items())))
+                  tuple(sorted(default.items())), source, tuple(sorted(meta.items())),
+                  tuple(tuple(sorted(c.items())) for c in promising))
     if space.size > MAX_SPACE_SIZE:
         raise err(pnode, f"space has {space.size:.3g} points; at most {MAX_SPACE_SIZE:.0g}")
     return space

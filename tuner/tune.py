@@ -406,7 +406,8 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
                             study_name=meta.get("study_name", "tuner"), check=evaluator.check,
                             patience=meta.get("patience"), sampler_options=options)
         starts = skeleton.space.starts(evaluator.context, evaluator.limits)
-        for config in (*starts, *seeds, *warm):
+        hunches = skeleton.space.hunches(evaluator.context, evaluator.limits)
+        for config in (*starts, *seeds, *warm, *hunches):
             config = skeleton.space.complete(config)  # a param added since: its default
             if config is not None:
                 searcher.enqueue(config)
