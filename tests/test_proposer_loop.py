@@ -245,6 +245,28 @@ def test_patience_reaches_each_rounds_search(env):
     assert summary["evaluations"] < 15 and summary["search_stopped"].startswith("--patience 2:")
 
 
+def test_the_models_promising_configs_are_tried_after_its_default(env):
+    """A model's guesses (`promising:` in its space) are the round's next evaluations after the
+    default, before the sampler's own picks; the prompt asks for them."""
+    runs = env / "runs"
+    reply = space("[16, 256]").replace("default: {BM: 32, W: 2}\n",
+                                       "default: {BM: 32, W: 2}\npromising:\n  - {BM: 16, W: 1}\n  - {BM: 128, W: 1}\n")
+    with ScriptedServer([{"reply": reply + template()}]) as srv:
+        rc = main(["tune", "softmax", "--shape", "256x64", "--backend", "null", "--llm", "coder",
+                   "--llm-base-url", srv.base_url, "--rounds", "1", "--budget", "6", "--parallel", "1",
+                   "--validate-configs", "1", "--sampler", "random", "--seed", "5", "--runs-dir", str(runs),
+                   "--quiet"])
+        asked = srv.requests[0]["json"]["messages"]
+    assert rc == 0
+    assert any("promising" in m["content"] for m in asked)
+    # Trial -1: the configs the model's skeleton was validated on (its default first); then the
+    # search: the default again (answered from its record), the guesses, the sampler's picks.
+    searched = sorted((r for r in Store.open(only_run(runs) / "rounds/01").records() if r.trial >= 0),
+                      key=lambda r: r.trial)
+    assert [r.config.as_dict() for r in searched[:2]] == [{"BM": 16, "W": 1}, {"BM": 128, "W": 1}]
+    assert [r.trial for r in searched[:2]] == [1, 2]
+
+
 def test_key_flag_is_redacted_from_the_saved_command():
     assert _redacted_argv(["tuner", "tune", "--llm-api-key", KEY, "x"]) == "tuner tune --llm-api-key '***' x"
     assert _redacted_argv(["tuner", f"--llm-api-key={KEY}"]) == "tuner '--llm-api-key=***'"
