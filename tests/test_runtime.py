@@ -120,3 +120,33 @@ def test_a_table_that_is_not_one_and_an_unknown_op_say_so(exported, cache_dir, t
     t = Table.load(exported / "tuning.json", backend="null", cache_dir=cache_dir)
     with pytest.raises(LookupError, match="unknown op 'sofmax': not a built-in op, and this table has only softmax"):
         t("sofmax", torch.randn(4, 4))
+
+
+def test_inputs_the_kernel_was_not_built_for_are_never_handed_to_it(exported, cache_dir):
+    """The kernel indexes raw pointers: a strided view is copied to contiguous first; an input
+    of another dtype runs torch's implementation (strict: an error saying which input); an
+    empty call runs torch's; a wrong `out=` is refused; sizes that disagree between inputs
+    are an error. (A transposed input used to give a wrong result without a word.)"""
+    t = Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir)
+    view = torch.randn(64, 32).t()  # 32 x 64: the nearest tuned shape (16 x 64) serves it
+    x = torch.randn(16, 128)[:, ::2]
+    assert not x.is_contiguous()
+    for arg in (x, view):
+        assert torch.allclose(t("softmax", arg), torch.softmax(arg, -1), atol=1e-5, rtol=1e-5)
+        assert t.last is not None
+    y = t("softmax", x.double())
+    assert t.last is None and torch.allclose(y, torch.softmax(x.double(), -1))
+    assert t("softmax", torch.randn(0, 64)).shape == (0, 64) and t.last is None
+    k = t.kernel("softmax", {"M": 16, "N": 64}, "fp32")
+    with pytest.raises(ValueError, match=r"input x is \(16, 64\) torch.float64; the kernel for these sizes takes \(16, 64\) torch.float32"):
+        k(x.double())
+    with pytest.raises(ValueError, match=r"out= y must be a contiguous \(16, 64\) torch.float32 tensor"):
+        k(x.contiguous(), out=[torch.empty(8, 64)])
+    out = torch.empty(16, 64)
+    k(x, out=[out])
+    assert torch.allclose(out, torch.softmax(x, -1), atol=1e-5, rtol=1e-5)
+    strict = Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir, strict=True)
+    with pytest.raises(LookupError, match="cannot take these inputs: input x is"):
+        strict("softmax", torch.randn(8, 64), sizes={"M": 16, "N": 64})
+    with pytest.raises(LookupError, match="K is 4 in one input and 5 in input 1"):
+        sizes_of("matmul", [torch.empty(8, 4), torch.empty(5, 16)])

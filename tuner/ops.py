@@ -175,7 +175,8 @@ class _Draw:
     def __init__(self, seed: int, device=None):
         import torch
         self.device = torch.device(device or "cpu")
-        self.g = torch.Generator(device=self.device).manual_seed(seed)
+        # Meta tensors (shapes and dtypes only, no data) take no generator.
+        self.g = None if self.device.type == "meta" else torch.Generator(device=self.device).manual_seed(seed)
 
     def randn(self, *shape, dtype=None):
         import torch

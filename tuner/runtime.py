@@ -41,7 +41,7 @@ from typing import Any
 
 from .backends import BackendUnavailable, get_backend
 from .db import fingerprint
-from .ops import load_op, render_context
+from .ops import load_op, render_context, torch_dtype
 from .settings import Settings
 from .skeleton import Skeleton, SkeletonError
 from .values import Config, OpSpec, Status
@@ -78,12 +78,14 @@ def sizes_of(op: str, inputs) -> dict[str, int]:
         raise LookupError(f"cannot read {op!r}'s sizes from its inputs; pass sizes={{...}}")
     out: dict[str, int] = {}
     for i, names in SIZES_FROM_INPUTS[op]:
+        if i >= len(inputs) or not hasattr(inputs[i], "shape"):
+            raise LookupError(f"{op}: input {i} is missing or not a tensor")
         shape = tuple(inputs[i].shape)
         if len(shape) != len(names):
             raise LookupError(f"{op}: input {i} has shape {shape}, expected {len(names)} dims ({', '.join(n or '_' for n in names)})")
         for n, d in zip(names, shape):
-            if n is not None:
-                out.setdefault(n, int(d))
+            if n is not None and out.setdefault(n, int(d)) != int(d):
+                raise LookupError(f"{op}: {n} is {out[n]} in one input and {int(d)} in input {i}")
     return out
 
 
@@ -126,12 +128,46 @@ class Kernel:
     op: Any
     fn: Any
     _out_specs: list | None = field(default=None, repr=False)
+    _in_specs: list | None = field(default=None, repr=False)
 
     @property
     def config(self) -> dict:
         return self.entry["config"]
 
+    def mismatch(self, inputs) -> str | None:
+        """Why these inputs are not what this kernel was built for (count, tensor, device, and
+        for a built-in op each input's shape and dtype; otherwise that every floating input
+        has the kernel's dtype); None when they are. The kernel trusts its pointers: handed a
+        shorter weight or an int tensor, it reads past it or reads its bits as floats."""
+        import torch
+        names = self.op.input_names
+        if len(inputs) != len(names):
+            return f"{self.op.spec.name} takes {len(names)} inputs ({', '.join(names)}), got {len(inputs)}"
+        if self._in_specs is None:
+            self._in_specs = []
+            if self.op.spec.kind == "builtin":  # made on the meta device: shapes and dtypes only
+                self._in_specs = [(tuple(x.shape), x.dtype) for x in self.op.make_inputs(0, "meta")]
+        want = torch_dtype(self.entry["dtype"])
+        for i, (name, x) in enumerate(zip(names, inputs)):
+            if not isinstance(x, torch.Tensor):
+                return f"input {name} is a {type(x).__name__}, not a tensor"
+            if x.device != inputs[0].device:
+                return f"input {name} is on {x.device}, input {names[0]} on {inputs[0].device}"
+            if self._in_specs:
+                shape, dtype = self._in_specs[i]
+                if tuple(x.shape) != shape or x.dtype != dtype:
+                    return (f"input {name} is {tuple(x.shape)} {x.dtype}; the kernel for these sizes "
+                            f"takes {shape} {dtype}")
+            elif x.is_floating_point() and x.dtype != want:
+                return f"input {name} is {x.dtype}; the kernel takes {want}"
+        return None
+
     def outputs(self, inputs) -> list:
+        import torch
+        return [torch.empty(shape, dtype=dtype, device=inputs[0].device) for shape, dtype in self._outputs(inputs)]
+
+    def _outputs(self, inputs) -> list[tuple[tuple, Any]]:
+        """(shape, dtype) of each output: floating ones in the inputs' dtype."""
         import torch
         if self._out_specs is None:
             outs = None
@@ -142,11 +178,27 @@ class Kernel:
                 outs = self.op.reference([x.double().cpu() if x.is_floating_point() else x.cpu() for x in inputs])
             self._out_specs = [(tuple(o.shape), o.is_floating_point(), o.dtype) for o in outs]
         dt = inputs[0].dtype if inputs and inputs[0].is_floating_point() else torch.float32
-        return [torch.empty(s, dtype=dt if fp else odt, device=inputs[0].device)
-                for s, fp, odt in self._out_specs]
+        return [(s, dt if fp else odt) for s, fp, odt in self._out_specs]
 
     def __call__(self, *inputs, out=None):
-        outs = list(out) if out is not None else self.outputs(inputs)
+        why = self.mismatch(inputs)
+        if why:
+            raise ValueError(f"{self.op.spec.name} {self.sizes}: {why}")
+        # The kernel indexes its inputs as contiguous row-major arrays: a view (a transpose, a
+        # strided slice) is copied first, or it would read the wrong elements.
+        inputs = [x if x.is_contiguous() else x.contiguous() for x in inputs]
+        if out is not None:
+            outs = list(out)
+            specs = self._outputs(inputs)
+            if len(outs) != len(specs):
+                raise ValueError(f"out= gives {len(outs)} tensors; {self.op.spec.name} has {len(specs)} outputs")
+            for name, o, (shape, dtype) in zip(self.op.output_names, outs, specs):
+                if (tuple(o.shape), o.dtype, o.device) != (shape, dtype, inputs[0].device) or not o.is_contiguous():
+                    raise ValueError(f"out= {name} must be a contiguous {shape} {dtype} tensor on "
+                                     f"{inputs[0].device}, got {tuple(o.shape)} {o.dtype} on {o.device}"
+                                     + ("" if o.is_contiguous() else ", not contiguous"))
+        else:
+            outs = self.outputs(inputs)
         self.backend.launch(self.fn, list(inputs) + outs)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -270,12 +322,16 @@ class Table:
             raise LookupError(f"unknown op {op!r}: not a built-in op, and this table has "
                               f"{'only ' + ', '.join(have) if have else 'no entries'}")
         sizes = sizes or sizes_of(op, inputs)
-        dtype = dtype_name(inputs[0]) if inputs and inputs[0].is_floating_point() else "fp32"
-        k = self.kernel(op, sizes, dtype, backend)
-        self.last = k
-        if k is not None:
+        dtype = dtype_name(inputs[0]) if inputs and getattr(inputs[0], "is_floating_point", bool)() else "fp32"
+        # An empty call (a size 0) has nothing to tune: torch's implementation handles it.
+        k = self.kernel(op, sizes, dtype, backend) if all(v > 0 for v in sizes.values()) else None
+        why = k.mismatch(inputs) if k is not None else None
+        self.last = None if why else k
+        if k is not None and not why:
             return k(*inputs, out=out)
         if self.strict:
+            if why:
+                raise LookupError(f"the tuned kernel for {op} {sizes} {dtype} cannot take these inputs: {why}")
             raise LookupError(f"no tuned kernel serves {op} {sizes} {dtype} here:\n  "
                               + "\n  ".join(self.explain(op, sizes, dtype, backend) or ["no entries for it"]))
         entry = next((e for e in self.entries if e["op"] == op), None)
