@@ -10,6 +10,7 @@ from tuner.backends import BackendUnavailable
 from tuner.cli import main
 from tuner.retune import parse_target
 from tuner.store import Store
+from tests.conftest import FIXTURES
 
 ROOT = Path(__file__).resolve().parent.parent
 # Six configs, walked whole by the grid sampler. At 96 rows the 910B2's 48 vector cores take two
@@ -123,3 +124,27 @@ def test_retune_gives_the_guided_search_the_old_runs_timings_as_its_prior(quick,
     assert priors_given and len(priors_given[0]) == 1
     (prior,) = priors_given[0]
     assert prior == pytest.approx(old_times) and len(prior) == 6
+
+
+def test_retune_of_a_problem_file_at_other_sizes(quick, capsys):
+    """A problem file's run re-tunes at other module-level sizes (`--size`), the rest kept as the
+    run had them; `--shape` on it, or `--size` on a built-in op's run, says which one to use."""
+    tmp, _ = quick
+    runs = tmp / "runs"
+    assert main(["tune", "--op", str(FIXTURES / "kernelbench/relu.py"), "--size", "batch_size=4",
+                 "--size", "dim=256", "--backend", "null", "--budget", "3",
+                 "--template", str(FIXTURES / "kernelbench/relu_null.txt.j2"),
+                 "--space", str(FIXTURES / "kernelbench/relu_null.yaml"), "--runs-dir", str(runs), "--quiet"]) == 0
+    old = _only_run(runs)
+    capsys.readouterr()
+    assert main(["retune", str(old), "--shape", "8x256"]) == 2
+    assert "takes --size NAME=VALUE (its sizes: batch_size=4, dim=256)" in capsys.readouterr().err
+    assert main(["retune", str(old), "--size", "batch_size=8", "--budget", "3", "--runs-dir", str(runs),
+                 "--quiet", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["new"]["op"]["sizes"] == {"batch_size": 8, "dim": 256}
+    assert report["old"]["op"]["sizes"] == {"batch_size": 4, "dim": 256}
+    old_builtin = _old_run_on_910b2(tmp / "builtin", quick[1])
+    capsys.readouterr()
+    assert main(["retune", str(old_builtin), "--size", "M=8"]) == 2
+    assert "--size is for problem files; for the built-in softmax use --shape, e.g. --shape 96x1024" in capsys.readouterr().err

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import __version__
 from .backends import BACKENDS, BackendUnavailable, default_backend, get_backend
-from .ops import BUILTINS, OpError, builtin_spec, load_op, render_context
+from .ops import BUILTINS, OpError, builtin_spec, load_op, parse_sizes, render_context
 from .problem import probe_import, spec_from_problem_file
 from .search import SAMPLERS, SearchError, check_storage
 from .settings import Settings
@@ -60,29 +60,16 @@ def _llm_overrides(args) -> dict:
             "price": args.llm_price, "cost_budget": args.cost_budget}
 
 
-def _sizes(items: list[str]) -> dict[str, int]:
-    out = {}
-    for item in items:
-        k, sep, v = item.partition("=")
-        try:
-            if not sep or not k.isidentifier():
-                raise ValueError
-            out[k] = int(v)
-        except ValueError:
-            raise OpError(f"--size {item!r}: expected NAME=INTEGER, e.g. --size batch_size=16") from None
-    return out
-
-
 def build_spec(args) -> OpSpec:
     if args.op_file:
         if args.shape:
             raise OpError("--shape is for built-in ops; for a problem file set its sizes with "
                           "--size NAME=VALUE (its module-level integer constants)")
-        return spec_from_problem_file(args.op_file, args.dtype, _sizes(args.size))
+        return spec_from_problem_file(args.op_file, args.dtype, parse_sizes(args.size))
     if not args.op:
         raise OpError(f"name an op ({', '.join(BUILTINS)}) or pass --op path/to/problem.py")
     if args.op.endswith(".py") or os.sep in args.op:
-        return spec_from_problem_file(args.op, args.dtype, _sizes(args.size))
+        return spec_from_problem_file(args.op, args.dtype, parse_sizes(args.size))
     if args.size:
         raise OpError("--size is for problem files; for a built-in op use --shape, e.g. --shape 4096x1024")
     if not args.shape:

@@ -98,6 +98,20 @@ def parse_shape(op: str, shape: str) -> tuple[tuple[str, int], ...]:
     return tuple(zip(b.size_names, dims))
 
 
+def parse_sizes(items: list[str]) -> dict[str, int]:
+    """`--size NAME=VALUE` flags (a problem file's module-level integer constants)."""
+    out = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        try:
+            if not sep or not k.isidentifier():
+                raise ValueError
+            out[k] = int(v)
+        except ValueError:
+            raise OpError(f"--size {item!r}: expected NAME=INTEGER, e.g. --size batch_size=16") from None
+    return out
+
+
 def builtin_spec(op: str, shape: str, dtype: str = "fp32") -> OpSpec:
     if op not in BUILTINS:
         raise OpError(f"unknown op {op!r}; built-in ops: {', '.join(BUILTINS)} "

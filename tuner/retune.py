@@ -3,6 +3,7 @@
     tuner retune runs/<id> --device npu:1        # another device (npu:N, cuda:N, cpu)
     tuner retune runs/<id> --chip 910B4           # another simulated Ascend chip (sim backend)
     tuner retune runs/<id> --shape 8192x4096      # another shape, same backend
+    tuner retune runs/<id> --size batch=64        # another size of a problem file
 
 The finished run's skeleton (its winning round's, for a multi-round run) is searched again on
 the target, warm-started with the old run's best configs (the old winner first, then the next
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends import BACKENDS, BackendUnavailable, get_backend
-from .ops import OpError, builtin_spec
+from .ops import OpError, builtin_spec, parse_sizes
 from .settings import Settings
 from .skeleton import Skeleton, SkeletonError
 from .store import Store, StoreError
@@ -113,7 +114,7 @@ def ranked_configs(store: Store, skeleton: Skeleton, first: Config | None, k: in
 
 
 def retune(old_run: str | Path, settings: Settings, *, device: str | None = None, chip: str | None = None,
-           shape: str | None = None, budget: int = 40, top: int = 5, sampler: str = "guided",
+           shape: str | None = None, sizes: dict[str, int] | None = None, budget: int = 40, top: int = 5, sampler: str = "guided",
            seed: int | None = None, time_budget_s: float | None = None, parallel: int | None = None,
            view=None, command: str = "") -> dict[str, Any]:
     """Re-tune `old_run`'s skeleton on the target and return the report (also in retune.json)."""
@@ -126,8 +127,15 @@ def retune(old_run: str | Path, settings: Settings, *, device: str | None = None
     spec = old_spec
     if shape:
         if old_spec.kind != "builtin":
-            raise OpError(f"--shape is for built-in ops; {old_spec.source} sets its sizes in the file")
+            raise OpError(f"--shape is for built-in ops; {old_spec.source} takes --size NAME=VALUE "
+                          f"(its sizes: {', '.join(f'{k}={v}' for k, v in old_spec.sizes)})")
         spec = builtin_spec(old_spec.name, shape, old_spec.dtype)
+    if sizes:
+        if old_spec.kind == "builtin":
+            raise OpError(f"--size is for problem files; for the built-in {old_spec.name} use --shape, "
+                          f"e.g. --shape {'x'.join(str(v) for v in old_spec.size_dict().values())}")
+        from .problem import spec_from_problem_file
+        spec = spec_from_problem_file(old_spec.source, old_spec.dtype, {**old_spec.size_dict(), **sizes})
     backend, index, options = parse_target(device, chip, old_meta["backend"], old_meta.get("backend_options"))
     b = get_backend(backend, index, **options)
     if b.language != skeleton.language:
@@ -234,6 +242,7 @@ def cmd_retune(args) -> int:
                                  compile_timeout_s=args.compile_timeout)
     with ProgressView(not args.quiet) as view:
         report = retune(args.run, settings, device=args.device, chip=args.chip, shape=args.shape,
+                        sizes=parse_sizes(args.size),
                         budget=args.budget, top=args.top, sampler=args.sampler, seed=args.seed,
                         time_budget_s=args.time_budget, parallel=args.parallel, view=view,
                         command=_redacted_argv(sys.argv))
@@ -253,6 +262,9 @@ def add_cli(sub) -> None:
     r.add_argument("--chip", help="a simulated Ascend chip (sim backend): 910B1, 910B2, 910B3, 910B4, "
                                   "910_93, 310P3, a profile .yaml or CANN's platform_config/<SoC>.ini")
     r.add_argument("--shape", help="another shape of the run's built-in op, e.g. 8192x4096")
+    r.add_argument("--size", action="append", default=[], metavar="NAME=VALUE",
+                   help="another size of the run's problem file (a module-level integer constant), "
+                        "e.g. --size batch=64; the others stay as the run had them")
     r.add_argument("--budget", type=int, default=40, help="configs to evaluate (default 40)")
     r.add_argument("--top", type=int, default=5, help="old configs tried first, the old winner "
                                                       "first (default 5)")
