@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from tuner.settings import Settings  # noqa: E402
 from tuner.store import Store  # noqa: E402
-from tuner.sweep import load_plan, run_sweep  # noqa: E402
+from tuner.plan import load_plan  # noqa: E402
+from tuner.sweep import run_sweep  # noqa: E402
 
 TASKS = {  # backend -> (op, shape) list; dtype per backend below
     "cuda": [("softmax", "4096x4096"), ("softmax", "16384x2048"), ("rmsnorm", "4096x4096"),

@@ -9,7 +9,7 @@ import pytest
 
 from tuner.cli import main
 from tuner.store import Store
-from tuner.sweep import SweepError, load_plan
+from tuner.plan import SweepError, load_plan
 from tests.conftest import FIXTURES
 
 SWEEP = FIXTURES / "sweep/null.yaml"
@@ -172,7 +172,7 @@ def test_ray_sweep_gives_the_local_winners(tmp_path):
 
 
 def test_a_shape_yaml_reads_as_a_number_says_quote_it(tmp_path):
-    from tuner.sweep import SweepError, load_plan
+    from tuner.plan import SweepError, load_plan
     f = tmp_path / "s.yaml"
     f.write_text("backend: cpu\nops:\n  softmax: {shapes: [64x64, 0x40]}\n")
     with pytest.raises(SweepError, match="bad shape 64: a number.*quoted if it starts with 0x"):

@@ -19,7 +19,7 @@ from .settings import Settings
 from .skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
 from .space import SpaceError
 from .store import Store, StoreError, list_runs
-from .sweep import SweepError
+from .plan import SweepError
 from .llm import LLMConfig, LLMError
 from .proposer import ProposerError, make_proposer, openai_meta
 from .retune import with_backend_options
