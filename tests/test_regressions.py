@@ -128,3 +128,21 @@ def test_a_kernel_that_prints_on_every_call_cannot_fill_the_disk(fast_settings, 
         assert 2**19 <= log.stat().st_size <= 2**20
     assert (tmp_path / "workers.log.1").stat().st_size <= 2**20
     assert log.read_text().startswith("[tuner] the output before this was moved to workers.log.1")
+
+
+def test_a_problem_with_an_integer_output_is_checked_and_timed_with_integer_buffers(tmp_path, monkeypatch, capsys):
+    """argmax returns int64: the entry signature says `int64_t *out0`, and the check and the
+    timing both hand the kernel int64 buffers (the timing gave it a float32 one, half the size:
+    the kernel's writes corrupted the heap and every multi-threaded config crashed)."""
+    monkeypatch.setenv("TUNER_BENCH_BUDGET_S", "0.005")
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    problem = str(FIXTURES / "kernelbench/argmax.py")
+    assert main(["tune", "--op", problem, "--backend", "cpu", "--runs-dir", str(tmp_path / "none")]) == 2
+    assert "void tuner_kernel(const {{ ctype }} *in0, int64_t *out0)" in capsys.readouterr().err
+    runs = tmp_path / "runs"
+    assert main(["tune", "--op", problem, "--backend", "cpu", "--template", str(FIXTURES / "kernelbench/argmax.c.j2"),
+                 "--space", str(FIXTURES / "kernelbench/argmax.yaml"), "--budget", "4", "--parallel", "1",
+                 "--runs-dir", str(runs), "--quiet"]) == 0
+    records = {tuple(sorted(r.config.as_dict().items())): r for r in Store.open(next(runs.iterdir())).records()}
+    for (shift, threads), r in {(k[0][1], k[1][1]): r for k, r in records.items()}.items():
+        assert r.status is (Status.WRONG_RESULT if shift else Status.OK), (shift, threads, r.reason)

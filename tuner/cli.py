@@ -86,9 +86,11 @@ def entry_signature(spec: OpSpec, language: str) -> str:
         from .ops import arg_specs
         names = {"torch.int64": "int64_t", "torch.int32": "int32_t", "torch.int16": "int16_t",
                  "torch.int8": "int8_t", "torch.uint8": "uint8_t", "torch.bool": "bool"}
-        types = [names.get(str(dt), "{{ ctype }}") for _, dt in arg_specs(op)[0]]
+        in_specs, out_specs = arg_specs(op)
+        types = [names.get(str(dt), "{{ ctype }}") for _, dt in in_specs]
         ins = ", ".join(f"const {t} *{n}" for t, n in zip(types, op.input_names))
-        outs = ", ".join(f"{{{{ ctype }}}} *{n}" for n in op.output_names)
+        otypes = [names.get(str(dt), "{{ ctype }}") for _, dt in out_specs]
+        outs = ", ".join(f"{t} *{n}" for t, n in zip(otypes, op.output_names))
         return f"void tuner_kernel({ins}, {outs})"
     return f"def launch({', '.join(op.input_names + op.output_names)})"
 

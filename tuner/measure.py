@@ -180,6 +180,15 @@ def _guarded(shape, dtype, device) -> tuple:
     return buf[_GUARD_BYTES:_GUARD_BYTES + n].view(dtype).view(shape), buf
 
 
+def _poison(dtype):
+    """What an output holds before the launch, so that an element never written shows: NaN, or
+    an integer output's most negative value."""
+    import torch
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    return False if dtype == torch.bool else torch.iinfo(dtype).min
+
+
 def _stray_write(view, buf, name: str) -> str | None:
     """Where and how far a kernel wrote outside `view` into its guard bands; None if not."""
     g, size = _GUARD_BYTES, view.element_size()
@@ -213,9 +222,11 @@ def _check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | 
         dev[0].copy_(x)
     dt = pristine[0].dtype if pristine and pristine[0].is_floating_point() else None
     # Made where the reference lives, so on the device: no host buffer copied over per check.
-    outs = [_guarded(r.shape, dt or r.dtype, r.device) for r in ref_dev]
+    # A floating output takes the inputs' dtype; another (argmax's int64 indices) keeps the
+    # reference's, as `ops.arg_specs` and the runtime allocate it.
+    outs = [_guarded(r.shape, (dt or r.dtype) if r.is_floating_point() else r.dtype, r.device) for r in ref_dev]
     for out, _ in outs:
-        out.fill_(float("nan"))
+        out.fill_(_poison(out.dtype))
     backend.launch(kernel, [t for t, _ in inputs + outs])
     backend.sync()
     names = [f"input {n}" for n in op.input_names] + [f"output {n}" for n in op.output_names]
@@ -351,11 +362,11 @@ def _timing_args(backend, op: Op) -> list:
     seed, ref = _rng.choice(_pooled(op, backend))
     pristine, ref_dev = _device_set(backend, op, seed, ref)
     xs = [x.clone() for x in pristine]
-    ref_shapes = [r.shape for r in ref_dev]
     dt = xs[0].dtype if xs and xs[0].is_floating_point() else torch.float32
+    specs = [(r.shape, dt if r.is_floating_point() else r.dtype) for r in ref_dev]  # as `_check`'s
     where = xs[0].device if xs else None
-    return xs + [torch.empty(s, dtype=dt, device=where) if where is not None
-                 else backend.to_device(torch.empty(s, dtype=dt)) for s in ref_shapes]
+    return xs + [torch.empty(s, dtype=d, device=where) if where is not None
+                 else backend.to_device(torch.empty(s, dtype=d)) for s, d in specs]
 
 
 def time_reference(backend, spec: OpSpec, settings: Settings) -> list[float]:
