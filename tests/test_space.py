@@ -66,6 +66,7 @@ def test_json_roundtrip():
     ("params:\n  A: [1]\nbogus: 1\n", 3, "unknown key"),
     ("params:\n  A: [1, 2]\ndefault: {A: 3}\n", 3, "not one of"),
     ("params:\n  A: [1, 2]\npromising: {A: 2}\n", 3, "must be a list of configs"),
+    ("params:\n  OFF: [1, 2]\ndefault: {OFF: 2}\n", 3, "quote the param's name"),
     ("params:\n  A: [1, 2]\npromising:\n  - {A: 2}\n  - {A: 3}\n", 5, "promising config 2 A=3 is not one of"),
     ("params:\n  A: [1, 2]\npromising:\n  - {B: 2}\n", 4, "unknown param 'B'"),
     ("params:\n  A: [1, 2]\npromising:\n  - 2\n", 4, "must be a mapping"),

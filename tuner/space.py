@@ -338,6 +338,9 @@ def parse_space(text: str, source: str = "<space>") -> Space:
         if not isinstance(data, dict):
             raise err(node, f"{what} must be a mapping of param -> value")
         for k, v in data.items():
+            if isinstance(k, bool):  # `OFF: 1` in a mapping: YAML 1.1 reads the key as False
+                raise err(node, f"{what} names {k!r}, not a param: YAML reads a bare yes, no, on or "
+                                f"off as a boolean; quote the param's name (e.g. 'OFF': 1)")
             if k not in byname:
                 raise err(node, f"{what} names unknown param {k!r}")
             if not _member(v, byname[k].values):
