@@ -22,8 +22,8 @@ default: {BM: 32, W: 2}
 TEMPLATE = "time: {{ 1e-5 * BM * W }}\n"
 
 
-def kit(backend="null"):
-    spec = builtin_spec("softmax", "64x128")
+def kit(backend="null", op_name="softmax", shape="64x128"):
+    spec = builtin_spec(op_name, shape)
     op = load_op(spec)
     lang = {"null": "script", "cpu": "c", "cuda": "triton"}[backend]
     extra = {"null": {"CORES": 4}, "cpu": {"ctype": "float", "CORES": 2}, "cuda": {"CORES": 132}}[backend]
@@ -133,6 +133,13 @@ def test_prompts_carry_the_op_device_rules_and_an_example():
                    "void tuner_kernel(const float *x, float *y)", "THREADS <= CORES", "cpu device",
                    "copy_gbps = 100", "Worked example from the library: softmax/c", "ctype (= 'float')"):
         assert needle in text, needle
+
+
+def test_integer_tensors_are_named_with_their_own_type_in_the_prompt():
+    """cross_entropy's targets are int64: the prompt's entry and inputs said `const float *target`."""
+    user = kit("cpu", "cross_entropy", "8x32").propose()[1]["content"]
+    assert "void tuner_kernel(const float *logits, const int64_t *target, float *loss)" in user
+    assert "target [8] int64" in user and "logits [8, 32] fp32" in user
 
 
 def test_triton_candidates_go_through_the_triton_contract():

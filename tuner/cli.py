@@ -83,15 +83,8 @@ def build_spec(args) -> OpSpec:
 def entry_signature(spec: OpSpec, language: str) -> str:
     op = load_op(spec)
     if language == "c":
-        from .ops import arg_specs
-        names = {"torch.int64": "int64_t", "torch.int32": "int32_t", "torch.int16": "int16_t",
-                 "torch.int8": "int8_t", "torch.uint8": "uint8_t", "torch.bool": "bool"}
-        in_specs, out_specs = arg_specs(op)
-        types = [names.get(str(dt), "{{ ctype }}") for _, dt in in_specs]
-        ins = ", ".join(f"const {t} *{n}" for t, n in zip(types, op.input_names))
-        otypes = [names.get(str(dt), "{{ ctype }}") for _, dt in out_specs]
-        outs = ", ".join(f"{t} *{n}" for t, n in zip(otypes, op.output_names))
-        return f"void tuner_kernel({ins}, {outs})"
+        from .ops import c_entry
+        return c_entry(op, "{{ ctype }}")
     return f"def launch({', '.join(op.input_names + op.output_names)})"
 
 

@@ -352,6 +352,24 @@ def arg_specs(op: Op) -> tuple[list[tuple[tuple[int, ...], Any]], list[tuple[tup
             [(tuple(o.shape), dt if o.is_floating_point() else o.dtype) for o in outs])
 
 
+_C_TYPES = {"torch.int64": "int64_t", "torch.int32": "int32_t", "torch.int16": "int16_t",
+            "torch.int8": "int8_t", "torch.uint8": "uint8_t", "torch.bool": "bool"}
+
+
+def c_entry(op: Op, ctype: str) -> str:
+    """The C entry a cpu-backend kernel of `op` exports: floating tensors as `ctype` (the op's
+    dtype), integer ones (cross_entropy's targets, argmax's indices) as their own type."""
+    ins, outs = arg_specs(op)
+    args = [f"const {_C_TYPES.get(str(dt), ctype)} *{n}" for n, (_, dt) in zip(op.input_names, ins)]
+    args += [f"{_C_TYPES.get(str(dt), ctype)} *{n}" for n, (_, dt) in zip(op.output_names, outs)]
+    return f"void tuner_kernel({', '.join(args)})"
+
+
+def dtype_label(dtype, op_dtype: str) -> str:
+    """A tensor's dtype as the prompt and messages name it: the op's for floating ones."""
+    return op_dtype if dtype.is_floating_point else str(dtype).replace("torch.", "")
+
+
 def ceiling(flops: float | None, nbytes: float, seconds: float, dtype: str,
             peaks: dict[str, float]) -> dict | None:
     """Where a time sits under the roofline: compute-bound ops (more than 20 flops per byte

@@ -24,7 +24,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from .ops import BUILTINS, Op, arg_specs
+from .ops import BUILTINS, Op, arg_specs, c_entry, dtype_label
 from .skeleton import Skeleton, data_dir, library_skeleton, library_skeletons
 from .values import DeviceInfo, OpSpec
 
@@ -79,9 +79,7 @@ class PromptKit:
     def entry(self) -> str:
         names_in, names_out = self.op.input_names, self.op.output_names
         if self.language == "c":
-            ct = self.context.get("ctype", "float")
-            return ("void tuner_kernel(" + ", ".join([f"const {ct} *{n}" for n in names_in]
-                                                     + [f"{ct} *{n}" for n in names_out]) + ")")
+            return c_entry(self.op, self.context.get("ctype", "float"))
         if self.language in ("triton", "triton_ascend"):
             return f"def launch({', '.join(names_in + names_out)})"
         return "(none: the null device runs the reference itself)"
@@ -106,10 +104,11 @@ class PromptKit:
                          f"module-level sizes are set to {overrides}. The kernel's inputs are "
                          f"`get_inputs()` followed by the model's parameters and buffers.\n\n"
                          f"```python\n{text.rstrip()}\n```")
-        xs = op.make_inputs(0)
-        inputs = ", ".join(f"{n} {list(x.shape)} {spec.dtype}" for n, x in zip(op.input_names, xs))
-        outputs = ", ".join(f"{n} {list(shape)} {spec.dtype}"
-                            for n, (shape, _) in zip(op.output_names, arg_specs(op)[1]))
+        ins, outs = arg_specs(op)
+        inputs = ", ".join(f"{n} {list(shape)} {dtype_label(dt, spec.dtype)}"
+                           for n, (shape, dt) in zip(op.input_names, ins))
+        outputs = ", ".join(f"{n} {list(shape)} {dtype_label(dt, spec.dtype)}"
+                            for n, (shape, dt) in zip(op.output_names, outs))
         work = f"{op.bytes / 1e6:.3g} MB moved at least"
         if op.flops:
             work += f", {op.flops / 1e6:.3g} MFLOP"
