@@ -148,5 +148,9 @@ def test_inputs_the_kernel_was_not_built_for_are_never_handed_to_it(exported, ca
     strict = Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir, strict=True)
     with pytest.raises(LookupError, match="cannot take these inputs: input x is"):
         strict("softmax", torch.randn(8, 64), sizes={"M": 16, "N": 64})
+    # Another device (meta stands in for a GPU here): a C kernel handed its pointer would crash.
+    assert t("softmax", x.to("meta")).device.type == "meta" and t.last is None
+    with pytest.raises(LookupError, match="input x is on meta; this kernel runs on cpu"):
+        strict("softmax", torch.randn(16, 64, device="meta"))
     with pytest.raises(LookupError, match="K is 4 in one input and 5 in input 1"):
         sizes_of("matmul", [torch.empty(8, 4), torch.empty(5, 16)])

@@ -129,6 +129,7 @@ class Kernel:
     fn: Any
     _out_specs: list | None = field(default=None, repr=False)
     _in_specs: list | None = field(default=None, repr=False)
+    _device: Any = field(default=None, repr=False)  # where the backend runs it
 
     @property
     def config(self) -> dict:
@@ -147,12 +148,14 @@ class Kernel:
             self._in_specs = []
             if self.op.spec.kind == "builtin":  # made on the meta device: shapes and dtypes only
                 self._in_specs = [(tuple(x.shape), x.dtype) for x in self.op.make_inputs(0, "meta")]
+        if self._device is None:
+            self._device = self.backend.to_device(torch.empty(0)).device
         want = torch_dtype(self.entry["dtype"])
         for i, (name, x) in enumerate(zip(names, inputs)):
             if not isinstance(x, torch.Tensor):
                 return f"input {name} is a {type(x).__name__}, not a tensor"
-            if x.device != inputs[0].device:
-                return f"input {name} is on {x.device}, input {names[0]} on {inputs[0].device}"
+            if x.device != self._device:  # a C kernel handed a GPU pointer would crash the process
+                return f"input {name} is on {x.device}; this kernel runs on {self._device}"
             if self._in_specs:
                 shape, dtype = self._in_specs[i]
                 if tuple(x.shape) != shape or x.dtype != dtype:
