@@ -154,3 +154,26 @@ def test_inputs_the_kernel_was_not_built_for_are_never_handed_to_it(exported, ca
         strict("softmax", torch.randn(16, 64, device="meta"))
     with pytest.raises(LookupError, match="K is 4 in one input and 5 in input 1"):
         sizes_of("matmul", [torch.empty(8, 4), torch.empty(5, 16)])
+
+
+@pytest.mark.cuda
+def test_a_table_served_on_the_gpu(tmp_path, cache_dir):
+    """A Triton kernel tuned here, exported and served: exact shape, a transposed view, the
+    nearest shape, and CPU tensors (torch's implementation; never the GPU kernel)."""
+    from tuner.settings import Settings
+    settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.01,
+                        warmup_s=0.0, min_reps=3, max_reps=20)
+    store = create_run(settings, builtin_spec("softmax", "256x512", "fp32"), "cuda",
+                       library_skeleton("softmax", "triton"), "guided", 0)
+    execute(store, settings, 4)
+    db = TuningDB(tmp_path / "db.json")
+    db.collect([tmp_path / "runs"])
+    db.save()
+    export(db, tmp_path / "out")
+    t = Table.load(tmp_path / "out" / "tuning.json", cache_dir=cache_dir)
+    for x in (torch.randn(256, 512, device="cuda"), torch.randn(512, 256, device="cuda").t(),
+              torch.randn(300, 512, device="cuda")):
+        assert torch.allclose(t("softmax", x), torch.softmax(x, -1), atol=1e-5, rtol=1e-5)
+        assert t.last is not None and t.last.entry["backend"] == "cuda"
+    y = t("softmax", torch.randn(256, 512))
+    assert y.device.type == "cpu" and t.last is None
