@@ -232,6 +232,24 @@ def test_the_spaces_promising_configs_are_tried_right_after_the_default(tmp_path
     assert len(by_trial) == 5
 
 
+def test_a_run_resumes_from_another_directory(tmp_path, monkeypatch):
+    """Records keep where each kernel was compiled, relative to the directory the command ran
+    in (`runs/<id>/build/...`): a resume from elsewhere found none of them when it re-timed
+    the top configs, and failed there ("cannot open shared object file")."""
+    fast_env(monkeypatch, tmp_path)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    assert main(["tune", "softmax", "--shape", "16x64", "--backend", "cpu", "--budget", "3",
+                 "--runs-dir", "runs", "--quiet"]) == 0
+    run = only_run(tmp_path / "a" / "runs")
+    assert not Path(Store.open(run).records()[0].build.artifact).is_absolute()
+    monkeypatch.chdir(tmp_path / "b")
+    assert main(["tune", "--resume", str(run), "--budget", "5", "--quiet"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["evaluations"] == 5 and summary["best"] is not None
+
+
 def test_a_space_whose_constraints_leave_almost_nothing_still_gets_searched(tmp_path, monkeypatch):
     fast_env(monkeypatch, tmp_path)
     names = "ABCDEFGHIJKL"

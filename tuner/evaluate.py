@@ -23,6 +23,7 @@ from .backends import get_backend
 from .ops import load_op, render_context
 from .settings import Settings
 from .skeleton import Skeleton, SkeletonError
+from .store import artifact_in
 from .values import Build, Config, DeviceInfo, Measurement, OpSpec, Record, Status
 from .worker import COMPILE_NICE, Worker, WorkerFailure
 
@@ -262,10 +263,14 @@ class Evaluator:
                     return Measurement(Status.RUN_TIMEOUT, detail=f"kernel hung: {e.reason}")
                 return Measurement(Status.RUNTIME_ERROR, detail=f"kernel crashed: {e.reason}")
 
+    def artifact(self, record: Record) -> str:
+        """The record's compiled kernel, found from this process's directory (see `artifact_in`)."""
+        return artifact_in(self.workdir, record.build.artifact)
+
     def retime(self, records: list[Record]) -> list[list[float]] | None:
         """The top few, re-timed interleaved in one worker so that drift hits all alike.
         None when that fails (a kernel that passed once and then hung): keep the first times."""
-        artifacts = [r.build.artifact for r in records]
+        artifacts = [self.artifact(r) for r in records]
         with self._bencher() as worker, self._quiet or nullcontext():
             try:
                 return worker.call("time_many", timeout=self.settings.run_timeout_s * len(records),
@@ -277,7 +282,7 @@ class Evaluator:
         with self._bencher() as worker, self._quiet or nullcontext():
             try:
                 return worker.call("recheck", timeout=self.settings.run_timeout_s,
-                                              artifact=record.build.artifact, spec=self.spec)
+                                              artifact=self.artifact(record), spec=self.spec)
             except WorkerFailure as e:
                 return f"re-check failed: {e.reason}"
 

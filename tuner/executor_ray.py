@@ -783,14 +783,14 @@ class RayEvaluator(Evaluator):
     def retime(self, records):
         with self._quiet or _null():
             out = self._device_call("time_many", self.settings.run_timeout_s * len(records), "retime",
-                                    artifacts=[r.build.artifact for r in records], spec=self.spec,
+                                    artifacts=[self.artifact(r) for r in records], spec=self.spec,
                                     settings=self.settings)
         return out[1] if out[0] == "ok" else None
 
     def recheck(self, record):
         with self._quiet or _null():
             out = self._device_call("recheck", self.settings.run_timeout_s, "recheck",
-                                    artifact=record.build.artifact, spec=self.spec)
+                                    artifact=self.artifact(record), spec=self.spec)
         if out[0] == "ok":
             return out[1]
         return f"re-check failed: {out[2] if out[0] == 'failure' else out[1]}"

@@ -254,3 +254,15 @@ def list_runs(runs_dir: str | Path) -> list[tuple[Path, dict[str, Any], dict[str
             pass
         out.append((p.parent, meta, summary))
     return out
+
+
+def artifact_in(run_dir: str | Path, artifact: str) -> str:
+    """A record's build artifact as a path that exists from here. Records keep the path it was
+    compiled at, relative to where the command ran (`runs/<id>/build/<digest>/kernel.so`): a
+    resume from another directory, or a run moved elsewhere, finds it under the run's own
+    build/ instead. Anything else (a replayed landscape's keys) is returned as it is."""
+    p = Path(artifact)
+    if p.exists() or "build" not in p.parts:
+        return artifact
+    i = len(p.parts) - 1 - p.parts[::-1].index("build")
+    return str(Path(run_dir).joinpath(*p.parts[i:]))
