@@ -356,7 +356,9 @@ def cmd_export(args) -> int:
     header = "\n".join(f"{comment} {line}" for line in [
         f"{meta['op']['name']} {meta['op']['sizes']} {meta['op']['dtype']}, tuned by tuner {__version__}",
         f"backend {meta['backend']}, device {(meta.get('device') or {}).get('name', '?')}",
-        f"config {json.dumps(cfg['config'])}", f"median {cfg['median_s'] * 1e3:.4f} ms; run {store.path.name}"])
+        f"config {json.dumps(cfg['config'])}", f"median {cfg['median_s'] * 1e3:.4f} ms; run {store.path.name}",
+        "it was built and verified for exactly these sizes, on contiguous row-major buffers (the "
+        "inputs, then the outputs); `tuner.runtime` checks a call's tensors before it launches"])
     (out / name).write_text(header + "\n" + src.read_text())
     (out / f"{meta['op']['name']}_best.json").write_text(json.dumps(
         {**cfg, "backend": meta["backend"], "device": meta.get("device"), "run": str(store.path)}, indent=1))
