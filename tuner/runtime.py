@@ -187,6 +187,10 @@ class Kernel:
         why = self.mismatch(inputs)
         if why:
             raise ValueError(f"{self.op.spec.name} {self.sizes}: {why}")
+        return self._launch(inputs, out)
+
+    def _launch(self, inputs, out=None):
+        """Launch on inputs `mismatch` has passed."""
         # The kernel indexes its inputs as contiguous row-major arrays: a view (a transpose, a
         # strided slice) is copied first, or it would read the wrong elements.
         inputs = [x if x.is_contiguous() else x.contiguous() for x in inputs]
@@ -331,7 +335,7 @@ class Table:
         why = k.mismatch(inputs) if k is not None else None
         self.last = None if why else k
         if k is not None and not why:
-            return k(*inputs, out=out)
+            return k._launch(inputs, out)
         if self.strict:
             if why:
                 raise LookupError(f"the tuned kernel for {op} {sizes} {dtype} cannot take these inputs: {why}")
