@@ -177,3 +177,29 @@ def test_a_table_served_on_the_gpu(tmp_path, cache_dir):
         assert t.last is not None and t.last.entry["backend"] == "cuda"
     y = t("softmax", torch.randn(256, 512))
     assert y.device.type == "cpu" and t.last is None
+
+
+def test_serving_a_problem_files_kernel_leaves_the_callers_random_state_alone(tmp_path, cache_dir):
+    """The runtime runs in the user's process: building a problem file's op (its model's
+    parameters, its inputs) seeded torch's global generator, and the first call of a table
+    ran the device's copy and matmul benchmarks. Neither happens now; an input of another
+    shape than the file's runs torch's implementation."""
+    from tuner.problem import spec_from_problem_file
+    from tuner.settings import Settings
+    settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.005,
+                        warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=1)
+    spec = spec_from_problem_file(FIXTURES / "kernelbench/relu.py", "fp32", {"batch_size": 4, "dim": 256})
+    skeleton = load_skeleton(FIXTURES / "kernelbench/relu.c.j2", FIXTURES / "kernelbench/relu.yaml")
+    execute(create_run(settings, spec, "cpu", skeleton, "random", 0), settings, 2, parallel=1)
+    db = TuningDB(tmp_path / "db.json")
+    db.collect([tmp_path / "runs"])
+    db.save()
+    export(db, tmp_path / "out")
+    torch.manual_seed(3)
+    x = torch.randn(4, 256)
+    state = torch.get_rng_state()
+    t = Table.load(tmp_path / "out" / "tuning.json", cache_dir=cache_dir)
+    assert torch.equal(t("relu", x, sizes={"batch_size": 4, "dim": 256}), torch.relu(x)) and t.last is not None
+    assert torch.equal(state, torch.get_rng_state())
+    short = torch.randn(2, 256)
+    assert torch.equal(t("relu", short, sizes={"batch_size": 4, "dim": 256}), torch.relu(short)) and t.last is None

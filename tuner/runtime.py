@@ -136,18 +136,19 @@ class Kernel:
         return self.entry["config"]
 
     def mismatch(self, inputs) -> str | None:
-        """Why these inputs are not what this kernel was built for (count, tensor, device, and
-        for a built-in op each input's shape and dtype; otherwise that every floating input
-        has the kernel's dtype); None when they are. The kernel trusts its pointers: handed a
+        """Why these inputs are not what this kernel was built for (count, tensor, device, each
+        input's shape and dtype); None when they are. The kernel trusts its pointers: handed a
         shorter weight or an int tensor, it reads past it or reads its bits as floats."""
         import torch
         names = self.op.input_names
         if len(inputs) != len(names):
             return f"{self.op.spec.name} takes {len(names)} inputs ({', '.join(names)}), got {len(inputs)}"
-        if self._in_specs is None:
-            self._in_specs = []
-            if self.op.spec.kind == "builtin":  # made on the meta device: shapes and dtypes only
+        if self._in_specs is None:  # once per kernel: a built-in op makes them on the meta
+            # device (no data); a problem file's get_inputs() runs once on the host
+            try:
                 self._in_specs = [(tuple(x.shape), x.dtype) for x in self.op.make_inputs(0, "meta")]
+            except Exception:  # noqa: BLE001 - inputs that cannot be made here: dtypes are still checked
+                self._in_specs = []
         if self._device is None:
             self._device = self.backend.to_device(torch.empty(0)).device
         want = torch_dtype(self.entry["dtype"])
@@ -244,7 +245,8 @@ class Table:
         with self._lock:
             if backend not in self._devices:
                 try:
-                    self._devices[backend] = get_backend(backend, 0, cache_dir=str(self.cache_dir)).device_info()
+                    # The name and toolchain only: no copy or matmul benchmark in the user's process.
+                    self._devices[backend] = get_backend(backend, 0, cache_dir=str(self.cache_dir)).device_info(peaks=False)
                 except (BackendUnavailable, ImportError, RuntimeError, OSError):
                     self._devices[backend] = None
             return self._devices[backend]

@@ -94,7 +94,10 @@ class Backend(abc.ABC):
     def compile(self, source: str, workdir: str, timeout_s: float) -> Build: ...
 
     @abc.abstractmethod
-    def device_info(self) -> DeviceInfo: ...
+    def device_info(self, peaks: bool = True) -> DeviceInfo:
+        """The device's name, cores, limits and toolchain, and with `peaks` its measured ceilings
+        (a copy and a matmul benchmark: `tuner.runtime`, which runs in the user's process and
+        needs only the name and toolchain, passes False)."""
 
     @abc.abstractmethod
     def load(self, artifact: str, op) -> Any: ...

@@ -105,10 +105,10 @@ class CpuBackend(Backend):
     def limits(self) -> dict[str, float]:
         return {}
 
-    def device_info(self) -> DeviceInfo:
+    def device_info(self, peaks: bool = True) -> DeviceInfo:
         name = cpu_name()
         cores = os.cpu_count() or 1
-        peaks = _cached_peaks(name, cores, self.options.get("cache_dir"))
+        peaks = _cached_peaks(name, cores, self.options.get("cache_dir")) if peaks else {}
         cc = compiler() or "none"
         try:
             ccv = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=10).stdout

@@ -116,7 +116,7 @@ class CudaBackend(Backend):
             return {}
         return {"arch": self._arch(), "smem_bytes": self.limits()["smem_bytes"]}
 
-    def device_info(self) -> DeviceInfo:
+    def device_info(self, peaks: bool = True) -> DeviceInfo:
         import torch
         import triton
         tools = (("python", platform.python_version()), ("torch", torch.__version__),
@@ -131,7 +131,7 @@ class CudaBackend(Backend):
         smi = _nvidia_smi(self.device)
         limits = {**self.limits(), "l2_bytes": float(p.L2_cache_size)}
         peaks = _cached_peaks(f"{p.name}|{p.multi_processor_count}|{smi.get('driver', '')}",
-                              self.options.get("cache_dir"), self)
+                              self.options.get("cache_dir"), self) if peaks else {}
         tools += (("cuda", str(torch.version.cuda)), ("driver", smi.get("driver", "?")),
                   ("sm_clock_max_mhz", smi.get("clock", "?")), ("arch", f"sm_{self._arch()}"))
         return DeviceInfo(backend="cuda", name=p.name, cores=p.multi_processor_count,

@@ -410,7 +410,7 @@ class NpuBackend(Backend):
     def limits(self) -> dict[str, float]:
         return self.profile().limits()
 
-    def device_info(self) -> DeviceInfo:
+    def device_info(self, peaks: bool = True) -> DeviceInfo:
         import torch
         aic, aiv = core_counts(self._properties())
         tools = {"python": platform.python_version(), "torch": torch.__version__,
@@ -432,7 +432,7 @@ class NpuBackend(Backend):
         if l2:
             limits["l2_bytes"] = float(l2)
         peaks = _cached_peaks(f"{self.soc()}|{aiv}|{tools['cann']}|{tools['torch_npu']}",
-                              self.options.get("cache_dir"), self)
+                              self.options.get("cache_dir"), self) if peaks else {}
         return DeviceInfo(backend="npu", name=self.soc(), cores=aiv, limits=tuple(sorted(limits.items())),
                           peaks=tuple(sorted(peaks.items())), toolchain=tuple(sorted(tools.items())))
 

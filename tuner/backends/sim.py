@@ -409,7 +409,7 @@ class SimBackend(Backend):
             self._mode = "interpret" if n <= limit else "reference"
         return self._mode
 
-    def device_info(self) -> DeviceInfo:
+    def device_info(self, peaks: bool = True) -> DeviceInfo:  # nothing measured either way
         p = self.profile
         mode = self._verify_mode()
         verify = ("Triton interpreter on CPU tensors (Ascend options stripped)" if mode == "interpret"
