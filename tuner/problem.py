@@ -145,8 +145,9 @@ def spec_from_problem_file(path: str | Path, dtype: str = "fp32",
 
 def problem_op(spec: OpSpec) -> Op:
     """The live Op of a problem-file spec (see `ops.load_op`, which caches it). Building it
-    seeds and draws (the model's parameters, a trial call): the caller's random state is left
-    as it was, since `tuner.runtime` builds ops in the user's own process."""
+    seeds and draws (the model's parameters, a trial call): the caller's host random state is
+    left as it was, since `tuner.runtime` builds ops in the user's own process (a GPU's
+    generators are seeded too, as before, and not restored)."""
     import torch
     with torch.random.fork_rng(devices=[]):
         return _problem_op(spec)
@@ -158,7 +159,7 @@ def _problem_op(spec: OpSpec) -> Op:
     module = _import_problem(Path(spec.source), spec.size_dict())
     dt = torch_dtype(spec.dtype)
     try:
-        torch.default_generator.manual_seed(0)  # parameters are fixed for the run; inputs are fresh per seed
+        torch.manual_seed(0)  # parameters are fixed for the run; inputs are fresh per seed
         model = module.Model(*module.get_init_inputs()).eval()
     except Exception as e:
         raise OpError(f"{spec.source}: Model(*get_init_inputs()) failed: {type(e).__name__}: {e}") from None
@@ -173,7 +174,7 @@ def _problem_op(spec: OpSpec) -> Op:
         # get_inputs draws on the host (moved where asked after), seeded without changing the
         # caller's random state: `tuner.runtime` makes inputs in the user's own process.
         with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(seed)
+            torch.manual_seed(seed)  # a GPU's generators too (a get_inputs that draws there)
             xs = [cast(x) for x in module.get_inputs()] + [cast(t.clone()) for _, t in params]
         return [x.to(device) if device is not None and isinstance(x, torch.Tensor) else x for x in xs]
 
