@@ -188,7 +188,9 @@ def test_serving_a_problem_files_kernel_leaves_the_callers_random_state_alone(tm
     from tuner.settings import Settings
     settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.005,
                         warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=1)
-    spec = spec_from_problem_file(FIXTURES / "kernelbench/relu.py", "fp32", {"batch_size": 4, "dim": 256})
+    problem = tmp_path / "relu.py"
+    problem.write_text((FIXTURES / "kernelbench/relu.py").read_text())
+    spec = spec_from_problem_file(problem, "fp32", {"batch_size": 4, "dim": 256})
     skeleton = load_skeleton(FIXTURES / "kernelbench/relu.c.j2", FIXTURES / "kernelbench/relu.yaml")
     execute(create_run(settings, spec, "cpu", skeleton, "random", 0), settings, 2, parallel=1)
     db = TuningDB(tmp_path / "db.json")
@@ -203,3 +205,8 @@ def test_serving_a_problem_files_kernel_leaves_the_callers_random_state_alone(tm
     assert torch.equal(state, torch.get_rng_state())
     short = torch.randn(2, 256)
     assert torch.equal(t("relu", short, sizes={"batch_size": 4, "dim": 256}), torch.relu(short)) and t.last is None
+    problem.unlink()  # the op's reference and fallback: a table cannot serve it without the file
+    from tuner import ops
+    ops._CACHE.clear()  # as in a new process
+    with pytest.raises(ops.OpError, match=r"relu.py does not exist \(moved or deleted since it was tuned\?\)"):
+        Table.load(tmp_path / "out" / "tuning.json", cache_dir=cache_dir)("relu", x, sizes={"batch_size": 4, "dim": 256})

@@ -95,6 +95,9 @@ def probe_import(path: Path) -> None:
 
 def _import_problem(path: Path, overrides: dict[str, int]):
     """Import a problem file under a private module name, then apply size overrides."""
+    if not path.is_file():  # a run, a sweep or an exported table names a file moved since
+        raise OpError(f"problem file {path} does not exist (moved or deleted since it was tuned?); "
+                      f"its Model is the op's reference: put it back at that path")
     name = "tuner_problem_" + re.sub(r"\W", "_", path.stem) + f"_{abs(hash(str(path)))}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
