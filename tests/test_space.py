@@ -147,7 +147,10 @@ def test_promising_configs_are_completed_repaired_at_this_shape_and_kept_in_the_
     s = parse_space(GOOD + "promising:\n  - {BLOCK: 256}\n  - {BLOCK: 16, ONLINE: false}\n"
                            "  - {BLOCK: 256, ROWS: 2}\n", "good.yaml")
     ctx = {"M": 8, "N": 100, "DTYPE_BYTES": 4, "CORES": 2}
-    hunches = s.hunches(ctx)
+    notes: list[str] = []
+    hunches = s.hunches(ctx, notes=notes)
+    assert notes == [f"promising config 2 (BLOCK=16 ONLINE=False) is rejected at this shape (constraint "
+                     f"failed: ONLINE or BLOCK >= N): trying the nearest valid config, {hunches[1]}"]
     assert hunches[0] == Config.of({**s.default_config().as_dict(), "BLOCK": 256})
     # BLOCK 16 not online breaks `ONLINE or BLOCK >= N`: repaired by one param, the smallest move
     assert len(hunches) == 2 and s.check(hunches[1], ctx) is None

@@ -174,14 +174,21 @@ class Space:
         near = self.repair(default, context, limits)
         return [default] + ([near] if near is not None else [])
 
-    def hunches(self, context: dict[str, Any], limits: dict[str, float] | None = None) -> list[Config]:
+    def hunches(self, context: dict[str, Any], limits: dict[str, float] | None = None,
+                notes: list[str] | None = None) -> list[Config]:
         """The `promising` configs at this shape: each one the formulas reject replaced by the
-        nearest config they accept (`repair`), and dropped when there is none."""
+        nearest config they accept (`repair`), and dropped when there is none; `notes` gets a
+        line for each one replaced or dropped, and why."""
         out: list[Config] = []
-        for partial in self.promising:
+        for i, partial in enumerate(self.promising):
             config = self.complete(dict(partial))
-            if config is not None and self.check(config, context, limits) is not None:
+            why = self.check(config, context, limits) if config is not None else "not a point of the space"
+            if config is not None and why is not None:
                 config = self.repair(config, context, limits)
+            if why is not None and notes is not None:
+                instead = f"trying the nearest valid config, {config}" if config is not None else "dropped"
+                notes.append(f"promising config {i + 1} ({Config.of(dict(partial))}) is rejected "
+                             f"at this shape ({why}): {instead}")
             if config is not None and config not in out:
                 out.append(config)
         return out

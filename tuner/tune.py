@@ -406,7 +406,10 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
                             study_name=meta.get("study_name", "tuner"), check=evaluator.check,
                             patience=meta.get("patience"), sampler_options=options)
         starts = skeleton.space.starts(evaluator.context, evaluator.limits)
-        hunches = skeleton.space.hunches(evaluator.context, evaluator.limits)
+        notes: list[str] = []
+        hunches = skeleton.space.hunches(evaluator.context, evaluator.limits, notes)
+        for line in notes if not store.records() else ():  # said once, not again on a resume
+            view.note(line)
         for config in (*starts, *seeds, *warm, *hunches):
             config = skeleton.space.complete(config)  # a param added since: its default
             if config is not None:
