@@ -232,10 +232,11 @@ def test_the_spaces_promising_configs_are_tried_right_after_the_default(tmp_path
     assert len(by_trial) == 5
 
 
-def test_a_run_resumes_from_another_directory(tmp_path, monkeypatch):
+def test_a_run_resumes_from_another_directory_and_without_its_build_folder(tmp_path, monkeypatch):
     """Records keep where each kernel was compiled, relative to the directory the command ran
     in (`runs/<id>/build/...`): a resume from elsewhere found none of them when it re-timed
-    the top configs, and failed there ("cannot open shared object file")."""
+    the top configs, and failed there ("cannot open shared object file"); so did a resume of
+    a run whose build/ had been deleted."""
     fast_env(monkeypatch, tmp_path)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -248,6 +249,11 @@ def test_a_run_resumes_from_another_directory(tmp_path, monkeypatch):
     assert main(["tune", "--resume", str(run), "--budget", "5", "--quiet"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["evaluations"] == 5 and summary["best"] is not None
+    # build/ deleted to save space: the configs the re-timing needs are compiled again.
+    import shutil
+    shutil.rmtree(run / "build")
+    assert main(["tune", "--resume", str(run), "--budget", "6", "--quiet"]) == 0
+    assert json.loads((run / "summary.json").read_text())["evaluations"] == 6
 
 
 def test_a_space_whose_constraints_leave_almost_nothing_still_gets_searched(tmp_path, monkeypatch):

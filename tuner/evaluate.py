@@ -264,8 +264,18 @@ class Evaluator:
                 return Measurement(Status.RUNTIME_ERROR, detail=f"kernel crashed: {e.reason}")
 
     def artifact(self, record: Record) -> str:
-        """The record's compiled kernel, found from this process's directory (see `artifact_in`)."""
-        return artifact_in(self.workdir, record.build.artifact)
+        """The record's compiled kernel, found from this process's directory (see `artifact_in`),
+        or compiled again from its config when it is gone (a run whose build/ was deleted to
+        save space, then resumed: the re-timing of the top configs failed on it)."""
+        path = artifact_in(self.workdir, record.build.artifact)
+        if Path(path).exists() or not ("build" in Path(path).parts):
+            return path
+        try:
+            source = self.skeleton.render(record.config, self.context)
+        except SkeletonError:
+            return path
+        build = self.compile(source, hashlib.sha256(source.encode()).hexdigest()[:16])
+        return build.artifact if build.status is Status.OK else path
 
     def retime(self, records: list[Record]) -> list[list[float]] | None:
         """The top few, re-timed interleaved in one worker so that drift hits all alike.
