@@ -6,6 +6,8 @@ import stat
 import pytest
 
 from tuner.cli import main
+from tuner.store import Store
+from tuner.values import Status
 from tests.conftest import FIXTURES
 
 
@@ -199,6 +201,19 @@ def test_problem_without_skeleton_shows_the_entry_signature_with_integer_inputs(
                  "def get_init_inputs():\n    return []\n")
     rc, err = run(capsys, "tune", "--op", str(f), "--backend", "cpu", "--budget", "1")
     assert rc == 2 and "void tuner_kernel(const int64_t *in0, const {{ ctype }} *in1, {{ ctype }} *out0)" in err
+    # A kernel written to that entry passes: the output is a buffer of the run's dtype in the
+    # check and the timing alike (the check gave it float64, the reference's, when the first
+    # input was not floating).
+    tpl, space = tmp_path / "g.c.j2", tmp_path / "g.yaml"
+    tpl.write_text("#include <stdint.h>\n#include <string.h>\nvoid tuner_kernel(const int64_t *in0, "
+                   "const {{ ctype }} *in1, {{ ctype }} *out0) {\n  for (long i = 0; i < 64; i++)\n"
+                   "    memcpy(out0 + i * 32, in1 + in0[i] * 32, 32 * sizeof({{ ctype }}));\n}\n")
+    space.write_text("language: c\nparams:\n  V: [1]\n")
+    rc, _ = run(capsys, "tune", "--op", str(f), "--backend", "cpu", "--budget", "1", "--template", str(tpl),
+                "--space", str(space), "--runs-dir", str(tmp_path / "runs"), "--quiet")
+    assert rc == 0
+    (record,) = Store.open(next((tmp_path / "runs").iterdir())).records()
+    assert record.status is Status.OK, record.reason
 
 
 def test_problem_whose_inputs_are_not_all_tensors(capsys, tmp_path):

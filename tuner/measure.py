@@ -18,7 +18,7 @@ import traceback
 from collections import OrderedDict
 from typing import Callable
 
-from .ops import Op, load_op
+from .ops import Op, load_op, out_dtype
 from .settings import Settings
 from .values import Measurement, OpSpec, Status
 
@@ -220,11 +220,8 @@ def _check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | 
     inputs = [_guarded(x.shape, x.dtype, x.device) for x in pristine]
     for dev, x in zip(inputs, pristine):
         dev[0].copy_(x)
-    dt = pristine[0].dtype if pristine and pristine[0].is_floating_point() else None
     # Made where the reference lives, so on the device: no host buffer copied over per check.
-    # A floating output takes the inputs' dtype; another (argmax's int64 indices) keeps the
-    # reference's, as `ops.arg_specs` and the runtime allocate it.
-    outs = [_guarded(r.shape, (dt or r.dtype) if r.is_floating_point() else r.dtype, r.device) for r in ref_dev]
+    outs = [_guarded(r.shape, out_dtype(op, r), r.device) for r in ref_dev]
     for out, _ in outs:
         out.fill_(_poison(out.dtype))
     backend.launch(kernel, [t for t, _ in inputs + outs])
@@ -362,8 +359,7 @@ def _timing_args(backend, op: Op) -> list:
     seed, ref = _rng.choice(_pooled(op, backend))
     pristine, ref_dev = _device_set(backend, op, seed, ref)
     xs = [x.clone() for x in pristine]
-    dt = xs[0].dtype if xs and xs[0].is_floating_point() else torch.float32
-    specs = [(r.shape, dt if r.is_floating_point() else r.dtype) for r in ref_dev]  # as `_check`'s
+    specs = [(r.shape, out_dtype(op, r)) for r in ref_dev]
     where = xs[0].device if xs else None
     return xs + [torch.empty(s, dtype=d, device=where) if where is not None
                  else backend.to_device(torch.empty(s, dtype=d)) for s, d in specs]

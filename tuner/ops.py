@@ -333,23 +333,32 @@ def load_op(spec: OpSpec) -> Op:
     return _CACHE[key]
 
 
+def out_dtype(op: Op, ref_out):
+    """The dtype the harness gives an output, from the reference's: a floating one the op's
+    dtype, another its own (argmax's int64 indices). One rule for the check, the timing, the
+    compile-ahead and the runtime: where they differed, a kernel wrote past a buffer."""
+    return torch_dtype(op.spec.dtype) if ref_out.is_floating_point() else ref_out.dtype
+
+
 def arg_specs(op: Op) -> tuple[list[tuple[tuple[int, ...], Any]], list[tuple[tuple[int, ...], Any]]]:
     """(shape, dtype) of the kernel's inputs and outputs, as the harness allocates them. The
-    output shapes come from the reference on meta tensors (free), or, for a reference that
-    cannot run on meta tensors, from one real call on seed-0 inputs."""
+    inputs are made on the meta device (a built-in op's draw no data), the output shapes come
+    from the reference on them; a reference that cannot run on meta tensors gets one real call
+    on seed-0 inputs."""
     import contextlib
 
     import torch
-    xs = op.make_inputs(0)
+    try:
+        xs = op.make_inputs(0, "meta")
+    except Exception:  # noqa: BLE001 - inputs that cannot be made there
+        xs = op.make_inputs(0)
     outs = None
     with contextlib.suppress(Exception):
         outs = op.reference([x.to("meta", torch.float64) if x.is_floating_point() else x.to("meta")
                              for x in xs])
     if outs is None:
-        outs = op.reference([x.double() if x.is_floating_point() else x for x in xs])
-    dt = xs[0].dtype if xs and xs[0].is_floating_point() else torch.float32
-    return ([(tuple(x.shape), x.dtype) for x in xs],
-            [(tuple(o.shape), dt if o.is_floating_point() else o.dtype) for o in outs])
+        outs = op.reference([x.double() if x.is_floating_point() else x for x in op.make_inputs(0)])
+    return [(tuple(x.shape), x.dtype) for x in xs], [(tuple(o.shape), out_dtype(op, o)) for o in outs]
 
 
 _C_TYPES = {"torch.int64": "int64_t", "torch.int32": "int32_t", "torch.int16": "int16_t",

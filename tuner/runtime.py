@@ -41,7 +41,7 @@ from typing import Any
 
 from .backends import BackendUnavailable, get_backend
 from .db import fingerprint
-from .ops import load_op, render_context, torch_dtype
+from .ops import arg_specs, load_op, render_context
 from .settings import Settings
 from .skeleton import Skeleton, SkeletonError
 from .values import Config, OpSpec, Status
@@ -127,8 +127,7 @@ class Kernel:
     backend: Any
     op: Any
     fn: Any
-    _out_specs: list | None = field(default=None, repr=False)
-    _in_specs: list | None = field(default=None, repr=False)
+    _specs: tuple | None = field(default=None, repr=False)  # `ops.arg_specs`: made once
     _device: Any = field(default=None, repr=False)  # where the backend runs it
 
     @property
@@ -143,46 +142,29 @@ class Kernel:
         names = self.op.input_names
         if len(inputs) != len(names):
             return f"{self.op.spec.name} takes {len(names)} inputs ({', '.join(names)}), got {len(inputs)}"
-        if self._in_specs is None:  # once per kernel: a built-in op makes them on the meta
-            # device (no data); a problem file's get_inputs() runs once on the host
-            try:
-                self._in_specs = [(tuple(x.shape), x.dtype) for x in self.op.make_inputs(0, "meta")]
-            except Exception:  # noqa: BLE001 - inputs that cannot be made here: dtypes are still checked
-                self._in_specs = []
         if self._device is None:
             self._device = self.backend.to_device(torch.empty(0)).device
-        want = torch_dtype(self.entry["dtype"])
-        for i, (name, x) in enumerate(zip(names, inputs)):
+        for (shape, dtype), name, x in zip(self.specs()[0], names, inputs):
             if not isinstance(x, torch.Tensor):
                 return f"input {name} is a {type(x).__name__}, not a tensor"
             if x.device != self._device:  # a C kernel handed a GPU pointer would crash the process
                 return f"input {name} is on {x.device}; this kernel runs on {self._device}"
-            if self._in_specs:
-                shape, dtype = self._in_specs[i]
-                if tuple(x.shape) != shape or x.dtype != dtype:
-                    return (f"input {name} is {tuple(x.shape)} {x.dtype}; the kernel for these sizes "
-                            f"takes {shape} {dtype}")
-            elif x.is_floating_point() and x.dtype != want:
-                return f"input {name} is {x.dtype}; the kernel takes {want}"
+            if tuple(x.shape) != shape or x.dtype != dtype:
+                return (f"input {name} is {tuple(x.shape)} {x.dtype}; the kernel for these sizes "
+                        f"takes {shape} {dtype}")
         return None
 
     def outputs(self, inputs) -> list:
         import torch
-        return [torch.empty(shape, dtype=dtype, device=inputs[0].device) for shape, dtype in self._outputs(inputs)]
+        return [torch.empty(shape, dtype=dtype, device=inputs[0].device) for shape, dtype in self.specs()[1]]
 
-    def _outputs(self, inputs) -> list[tuple[tuple, Any]]:
-        """(shape, dtype) of each output: floating ones in the inputs' dtype."""
-        import torch
-        if self._out_specs is None:
-            outs = None
-            try:
-                outs = self.op.reference([x.to("meta", torch.float64) if x.is_floating_point() else x.to("meta")
-                                          for x in inputs])
-            except Exception:  # noqa: BLE001 - a reference that cannot run on meta tensors
-                outs = self.op.reference([x.double().cpu() if x.is_floating_point() else x.cpu() for x in inputs])
-            self._out_specs = [(tuple(o.shape), o.is_floating_point(), o.dtype) for o in outs]
-        dt = inputs[0].dtype if inputs and inputs[0].is_floating_point() else torch.float32
-        return [(s, dt if fp else odt) for s, fp, odt in self._out_specs]
+    def specs(self) -> tuple[list, list]:
+        """(shape, dtype) of the inputs and the outputs, as the harness handed them to the kernel
+        when it was tuned (`ops.arg_specs`: a built-in op's inputs made on the meta device, a
+        problem file's get_inputs() run once on the host)."""
+        if self._specs is None:
+            self._specs = arg_specs(self.op)
+        return self._specs
 
     def __call__(self, *inputs, out=None):
         why = self.mismatch(inputs)
@@ -197,7 +179,7 @@ class Kernel:
         inputs = [x if x.is_contiguous() else x.contiguous() for x in inputs]
         if out is not None:
             outs = list(out)
-            specs = self._outputs(inputs)
+            specs = self.specs()[1]
             if len(outs) != len(specs):
                 raise ValueError(f"out= gives {len(outs)} tensors; {self.op.spec.name} has {len(specs)} outputs")
             for name, o, (shape, dtype) in zip(self.op.output_names, outs, specs):
