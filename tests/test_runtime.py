@@ -210,3 +210,43 @@ def test_serving_a_problem_files_kernel_leaves_the_callers_random_state_alone(tm
     ops._CACHE.clear()  # as in a new process
     with pytest.raises(ops.OpError, match=r"relu.py does not exist \(moved or deleted since it was tuned\?\)"):
         Table.load(tmp_path / "out" / "tuning.json", cache_dir=cache_dir)("relu", x, sizes={"batch_size": 4, "dim": 256})
+
+
+def test_a_problem_files_table_reads_sizes_from_the_inputs_and_falls_back_with_the_callers_weights(tmp_path, cache_dir):
+    """A problem file's op had no way to read its sizes from a call (`sizes=` was required:
+    "cannot read 'linear''s sizes"); they are read where its get_inputs() puts them. And the
+    torch fallback ran the Model's own parameters, not the weights the caller passed: a
+    wrong answer without a word (fp64 inputs, which nothing tuned serves)."""
+    from tuner.problem import size_positions, spec_from_problem_file
+    from tuner.settings import Settings
+    settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.005,
+                        warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=1)
+    problem = FIXTURES / "kernelbench/linear.py"
+    assert size_positions(problem, {"batch": 8, "in_features": 64, "out_features": 32}) == \
+        {"batch": (0, 0), "in_features": (0, 1)}  # out_features shows in no input of get_inputs()
+    assert size_positions(FIXTURES / "kernelbench/relu.py", {"batch_size": 16, "dim": 16}) == \
+        {"batch_size": (0, 0), "dim": (0, 1)}  # equal sizes told apart
+    spec = spec_from_problem_file(problem, "fp32")
+    skeleton = load_skeleton(FIXTURES / "kernelbench/linear.c.j2", FIXTURES / "kernelbench/linear.yaml")
+    execute(create_run(settings, spec, "cpu", skeleton, "random", 0), settings, 2, parallel=1)
+    db = TuningDB(tmp_path / "db.json")
+    db.collect([tmp_path / "runs"])
+    db.save()
+    export(db, tmp_path / "out")
+    # The exported module's example names this table's op and sizes, not softmax's.
+    assert """call('linear', *inputs)""" in (tmp_path / "out" / "tuned_kernels.py").read_text()
+    t = Table.load(tmp_path / "out" / "tuning.json", cache_dir=cache_dir)
+    torch.manual_seed(0)
+    w, b = torch.randn(32, 64), torch.randn(32)
+    for batch in (8, 20):  # the tuned shape, and a nearest one (rendered at batch 20, verified)
+        x = torch.randn(batch, 64)
+        assert t.sizes_of("linear", [x, w, b]) == {"batch": batch, "in_features": 64, "out_features": 32}
+        torch.testing.assert_close(t("linear", x, w, b), x @ w.T + b)
+        assert t.last is not None
+    x = torch.randn(8, 64, dtype=torch.float64)
+    y = t("linear", x, w.double(), b.double())  # nothing tuned in fp64: torch, with these weights
+    assert t.last is None
+    torch.testing.assert_close(y, x @ w.double().T + b.double())
+    w16 = torch.randn(16, 64)  # another out_features than tuned: the kernel would read past w
+    torch.testing.assert_close(t("linear", x.float(), w16, b[:16]), x.float() @ w16.T + b[:16])
+    assert t.last is None

@@ -245,14 +245,18 @@ def export(db: TuningDB, out: str | Path, backend: str | None = None, device: st
 def python_module(table: dict) -> str:
     ops = sorted({(e["op"], e["backend"], e["device"]) for e in table["entries"]})
     listing = "\n".join(f"#   {op} on {backend}: {device}" for op, backend, device in ops)
+    # The example names an entry of this table, its own inputs and sizes.
+    e = table["entries"][0] if table["entries"] else {"op": "softmax", "sizes": {"M": 4096, "N": 1024},
+                                                        "dtype": "fp32", "kind": "builtin"}
+    args = "*inputs" if e.get("kind") == "kernelbench" else "x"  # a problem file's: get_inputs(), then the Model's parameters
     return f'''"""Tuned kernels exported by tuner {table["tuner"]} on {table["exported"]} from {table["source"]}.
 
 {len(table["entries"])} entries:
 {listing}
 
     import tuned_kernels
-    y = tuned_kernels.call("softmax", x)          # the best kernel for x's shape, launched
-    choice = tuned_kernels.lookup("softmax", {{"M": 4096, "N": 1024}}, "fp32")
+    y = tuned_kernels.call({e["op"]!r}, {args})   # the best kernel for the inputs' shapes, launched
+    choice = tuned_kernels.lookup({e["op"]!r}, {json.dumps(e["sizes"])}, {e["dtype"]!r})
 
 A shape that was not tuned uses the nearest tuned one (see `tuner.runtime`); a call nothing
 serves (another device or toolchain, no valid config) runs the op's torch implementation.

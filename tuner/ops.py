@@ -44,6 +44,11 @@ class Op:
     flops: float | None
     bytes: float
     tolerance: tuple[float, float]
+    # The inputs and parameters as a caller passes them -> outputs, computed with those
+    # parameters (`tuner.runtime`'s fallback); None: `torch_impl` does (a built-in op's
+    # weights are inputs already). A problem file's `torch_impl` runs its Model's own
+    # parameters, which is what the timing compares against, but not what a user passed.
+    torch_call: Callable[[list], list] | None = None
 
     @property
     def sizes(self) -> dict[str, int]:

@@ -146,6 +146,43 @@ def spec_from_problem_file(path: str | Path, dtype: str = "fp32",
                   dtype=dtype, kind="kernelbench")
 
 
+def size_positions(path: str | Path, sizes: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """Where each size shows in get_inputs()'s shapes: {name: (input, dim)} for a dim whose
+    extent is the size itself and follows it when it changes (the size doubled, the others
+    kept). Sizes that no input's dim follows (a constant of the model) are left out.
+    get_inputs() runs with torch's default device set to meta: shapes only, no data drawn."""
+    import torch
+
+    module = _import_problem(Path(path), sizes)
+
+    def shapes() -> list:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            xs = module.get_inputs()
+        return [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in xs]
+
+    try:
+        base = shapes()
+        out: dict[str, tuple[int, int]] = {}
+        for name, v in sizes.items():
+            setattr(module, name, 2 * v)
+            try:
+                moved = shapes()
+            finally:
+                setattr(module, name, v)
+            for i, (a, b) in enumerate(zip(base, moved)):
+                hit = [d for d in range(len(a)) if a[d] == v and b[d] == 2 * v] \
+                    if a is not None and b is not None and len(a) == len(b) else []
+                if hit:
+                    out[name] = (i, hit[0])
+                    break
+    except Exception as e:  # noqa: BLE001 - a get_inputs that cannot run on meta tensors
+        raise OpError(f"{path}: get_inputs() could not be run for its shapes alone ({type(e).__name__}: "
+                      f"{e})") from None
+    finally:
+        sys.modules.pop(module.__name__, None)
+    return out
+
+
 def problem_op(spec: OpSpec) -> Op:
     """The live Op of a problem-file spec (see `ops.load_op`, which caches it). Building it
     seeds and draws (the model's parameters, a trial call): the caller's host random state is
@@ -218,6 +255,13 @@ def _problem_op(spec: OpSpec) -> Op:
         with torch.no_grad():
             return as_list(on_inputs_device(model_dt, xs)(*xs[:n_in]))
 
+    param_names = [n for n, _ in params]
+
+    def call(xs):  # the caller's parameters, not the model's own (`Op.torch_call`)
+        with torch.no_grad():
+            return as_list(torch.func.functional_call(on_inputs_device(model_dt, xs),
+                                                      dict(zip(param_names, xs[n_in:])), tuple(xs[:n_in])))
+
     try:
         sample = make(0)
     except Exception as e:
@@ -251,4 +295,4 @@ def _problem_op(spec: OpSpec) -> Op:
     moved = sum(x.numel() * x.element_size() for x in sample) + sum(
         o.numel() * DTYPE_BYTES[spec.dtype] for o in outs)
     return Op(spec, names, tuple(f"out{i}" for i in range(len(outs))), make, ref, impl,
-              None, float(moved), TOLERANCE[spec.dtype])
+              None, float(moved), TOLERANCE[spec.dtype], call if params else None)

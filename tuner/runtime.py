@@ -209,6 +209,7 @@ class Table:
         self.cache_dir = Path(cache_dir or Settings().cache_dir)
         self._devices: dict[str, Any] = {}
         self._kernels: dict[tuple, Kernel | None] = {}
+        self._positions: dict[str, dict | str] = {}  # problem file op -> `problem.size_positions` (or why not)
         self._lock = threading.RLock()
         self.last: Kernel | None = None  # the kernel of the last call (None: the torch fallback)
 
@@ -312,7 +313,7 @@ class Table:
             have = sorted({e["op"] for e in self.entries})
             raise LookupError(f"unknown op {op!r}: not a built-in op, and this table has "
                               f"{'only ' + ', '.join(have) if have else 'no entries'}")
-        sizes = sizes or sizes_of(op, inputs)
+        sizes = sizes or self.sizes_of(op, inputs)
         dtype = dtype_name(inputs[0]) if inputs and getattr(inputs[0], "is_floating_point", bool)() else "fp32"
         # An empty call (a size 0) has nothing to tune: torch's implementation handles it.
         k = self.kernel(op, sizes, dtype, backend) if all(v > 0 for v in sizes.values()) else None
@@ -328,12 +329,52 @@ class Table:
         entry = next((e for e in self.entries if e["op"] == op), None)
         spec = OpSpec(op, entry["source"] if entry else op, tuple(sizes.items()), dtype,
                       entry["kind"] if entry else "builtin")
-        outs = load_op(spec).torch_impl(list(inputs))
+        fallback = load_op(spec)
+        outs = (fallback.torch_call or fallback.torch_impl)(list(inputs))
         if out is not None:
             for o, r in zip(out, outs):
                 o.copy_(r)
             outs = list(out)
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def sizes_of(self, op: str, inputs) -> dict[str, int]:
+        """The call's sizes, read from its inputs' shapes: a built-in op's by its table
+        (`SIZES_FROM_INPUTS`), a problem file's where its get_inputs() puts each size
+        (`problem.size_positions`, worked out once per op). A size no input's shape shows (a
+        constant of the model) is the tuned one, when every entry of the op has the same."""
+        if op in SIZES_FROM_INPUTS:
+            return sizes_of(op, inputs)
+        entries = [e for e in self.entries if e["op"] == op]
+        if not entries or entries[0].get("kind") != "kernelbench":
+            raise LookupError(f"cannot read {op!r}'s sizes from its inputs; pass sizes={{...}}")
+        first = entries[0]
+        with self._lock:
+            if op not in self._positions:
+                from .ops import OpError
+                from .problem import size_positions
+                try:
+                    self._positions[op] = size_positions(first["source"], dict(first["sizes"]))
+                except OpError as e:
+                    self._positions[op] = str(e)
+        where = self._positions[op]
+        if isinstance(where, str):
+            raise LookupError(f"cannot read {op!r}'s sizes from its inputs ({where}); pass sizes={{...}}")
+        out: dict[str, int] = {}
+        for name in first["sizes"]:
+            if name in where:
+                i, d = where[name]
+                x = inputs[i] if i < len(inputs) else None
+                if not hasattr(x, "shape") or len(x.shape) <= d:
+                    raise LookupError(f"{op}: its size {name} is dim {d} of input {i}, and the call's input {i} "
+                                      f"is {'missing' if x is None else tuple(getattr(x, 'shape', ())) or type(x).__name__}")
+                out[name] = int(x.shape[d])
+                continue
+            tuned = {e["sizes"].get(name) for e in entries}
+            if len(tuned) != 1:
+                raise LookupError(f"{op}: its size {name} shows in no input's shape and was tuned at "
+                                  f"{', '.join(str(v) for v in sorted(tuned, key=str))}; pass sizes={{...}}")
+            out[name] = tuned.pop()
+        return out
 
     # ---- building ----------------------------------------------------------------------
 
