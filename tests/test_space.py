@@ -72,6 +72,8 @@ def test_json_roundtrip():
     ("params:\n  A: [1, 2]\npromising:\n  - 2\n", 4, "must be a mapping"),
     ("params:\n  A: [1, 2]\npromising:\n" + "  - {A: 1}\n" * 33, 3, "at most 32"),
     ("params:\n  A: [1, [2]]\n", 2, "must be a number"),
+    ("sizes: [N]\nparams:\n  N: [1, 2]\n", 1, "are also params"),
+    ("params:\n  CORES: [1, 2]\n", 2, "what the backend gives"),
     ("params:\n  A: {weird: 1}\n", 2, "expected a list"),
     ("params: [\n", 2, "not valid YAML"),
     ("- 1\n- 2\n", None, "mapping"),
@@ -83,6 +85,14 @@ def test_rejects_malformed_with_file_and_line(text, line, message):
     assert str(e.value).startswith("bad.yaml")
     if line is not None:
         assert str(e.value).startswith(f"bad.yaml:{line}:"), str(e.value)
+
+
+def test_a_param_named_as_a_size_of_the_op_is_refused():
+    """A param N hid the op's size N from the template and the formulas: every config of a
+    C kernel looped to the param's value and left the output unwritten (WRONG_RESULT)."""
+    s = parse_space("params:\n  N: [1, 2]\n  ctype: [float]\n", "x.yaml")
+    with pytest.raises(SpaceError, match=r"param\(s\) \['N', 'ctype'\] have the name of"):
+        s.check(Config.of({"N": 1, "ctype": "float"}), {"M": 8, "N": 64, "ctype": "double", "DTYPE_BYTES": 8})
 
 
 def test_huge_space_rejected():

@@ -131,6 +131,12 @@ class Space:
                           and isinstance(v, int) and not isinstance(v, bool))  # sizes, not dtype/op
             raise SpaceError(f"{self.source}: the op provides no size(s) {missing}; "
                              f"it has {have}")
+        # A param named as a size (or dtype, CORES...) would hide it from the formulas and the
+        # template: {{ N }} rendered the param's value, and every config computed garbage.
+        clash = [p.name for p in self.params if p.name in context]
+        if clash:
+            raise SpaceError(f"{self.source}: param(s) {clash} have the name of what the op and the backend "
+                             f"give the template and the formulas (sizes, dtype, CORES, ...); rename them")
         try:
             env = {**context, **config.as_dict()}
             for name, value in self.evaluate_resources(config, context).items():
@@ -307,6 +313,8 @@ def parse_space(text: str, source: str = "<space>") -> Space:
             raise err(knode, f"param name {name!r} is a reserved word; rename it")
         if name in {p.name for p in params}:
             raise err(knode, f"param {name!r} declared twice")
+        if name in CONTEXT_NAMES:
+            raise err(knode, f"param name {name!r} is what the backend gives the formulas; rename it")
         params.append(_param(name, _data(vnode), lambda m, n=vnode: err(n, m)))
 
     sizes: list[str] = []
@@ -315,6 +323,9 @@ def parse_space(text: str, source: str = "<space>") -> Space:
         sizes = _data(snode)
         if not isinstance(sizes, list) or not all(isinstance(s, str) and s.isidentifier() for s in sizes):
             raise err(snode, "'sizes' must be a list of problem-size names, e.g. [M, N]")
+        if set(sizes) & {p.name for p in params}:
+            raise err(snode, f"size(s) {sorted(set(sizes) & {p.name for p in params})} are also params; "
+                             f"a param must not take a size's name (rename the param)")
 
     known = {p.name for p in params} | set(sizes) | CONTEXT_NAMES
     resources: list[tuple[str, Rule]] = []
