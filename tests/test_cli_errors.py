@@ -2,6 +2,7 @@
 
 import os
 import stat
+import sys
 
 import pytest
 
@@ -178,12 +179,43 @@ def test_template_that_raises_or_runs_away_is_a_compile_error(tmp_path):
     for text, says in [("a\\n{{ 1 // (A - A) }}\\n", ":2: ZeroDivisionError"),
                        ("{% for i in range(10**9) %}x{% endfor %}", "OverflowError"),
                        ("{% for i in range(99999) %}{% for j in range(99999) %}xxxx{% endfor %}{% endfor %}",
-                        "runs away")]:
+                        "runs away"),
+                       ('{{ "x" * 10**10 }}', "SecurityError: a sequence of 1 repeated"),  # 10 GB in one op
+                       ("{{ 7 ** 100000 }}", "too large a number")]:
         tpl = tmp_path / "t.c.j2"
         tpl.write_text(text.replace("\\n", "\n"))
         sk: Skeleton = load_skeleton(tpl, space)
         with pytest.raises(SkeletonError, match=says):
             sk.render(Config.of({"A": 1}), {})
+
+
+def test_template_loops_that_write_nothing_end_at_the_deadline(tmp_path, monkeypatch):
+    """Nested loops with an empty body never reach the source-size check: such a template ran
+    for hours in the tool's own process (an evaluation thread). Now its own code stops at
+    RENDER_TIMEOUT_S, in a thread as well, and the config is a COMPILE_ERROR."""
+    import threading
+    import time
+
+    from tuner import skeleton
+    from tuner.values import Config
+    monkeypatch.setattr(skeleton, "RENDER_TIMEOUT_S", 0.5)
+    space = tmp_path / "s.yaml"
+    space.write_text("language: c\nparams:\n  A: [1, 2]\n")
+    tpl = tmp_path / "t.c.j2"
+    tpl.write_text("{% set x = range(20000)|list %}\n{% for a in x %}{% for b in x %}{% endfor %}{% endfor %}\n")
+    sk = skeleton.load_skeleton(tpl, space)
+    said = []
+
+    def render():
+        started = time.monotonic()
+        with pytest.raises(skeleton.SkeletonError, match=r"t.c.j2:2: rendering took more than 0.5 s") as e:
+            sk.render(Config.of({"A": 1}), {})
+        said.append((str(e.value), time.monotonic() - started))
+    t = threading.Thread(target=render, daemon=True)
+    t.start()
+    t.join(30)
+    assert said and said[0][1] < 5, said
+    assert sys.gettrace() is None or "coverage" in repr(sys.gettrace())  # the trace is taken off again
 
 
 def test_model_proposer_without_key_or_endpoint(capsys, tmp_path, monkeypatch):

@@ -7,6 +7,11 @@ wheel (where they are packaged as `tuner/kernel_templates` and `tuner/spaces`).
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import math
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +30,35 @@ class SkeletonError(ValueError):
 
 
 MAX_SOURCE_CHARS = 4_000_000  # a rendered kernel larger than this is a runaway template
+RENDER_TIMEOUT_S = 20.0  # a template whose own code runs longer than this is a runaway too
+
+
+class _RenderTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    """Stop the template's own code (its loops, its macros) after `seconds`. The sandbox caps
+    one range, but nested loops that write nothing ran for hours, in the tool's own process
+    (an evaluation thread, so no SIGALRM): a trace function on the template's frames counts
+    their line events and looks at the clock now and then. Other frames are not traced."""
+    end = time.monotonic() + seconds
+    count = 0
+
+    def line(frame, event, arg):
+        nonlocal count
+        count += 1
+        if count % 4096 == 0 and time.monotonic() > end:
+            raise _RenderTimeout(f"rendering took more than {seconds:g} s; a loop in the template runs away")
+        return line
+
+    old = sys.gettrace()
+    sys.settrace(lambda frame, event, arg: line if frame.f_code.co_filename == "<template>" else None)
+    try:
+        yield
+    finally:
+        sys.settrace(old)
 
 
 def _template_line(e: BaseException) -> int | None:
@@ -64,12 +98,14 @@ class Skeleton:
             # Streamed, so that a template that expands without bound fails instead of
             # filling the memory (the sandbox caps one range, not nested loops).
             chunks, size = [], 0
-            for chunk in _environment().from_string(self.template).generate(**env):
-                size += len(chunk)
-                if size > MAX_SOURCE_CHARS:
-                    raise SkeletonError(f"{name}: the rendered source passed {MAX_SOURCE_CHARS:,} "
-                                        f"characters for {config}; a loop in the template runs away")
-                chunks.append(chunk)
+            template = _compiled(self.template)
+            with _deadline(RENDER_TIMEOUT_S):
+                for chunk in template.generate(**env):
+                    size += len(chunk)
+                    if size > MAX_SOURCE_CHARS:
+                        raise SkeletonError(f"{name}: the rendered source passed {MAX_SOURCE_CHARS:,} "
+                                            f"characters for {config}; a loop in the template runs away")
+                    chunks.append(chunk)
             return "".join(chunks)
         except jinja2.TemplateError as e:
             line = getattr(e, "lineno", None)
@@ -77,6 +113,9 @@ class Skeleton:
             raise SkeletonError(f"{name}{where}: {type(e).__name__}: {e}") from None
         except SkeletonError:
             raise
+        except _RenderTimeout as e:
+            line = _template_line(e)
+            raise SkeletonError(f"{name}{f':{line}' if line else ''}: {e} (config {config})") from None
         except Exception as e:  # {{ 1 // 0 }}, a sandbox limit (OverflowError), a bad filter argument
             line = _template_line(e)
             where = f":{line}" if line else ""
@@ -94,11 +133,36 @@ class Skeleton:
                    parent=data.get("parent", ""), template_path=data.get("template_path", ""))
 
 
+class _Sandbox(jinja2.sandbox.SandboxedEnvironment):
+    """Also refuses a `*` or `**` whose result would be huge: one C-level operation
+    (`{{ "x" * 10**10 }}`) that no deadline or length check interrupts fills the memory."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context, operator, left, right):
+        ints = isinstance(left, int) and isinstance(right, int)
+        if operator == "**" and ints and abs(left) > 1 and right * math.log10(abs(left)) > 4000:
+            raise jinja2.sandbox.SecurityError(f"{left} ** {right} is too large a number")
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_SOURCE_CHARS:
+                    raise jinja2.sandbox.SecurityError(f"a sequence of {len(seq)} repeated {n} times is "
+                                                       f"longer than a kernel's source may be")
+        return super().call_binop(context, operator, left, right)
+
+
 def _environment() -> jinja2.Environment:
     # Sandboxed: templates may come from a language model, and a plain Environment lets a
     # template reach Python internals (`''.__class__...`) in the tool's own process.
-    return jinja2.sandbox.SandboxedEnvironment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                                               trim_blocks=True, lstrip_blocks=True)
+    return _Sandbox(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                    trim_blocks=True, lstrip_blocks=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(text: str) -> jinja2.Template:
+    """A template compiled once per text, not on every render (a Template renders from many
+    threads at once)."""
+    return _environment().from_string(text)
 
 
 def _check_template(text: str, path: str) -> None:
