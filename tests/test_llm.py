@@ -77,6 +77,14 @@ def test_auth_error_is_not_retried(tmp_path):
     assert KEY not in str(e.value) and "pw@" not in str(e.value)
 
 
+def test_a_server_that_does_not_implement_the_request_is_not_retried(tmp_path):
+    """501 (a plain web server at --llm-base-url) was retried six times over a minute."""
+    with ScriptedServer([{"status": 501}, {"status": 501}]) as srv:
+        with pytest.raises(LLMError, match=r"HTTP 501.*OpenAI-compatible endpoint"):
+            client(srv, tmp_path).chat("c", MSG)
+        assert len(srv.chat_requests()) == 1
+
+
 def test_old_servers_get_max_tokens(tmp_path):
     steps = [{"status": 400, "message": "Unrecognized request argument: max_completion_tokens"},
              {"reply": "ok"}]

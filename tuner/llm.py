@@ -246,14 +246,17 @@ class ChatClient:
         except openai.APIStatusError as e:
             status = e.status_code
             body = _excerpt(getattr(e, "message", "") or str(e))
-            if status == 429 or status >= 500 or status in (408, 409):
+            # 501 and 505 say the server does not do this request at all: no retry mends that.
+            if status == 429 or (status >= 500 and status not in (501, 505)) or status in (408, 409):
                 raise _Retry(f"HTTP {status}: {body}", _retry_after(e)) from None
             if status == 400 and "max_completion_tokens" in body and not self._use_max_tokens:
                 self._use_max_tokens = True
                 raise _Retry(f"HTTP 400: {body}; retrying with max_tokens", 0.0) from None
             hint = {401: "the endpoint refused the key: set OPENAI_API_KEY or --llm-api-key",
                     403: "the key may not use this model or endpoint",
-                    404: "check --llm-base-url (it usually ends in /v1) and the model name"}.get(status, "")
+                    404: "check --llm-base-url (it usually ends in /v1) and the model name",
+                    501: "the server does not implement this request: is --llm-base-url an "
+                         "OpenAI-compatible endpoint (it usually ends in /v1)?"}.get(status, "")
             if c.api_key and len(c.api_key) >= 8:
                 body = body.replace(c.api_key, "***")
             raise LLMError(f"{self._where()} answered HTTP {status}: {body}"
