@@ -257,3 +257,18 @@ def test_problem_whose_inputs_are_not_all_tensors(capsys, tmp_path):
     rc, err = run(capsys, "tune", "--op", str(path), "--backend", "cpu", "--budget", "1",
                   "--runs-dir", str(tmp_path / "runs"))
     assert rc == 2 and "value of type int at position 1" in err and "get_init_inputs()" in err
+
+
+def test_text_with_brackets_is_shown_as_it_is(capsys, tmp_path, monkeypatch):
+    """rich read brackets in the summary as markup: a compiler message with '[/]' crashed the
+    report after the whole search (MarkupError), and a problem file's sizes '[batch=8 ...]'
+    vanished from the title as if they were a style."""
+    monkeypatch.setenv("TUNER_RUNS_DIR", str(tmp_path / "runs"))
+    tpl = tmp_path / "t.c.j2"
+    tpl.write_text("#error closing tag [/] and [bold]markup[/bold]\n")
+    rc = main(["tune", "--op", str(FIXTURES / "kernelbench/linear.py"), "--template", str(tpl),
+               "--space", str(FIXTURES / "kernelbench/linear.yaml"), "--budget", "1"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "Traceback" not in err, err
+    assert "linear [batch=8 in_features=64 out_features=32] fp32" in out
+    assert "closing tag [/] and [bold]markup[/bold]" in out
