@@ -179,6 +179,34 @@ def test_a_table_served_on_the_gpu(tmp_path, cache_dir):
     assert y.device.type == "cpu" and t.last is None
 
 
+@pytest.mark.cuda
+def test_a_problem_files_triton_kernel_tuned_and_served_on_the_gpu(tmp_path, cache_dir):
+    """A KernelBench problem with a parameter, tuned as a Triton kernel and served with no
+    sizes given: the tuned shape and a nearest one on the GPU, and fp64 (nothing tuned) by
+    torch with the caller's own scale, on the GPU."""
+    from tuner.problem import spec_from_problem_file
+    from tuner.settings import Settings
+    settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.01,
+                        warmup_s=0.0, min_reps=3, max_reps=20)
+    spec = spec_from_problem_file(FIXTURES / "kernelbench/scale.py", "fp32")
+    skeleton = load_skeleton(FIXTURES / "kernelbench/scale.py.j2", FIXTURES / "kernelbench/scale_triton.yaml")
+    summary = execute(create_run(settings, spec, "cuda", skeleton, "guided", 0), settings, 4)
+    assert summary["best"] is not None, summary
+    db = TuningDB(tmp_path / "db.json")
+    db.collect([tmp_path / "runs"])
+    db.save()
+    export(db, tmp_path / "out")
+    t = Table.load(tmp_path / "out" / "tuning.json", cache_dir=cache_dir)
+    w = torch.randn(512, device="cuda")
+    for batch in (64, 100):
+        x = torch.randn(batch, 512, device="cuda")
+        torch.testing.assert_close(t("scale", x, w), x * w)
+        assert t.last is not None and t.last.entry["backend"] == "cuda"
+    y = t("scale", x.double(), w.double())
+    assert t.last is None and y.device.type == "cuda"
+    torch.testing.assert_close(y, x.double() * w.double())
+
+
 def test_serving_a_problem_files_kernel_leaves_the_callers_random_state_alone(tmp_path, cache_dir):
     """The runtime runs in the user's process: building a problem file's op (its model's
     parameters, its inputs) seeded torch's global generator, and the first call of a table
