@@ -18,6 +18,15 @@ from tests.conftest import FIXTURES
 LANDSCAPE = (FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
 
 
+def exported_runs(base):
+    """Every run under base/runs collected into base/db.json and exported to base/out."""
+    db = TuningDB(base / "db.json")
+    db.collect([base / "runs"])
+    db.save()
+    export(db, base / "out")
+    return base / "out"
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, cache_dir):
     """softmax tuned on null at 256x512 and 1024x512 (landscape skeleton), and on cpu at 16x64
@@ -32,11 +41,7 @@ def exported(tmp_path_factory, cache_dir):
         execute(store, settings, 10, parallel=2)
     store = create_run(settings, builtin_spec("softmax", "16x64"), "cpu", library_skeleton("softmax", "c"), "random", 2)
     execute(store, settings, 3, parallel=1)
-    db = TuningDB(base / "db.json")
-    db.collect([base / "runs"])
-    db.save()
-    export(db, base / "out")
-    return base / "out"
+    return exported_runs(base)
 
 
 def test_the_rule():
@@ -166,10 +171,7 @@ def test_a_table_served_on_the_gpu(tmp_path, cache_dir):
     store = create_run(settings, builtin_spec("softmax", "256x512", "fp32"), "cuda",
                        library_skeleton("softmax", "triton"), "guided", 0)
     execute(store, settings, 4)
-    db = TuningDB(tmp_path / "db.json")
-    db.collect([tmp_path / "runs"])
-    db.save()
-    export(db, tmp_path / "out")
+    exported_runs(tmp_path)
     t = Table.load(tmp_path / "out" / "tuning.json", cache_dir=cache_dir)
     for x in (torch.randn(256, 512, device="cuda"), torch.randn(512, 256, device="cuda").t(),
               torch.randn(300, 512, device="cuda")):
@@ -192,10 +194,7 @@ def test_a_problem_files_triton_kernel_tuned_and_served_on_the_gpu(tmp_path, cac
     skeleton = load_skeleton(FIXTURES / "kernelbench/scale.py.j2", FIXTURES / "kernelbench/scale_triton.yaml")
     summary = execute(create_run(settings, spec, "cuda", skeleton, "guided", 0), settings, 4)
     assert summary["best"] is not None, summary
-    db = TuningDB(tmp_path / "db.json")
-    db.collect([tmp_path / "runs"])
-    db.save()
-    export(db, tmp_path / "out")
+    exported_runs(tmp_path)
     t = Table.load(tmp_path / "out" / "tuning.json", cache_dir=cache_dir)
     w = torch.randn(512, device="cuda")
     for batch in (64, 100):
@@ -221,10 +220,7 @@ def test_serving_a_problem_files_kernel_leaves_the_callers_random_state_alone(tm
     spec = spec_from_problem_file(problem, "fp32", {"batch_size": 4, "dim": 256})
     skeleton = load_skeleton(FIXTURES / "kernelbench/relu.c.j2", FIXTURES / "kernelbench/relu.yaml")
     execute(create_run(settings, spec, "cpu", skeleton, "random", 0), settings, 2, parallel=1)
-    db = TuningDB(tmp_path / "db.json")
-    db.collect([tmp_path / "runs"])
-    db.save()
-    export(db, tmp_path / "out")
+    exported_runs(tmp_path)
     torch.manual_seed(3)
     x = torch.randn(4, 256)
     state = torch.get_rng_state()
@@ -257,10 +253,7 @@ def test_a_problem_files_table_reads_sizes_from_the_inputs_and_falls_back_with_t
     spec = spec_from_problem_file(problem, "fp32")
     skeleton = load_skeleton(FIXTURES / "kernelbench/linear.c.j2", FIXTURES / "kernelbench/linear.yaml")
     execute(create_run(settings, spec, "cpu", skeleton, "random", 0), settings, 2, parallel=1)
-    db = TuningDB(tmp_path / "db.json")
-    db.collect([tmp_path / "runs"])
-    db.save()
-    export(db, tmp_path / "out")
+    exported_runs(tmp_path)
     # The exported module's example names this table's op and sizes, not softmax's.
     assert """call('linear', *inputs)""" in (tmp_path / "out" / "tuned_kernels.py").read_text()
     t = Table.load(tmp_path / "out" / "tuning.json", cache_dir=cache_dir)
