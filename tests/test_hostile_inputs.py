@@ -48,6 +48,20 @@ def test_problem_with_an_empty_input(capsys, tmp_path):
     assert rc == 2 and "input 0 has no elements" in err and "--size" in err
 
 
+@pytest.mark.parametrize("forward", ["return x + torch.rand_like(x)",
+                                     "return torch.nn.functional.dropout(x, 0.5, training=True)"])
+def test_problem_whose_forward_is_not_deterministic(capsys, tmp_path, forward):
+    """No kernel can pass a check against a random reference: every config failed as a
+    WRONG_RESULT that blamed the kernel, for the whole budget."""
+    rc, err = run(capsys, "tune", "--op", problem(tmp_path, forward), *NULL, "--runs-dir", tmp_path / "runs")
+    assert rc == 2 and "output 0 of Model.forward differs between two calls on the same inputs" in err
+    assert not (tmp_path / "runs").exists()
+    rc, err = run(capsys, "tune", "--op", problem(tmp_path, "return x.flip(0).cumsum(0)"), "--backend", "null",
+                  "--template", FIXTURES / "kernelbench/relu_null.txt.j2", "--space",
+                  FIXTURES / "kernelbench/relu_null.yaml", "--runs-dir", tmp_path / "runs", "--budget", "1", "--quiet")
+    assert rc == 0  # deterministic, whatever it computes
+
+
 @pytest.mark.parametrize("params, says", [
     ("  V: {range: [1, 1000000000000]}", "has 1000000000000 values; at most"),  # was a MemoryError
     ("  V: [1, 1.0]", "lists the value 1.0 twice"),

@@ -291,8 +291,29 @@ def _problem_op(spec: OpSpec) -> Op:
             if t.numel() == 0:  # nothing to check or time; rates would divide by zero
                 raise OpError(f"{spec.source}: {kind} {i} has no elements (shape {tuple(t.shape)}); "
                               f"give its sizes positive values (--size NAME=VALUE)")
+    _check_deterministic(spec, ref, sample, outs)
     names = tuple(f"in{i}" for i in range(n_in)) + tuple(re.sub(r"\W", "_", n) for n, _ in params)
     moved = sum(x.numel() * x.element_size() for x in sample) + sum(
         o.numel() * DTYPE_BYTES[spec.dtype] for o in outs)
     return Op(spec, names, tuple(f"out{i}" for i in range(len(outs))), make, ref, impl,
               None, float(moved), TOLERANCE[spec.dtype], call if params else None)
+
+
+def _check_deterministic(spec: OpSpec, ref, sample: list, first: list) -> None:
+    """Refuse a Model whose forward gives two answers for the same inputs (random ops in
+    forward, dropout left on): no kernel could ever pass a check against it, and every config
+    of the run would fail as a WRONG_RESULT that blames the kernel."""
+    import torch
+
+    # `first` came from these inputs; a forward that wrote its integer inputs changed them,
+    # and is not deterministic as far as a check can tell either.
+    again = ref([x.double() if x.is_floating_point() else x.clone() for x in sample])
+    for i, (a, b) in enumerate(zip(first, again)):
+        same = torch.equal(a, b) if not a.is_floating_point() else \
+            a.shape == b.shape and torch.allclose(a, b, rtol=1e-9, atol=1e-12, equal_nan=True)
+        if not same:
+            diff = (a.double() - b.double()).abs().nan_to_num(0).max().item() if a.shape == b.shape else None
+            raise OpError(f"{spec.source}: output {i} of Model.forward differs between two calls on the "
+                          f"same inputs" + (f" (by as much as {diff:.3g})" if diff is not None else "")
+                          + "; a kernel cannot be checked against a reference that is not deterministic "
+                            "(random ops in forward, such as torch.rand or F.dropout(training=True)?)")
