@@ -138,7 +138,8 @@ def test_prompts_carry_the_op_device_rules_and_an_example():
 def test_integer_tensors_are_named_with_their_own_type_in_the_prompt():
     """cross_entropy's targets are int64: the prompt's entry and inputs said `const float *target`."""
     user = kit("cpu", "cross_entropy", "8x32").propose()[1]["content"]
-    assert "void tuner_kernel(const float *logits, const int64_t *target, float *loss)" in user
+    assert ("      #include <stdint.h>\n      void tuner_kernel(const float *logits, const int64_t *target, "
+            "float *loss)") in user  # with the header the type needs, indented as the entry's block
     assert "target [8] int64" in user and "logits [8, 32] fp32" in user
 
 

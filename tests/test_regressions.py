@@ -148,3 +148,22 @@ def test_a_problem_with_an_integer_output_is_checked_and_timed_with_integer_buff
     for r in records:
         shift = r.config.as_dict()["SHIFT"]
         assert r.status is (Status.WRONG_RESULT if shift else Status.OK), (r.config, r.reason)
+
+
+def test_a_problem_with_a_bool_output_gets_the_header_it_needs_and_is_checked(tmp_path, monkeypatch, capsys):
+    """`x > 0`: the printed entry said `bool *out0` without the header C needs for it (copied as
+    printed: "unknown type name 'bool'"), and the check subtracted the bool reference, which
+    torch refuses: every config, right or wrong, was a RUNTIME_ERROR."""
+    monkeypatch.setenv("TUNER_BENCH_BUDGET_S", "0.005")
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    problem = str(FIXTURES / "kernelbench/positive.py")
+    assert main(["tune", "--op", problem, "--backend", "cpu", "--runs-dir", str(tmp_path / "none")]) == 2
+    assert "    #include <stdbool.h>\n    void tuner_kernel(const {{ ctype }} *in0, bool *out0)\n" in capsys.readouterr().err
+    runs = tmp_path / "runs"
+    assert main(["tune", "--op", problem, "--backend", "cpu", "--template", str(FIXTURES / "kernelbench/positive.c.j2"),
+                 "--space", str(FIXTURES / "kernelbench/positive.yaml"), "--budget", "4", "--parallel", "1",
+                 "--runs-dir", str(runs), "--quiet"]) == 0
+    records = Store.open(next(runs.iterdir())).records()
+    assert len(records) == 4
+    for r in records:
+        assert r.status is (Status.WRONG_RESULT if r.config.as_dict()["LOOSE"] else Status.OK), (r.config, r.reason)

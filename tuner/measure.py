@@ -240,6 +240,7 @@ def _check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | 
             return f"the kernel wrote to its input {name}", 0.0, 0.0
     for name, out, r in zip(op.output_names, outs, ref_dev):
         o = out.double()  # compare where the output is, not on the host
+        r = r if r.is_floating_point() else r.double()  # a bool reference cannot be subtracted
         if o.shape != r.shape:
             return f"output {name} has shape {tuple(o.shape)}, expected {tuple(r.shape)}", 0.0, 0.0
         nan_out, nan_ref = torch.isnan(o), torch.isnan(r)

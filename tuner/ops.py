@@ -372,11 +372,15 @@ _C_TYPES = {"torch.int64": "int64_t", "torch.int32": "int32_t", "torch.int16": "
 
 def c_entry(op: Op, ctype: str) -> str:
     """The C entry a cpu-backend kernel of `op` exports: floating tensors as `ctype` (the op's
-    dtype), integer ones (cross_entropy's targets, argmax's indices) as their own type."""
+    dtype), integer ones (cross_entropy's targets, argmax's indices) as their own type, after
+    the headers those types need (an entry copied without them did not compile: "unknown
+    type name 'bool'")."""
     ins, outs = arg_specs(op)
-    args = [f"const {_C_TYPES.get(str(dt), ctype)} *{n}" for n, (_, dt) in zip(op.input_names, ins)]
-    args += [f"{_C_TYPES.get(str(dt), ctype)} *{n}" for n, (_, dt) in zip(op.output_names, outs)]
-    return f"void tuner_kernel({', '.join(args)})"
+    types = [_C_TYPES.get(str(dt), ctype) for _, dt in ins + outs]
+    args = [f"const {t} *{n}" for t, n in zip(types, op.input_names)]
+    args += [f"{t} *{n}" for t, n in zip(types[len(ins):], op.output_names)]
+    headers = sorted({"stdbool.h" if t == "bool" else "stdint.h" for t in types if t in _C_TYPES.values()})
+    return "\n".join([f"#include <{h}>" for h in headers] + [f"void tuner_kernel({', '.join(args)})"])
 
 
 def dtype_label(dtype, op_dtype: str) -> str:
