@@ -72,6 +72,8 @@ def test_space_errors_name_the_line():
     assert reject(SPACE.replace("language: script", "language: c"), TEMPLATE).kind == "wrong language"
     r = reject(SPACE.replace("[M, N]", "[M, K]"), TEMPLATE)
     assert r.kind == "unknown size" and "['K']" in r.message and "['M', 'N']" in r.message
+    r = reject(SPACE.replace("  W:", "  N: [1, 2]\n  W:").replace("sizes: [M, N]", "sizes: [M]"), TEMPLATE)
+    assert r.kind == "param named as a size" and "['N']" in r.message  # was a SpaceError out of the loop
     r = reject(SPACE.replace("  - BM <= M", "  - BM <= M\n  - W < 2"), TEMPLATE)
     assert r.kind == "invalid default" and "W < 2" in r.message and r.config.as_dict() == {"BM": 32, "W": 2}
 

@@ -164,6 +164,10 @@ def check_candidate(space_text: str, template: str, kit: PromptKit, rng: random.
     if missing:
         raise Rejection("unknown size", f"sizes: {missing} are not sizes of this op; it has "
                         f"{[k for k, _ in kit.spec.sizes]}")
+    clash = [p.name for p in space.params if p.name in kit.context]
+    if clash:  # the param would hide the size (or ctype, CORES...) from the template and formulas
+        raise Rejection("param named as a size", f"params {clash} have the names of what the template "
+                        f"is given ({sorted(kit.context)}); rename them")
     try:
         jinja2.Environment().parse(template)
     except jinja2.TemplateSyntaxError as e:
