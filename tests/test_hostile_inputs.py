@@ -320,3 +320,46 @@ def test_malformed_chip_profile(tmp_path, line, says):
     f.write_text(f"base: 910B2\nname: x\nsoc: y\n{line}\n")
     with pytest.raises(ChipError, match=says):
         load_profile(str(f))
+
+
+def test_a_full_disk_stops_the_run_with_what_to_do_and_records_no_config_as_failed(capsys, tmp_path, monkeypatch):
+    """The disk filled mid-run: a traceback ("a worker failed: OSError: [Errno 28]"), and the
+    compiles that the full disk broke were recorded as the configs' COMPILE_ERRORs ("ld
+    returned 1 exit status"), never tried again on resume. Now the run stops with what to do,
+    the broken compiles record nothing, and the resume finishes the budget."""
+    import shutil
+    import stat
+    from tuner.store import Store
+    from tuner.values import Status
+    monkeypatch.setenv("TUNER_BENCH_BUDGET_S", "0.005")
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    count = tmp_path / "compiles"
+    fake = tmp_path / "cc"  # the real compiler twice, then a full disk
+    fake.write_text(f"#!/bin/sh\necho x >> {count}\nif [ $(wc -l < {count}) -le 2 ]; then exec {shutil.which('cc')} \"$@\"; fi\n"
+                    "echo 'fatal error: error writing to /tmp/ccA.s: No space left on device' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("CC", str(fake))
+    runs = tmp_path / "runs"
+    argv = ["tune", "softmax", "--shape", "16x64", "--backend", "cpu", "--budget", "5", "--parallel", "1",
+            "--runs-dir", runs, "--quiet"]
+    rc, err = run(capsys, *argv)
+    assert rc == 1 and "error: the disk is full" in err and "No space left on device" in err, err
+    run_dir = next(runs.iterdir())
+    assert f"continue with `tuner tune --resume {run_dir}`" in err
+    assert all(r.status is not Status.COMPILE_ERROR for r in Store.open(run_dir).records())
+    monkeypatch.delenv("CC")
+    assert main(["tune", "--resume", str(run_dir), "--quiet"]) == 0
+    records = Store.open(run_dir).records()
+    assert len(records) == 5 and all(r.status is not Status.COMPILE_ERROR for r in records)
+
+
+def test_a_run_directory_that_cannot_be_written_whole_is_not_left_behind(capsys, tmp_path, monkeypatch):
+    import errno
+    from tuner.store import Store
+
+    def full(self, meta):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(Store, "write_meta", full)
+    rc, err = run(capsys, "tune", "softmax", "--shape", "16x64", *NULL, "--runs-dir", tmp_path / "runs")
+    assert rc == 1 and "the disk is full" in err and "run the command again" in err
+    assert list((tmp_path / "runs").iterdir()) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import shlex
@@ -490,6 +491,17 @@ def _bad_number(args) -> str | None:
     return None
 
 
+def _disk_full(args, what: str) -> int:
+    """A full disk (or quota) mid-run: what to do, not a traceback. The records written so far
+    are kept (a last line cut short is dropped on resume)."""
+    hint = getattr(args, "resume_hint", None)
+    print(f"error: the disk is full: {what}\n" + (
+        f"the work so far is kept: free space (a run's build/ folder can go: a resume compiles again "
+        f"what it needs), then continue with `{hint}`" if hint else
+        "free space, then run the command again (a sweep resumes its tasks)"), file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     bad = _bad_number(args)
@@ -508,9 +520,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except WorkerError as e:
         last = str(e).strip().splitlines()[-1] if str(e).strip() else "worker error"
+        if "[Errno 28]" in last or "[Errno 122]" in last:  # ENOSPC, EDQUOT: not a bug to trace
+            return _disk_full(args, last)
         print(f"error: a worker failed: {last}\n(full traceback in the run's workers.log and below)\n{e}",
               file=sys.stderr)
         return 1
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return _disk_full(args, str(e))
+        raise
     except WorkerFailure as e:
         print(f"error: a worker failed outside any candidate ({e.reason}); see the run's workers.log",
               file=sys.stderr)

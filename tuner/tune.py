@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import random
 import re
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -325,15 +326,20 @@ def create_run(settings: Settings, spec: OpSpec, backend: str, skeleton: Skeleto
         store = Store(path)
     else:
         store = Store.create(settings.runs_dir, f"{spec.name}-{shape}-{spec.dtype}-{backend}")
-    store.write_text(f"skeleton/template.{EXTENSIONS.get(skeleton.language, 'txt')}.j2", skeleton.template)
-    store.write_json("skeleton/space.json", skeleton.space.to_json())
-    store.write_json("skeleton/skeleton.json", skeleton.to_json())
-    store.write_meta({"id": store.path.name, "op": spec.to_json(), "backend": backend,
-                      "skeleton": {"name": skeleton.name, "hash": skeleton.hash,
-                                   "template": skeleton.template_path, "space": skeleton.space.source},
-                      "sampler": sampler, "seed": seed, "storage": storage,
-                      "command": command, "tuner": __version__,
-                      "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **(extra or {})})
+    try:
+        store.write_text(f"skeleton/template.{EXTENSIONS.get(skeleton.language, 'txt')}.j2", skeleton.template)
+        store.write_json("skeleton/space.json", skeleton.space.to_json())
+        store.write_json("skeleton/skeleton.json", skeleton.to_json())
+        store.write_meta({"id": store.path.name, "op": spec.to_json(), "backend": backend,
+                          "skeleton": {"name": skeleton.name, "hash": skeleton.hash,
+                                       "template": skeleton.template_path, "space": skeleton.space.source},
+                          "sampler": sampler, "seed": seed, "storage": storage,
+                          "command": command, "tuner": __version__,
+                          "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **(extra or {})})
+    except OSError:
+        if path is None:  # a new directory that could not be written whole (a full disk): no debris
+            shutil.rmtree(store.path, ignore_errors=True)
+        raise
     return store
 
 

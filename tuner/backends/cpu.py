@@ -8,6 +8,7 @@ are measured once per machine with torch and cached.
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import os
 import platform
@@ -91,6 +92,9 @@ class CpuBackend(Backend):
                          compile_s=time.monotonic() - t0)
         dt = time.monotonic() - t0
         if proc.returncode != 0:
+            for full in ("No space left on device", "Disk quota exceeded"):
+                if full in proc.stderr:  # the disk, not the config: stop the run, record nothing
+                    raise OSError(errno.ENOSPC, f"{full} (the compiler, writing {lib})")
             return Build(Status.COMPILE_ERROR, error=_excerpt(proc.stderr), compile_s=dt)
         try:
             ctypes.CDLL(str(lib)).tuner_kernel  # noqa: B018 - the symbol must exist
