@@ -363,3 +363,17 @@ def test_a_run_directory_that_cannot_be_written_whole_is_not_left_behind(capsys,
     rc, err = run(capsys, "tune", "softmax", "--shape", "16x64", *NULL, "--runs-dir", tmp_path / "runs")
     assert rc == 1 and "the disk is full" in err and "run the command again" in err
     assert list((tmp_path / "runs").iterdir()) == []
+
+
+def test_a_compile_that_a_full_disk_broke_is_not_the_configs_failure():
+    """The Triton backends (cuda, npu) took any exception of a compile as the config's
+    COMPILE_ERROR, a full disk writing Triton's cache included."""
+    import errno
+    from tuner.backends.base import raise_if_disk_full
+    for failure in (OSError(errno.ENOSPC, "No space left on device"), RuntimeError("ptxas: Disk quota exceeded"),
+                    "ld: final link failed: No space left on device"):
+        with pytest.raises(OSError) as e:
+            raise_if_disk_full(failure, "here")
+        assert e.value.errno == errno.ENOSPC and "(here)" in str(e.value)
+    raise_if_disk_full(RuntimeError("out of resource: shared memory"), "here")  # the config's own
+    raise_if_disk_full(OSError(errno.ENOENT, "No such file"), "here")

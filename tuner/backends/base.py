@@ -130,6 +130,22 @@ class Backend(abc.ABC):
         return [self.time_call(fn) for _ in range(n)]
 
 
+_DISK_FULL = ("No space left on device", "Disk quota exceeded")
+
+
+def raise_if_disk_full(failure: BaseException | str, where: str) -> None:
+    """A compile that failed because the disk is full is not the config's failure: raise
+    OSError(ENOSPC) so that the run stops and says so, instead of recording a COMPILE_ERROR
+    that a resume would never try again."""
+    import errno
+    if isinstance(failure, OSError) and failure.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise OSError(errno.ENOSPC, f"{failure.strerror} ({where})")
+    text = str(failure)
+    for full in _DISK_FULL:
+        if full in text:
+            raise OSError(errno.ENOSPC, f"{full} ({where})")
+
+
 _MEASURED: dict[tuple[str, str], dict[str, float]] = {}  # (cache file, device key) -> this process's
 
 

@@ -8,7 +8,6 @@ are measured once per machine with torch and cached.
 from __future__ import annotations
 
 import ctypes
-import errno
 import hashlib
 import os
 import platform
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..values import Build, DeviceInfo, Status
-from .base import Backend, BackendUnavailable, measured_peaks
+from .base import Backend, BackendUnavailable, measured_peaks, raise_if_disk_full
 
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC"]
 CTYPES = {"fp32": "float", "fp64": "double"}
@@ -92,9 +91,7 @@ class CpuBackend(Backend):
                          compile_s=time.monotonic() - t0)
         dt = time.monotonic() - t0
         if proc.returncode != 0:
-            for full in ("No space left on device", "Disk quota exceeded"):
-                if full in proc.stderr:  # the disk, not the config: stop the run, record nothing
-                    raise OSError(errno.ENOSPC, f"{full} (the compiler, writing {lib})")
+            raise_if_disk_full(proc.stderr, f"the compiler, writing {lib}")  # the disk, not the config
             return Build(Status.COMPILE_ERROR, error=_excerpt(proc.stderr), compile_s=dt)
         try:
             ctypes.CDLL(str(lib)).tuner_kernel  # noqa: B018 - the symbol must exist

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..values import Build, DeviceInfo, Status
-from .base import Backend, BackendUnavailable, measured_peaks
+from .base import Backend, BackendUnavailable, measured_peaks, raise_if_disk_full
 from .triton_source import Forbidden, check_source, load_module, warm_launch
 
 # Shared memory per block (opt-in maximum) by compute capability, for when no device is asked.
@@ -162,6 +162,7 @@ class CudaBackend(Backend):
             module = load_module(path, f"tuner_triton_{digest}")
             kernels = self._warm(module)
         except Exception as e:
+            raise_if_disk_full(e, "Triton's compile and cache")  # the disk, not the config
             return Build(Status.COMPILE_ERROR, error=_excerpt(e), compile_s=time.monotonic() - t0)
         dt = time.monotonic() - t0
         if not kernels:

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..values import Build, DeviceInfo, Status
-from .base import Backend, BackendUnavailable, measured_peaks
+from .base import Backend, BackendUnavailable, measured_peaks, raise_if_disk_full
 from .triton_source import Forbidden, check_source, load_module, warm_launch
 
 # ---- Ascend compile options ------------------------------------------------------------------
@@ -467,6 +467,7 @@ class NpuBackend(Backend):
             module = load_module(path, f"tuner_ascend_{digest}")
             kernels = self._warm(module)
         except Exception as e:  # MLIRCompilationError and any other compile failure
+            raise_if_disk_full(e, "Triton's compile and cache")  # the disk, not the config
             return Build(Status.COMPILE_ERROR, error=compile_excerpt(_exc_text(e)),
                          compile_s=time.monotonic() - t0)
         dt = time.monotonic() - t0
