@@ -520,8 +520,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except WorkerError as e:
         last = str(e).strip().splitlines()[-1] if str(e).strip() else "worker error"
-        if "[Errno 28]" in last or "[Errno 122]" in last:  # ENOSPC, EDQUOT: not a bug to trace
-            return _disk_full(args, last)
+        if any(m in str(e) for m in ("[Errno 28]", "[Errno 122]")):  # ENOSPC, EDQUOT: not a bug to trace
+            return _disk_full(args, next(x for x in str(e).splitlines()[::-1] if "[Errno" in x).strip())
         print(f"error: a worker failed: {last}\n(full traceback in the run's workers.log and below)\n{e}",
               file=sys.stderr)
         return 1
