@@ -122,6 +122,15 @@ def test_a_table_that_is_not_one_and_an_unknown_op_say_so(exported, cache_dir, t
             Table.load(tmp_path / "t.json")
     with pytest.raises(FileNotFoundError, match="cannot read the tuning table .*tuner export --db"):
         Table.load(tmp_path / "missing.json")
+    # A hand-edited entry: a bare KeyError or TypeError deep in a lookup before.
+    good = json.loads((exported / "tuning.json").read_text())
+    for edit, says in [(lambda e: e.pop("sizes"), r"entry 0 \(softmax\): 'sizes' is missing"),
+                       (lambda e: e.update(sizes="256x512"), "'sizes' is str"),
+                       (lambda e: e.update(sizes={"M": 0, "N": 512}), "are not positive integers")]:
+        data = json.loads(json.dumps(good))
+        edit(data["entries"][0])
+        with pytest.raises(ValueError, match=says):
+            Table(data)
     t = Table.load(exported / "tuning.json", backend="null", cache_dir=cache_dir)
     with pytest.raises(LookupError, match="unknown op 'sofmax': not a built-in op, and this table has only softmax"):
         t("sofmax", torch.randn(4, 4))

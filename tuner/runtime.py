@@ -73,6 +73,28 @@ def _read_table(path: Path) -> dict:
     return data
 
 
+_ENTRY_KEYS = {"op": str, "dtype": str, "backend": str, "device": str, "fingerprint": str, "kernel": str,
+               "skeleton": str, "config": dict, "sizes": dict, "median_s": (int, float)}
+
+
+def _checked_entries(entries) -> list[dict]:
+    """The table's entries, or a ValueError naming the first one a hand edit (or a cut-short
+    file) broke: the lookup read them key by key and failed with a bare KeyError."""
+    if not isinstance(entries, list):
+        raise ValueError(f"the tuning table's `entries` is a {type(entries).__name__}, not a list")
+    for n, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise ValueError(f"tuning table entry {n} is a {type(e).__name__}, not a mapping")
+        for key, kind in _ENTRY_KEYS.items():
+            if not isinstance(e.get(key), kind):
+                raise ValueError(f"tuning table entry {n} ({e.get('op', '?')}): {key!r} is "
+                                 f"{'missing' if key not in e else type(e[key]).__name__}; export the table again "
+                                 f"(`tuner export --db DB --out DIR`)")
+        if not all(isinstance(k, str) and isinstance(v, int) and v > 0 for k, v in e["sizes"].items()):
+            raise ValueError(f"tuning table entry {n} ({e['op']}): sizes {e['sizes']} are not positive integers")
+    return list(entries)
+
+
 def sizes_of(op: str, inputs) -> dict[str, int]:
     if op not in SIZES_FROM_INPUTS:
         raise LookupError(f"cannot read {op!r}'s sizes from its inputs; pass sizes={{...}}")
@@ -202,7 +224,7 @@ class Table:
             data = _read_table(Path(data))
         if verify not in VERIFY:
             raise ValueError(f"verify must be one of {', '.join(VERIFY)}")
-        self.entries: list[dict] = list(data.get("entries", []))
+        self.entries: list[dict] = _checked_entries(data.get("entries", []))
         self.skeletons: dict[str, dict] = dict(data.get("skeletons", {}))
         self.backend, self.verify, self.strict = backend, verify, strict
         self.check_toolchain = check_toolchain
