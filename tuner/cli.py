@@ -9,6 +9,7 @@ import json
 import os
 import shlex
 import sys
+import textwrap
 from pathlib import Path
 
 from . import __version__
@@ -99,7 +100,7 @@ def choose_skeleton(args, spec: OpSpec, backend: str) -> Skeleton:
         raise SkeletonError(
             f"{spec.source} has no library skeleton. Write a kernel template and its space and "
             f"pass --template FILE --space FILE (format: README, 'Skeletons'). For the {backend} "
-            f"backend the template must define\n    {entry_signature(spec, language).replace(chr(10), chr(10) + '    ')}\n"
+            f"backend the template must define\n{textwrap.indent(entry_signature(spec, language), '    ')}\n"
             f"and may read the sizes as template variables: "
             f"{', '.join('{{ %s }}' % k for k, _ in spec.sizes) or '(none)'}.")
     return library_skeleton(spec.name, language)

@@ -14,7 +14,8 @@ from rich.table import Table
 from .tune import Progress
 
 # Off a terminal (a log, a pipe) rich would wrap at 80 columns; logs read better unwrapped.
-console = Console(stderr=False, width=None if sys.stdout.isatty() else 200, markup=False)  # text from compilers, users and models is shown as it is
+# No markup: text from compilers, users and models is shown as it is ('[/]' would not parse).
+console = Console(stderr=False, width=None if sys.stdout.isatty() else 200, markup=False)
 err_console = Console(stderr=True, markup=False)
 NOISY = 0.5  # an IQR above this share of the median is worth a warning (idle 2-core VM: 3-19 %)
 
