@@ -72,7 +72,7 @@ def test_json_roundtrip():
     ("params:\n  A: [1, 2]\npromising:\n  - 2\n", 4, "must be a mapping"),
     ("params:\n  A: [1, 2]\npromising:\n" + "  - {A: 1}\n" * 33, 3, "at most 32"),
     ("params:\n  A: [1, [2]]\n", 2, "must be a number"),
-    ("sizes: [N]\nparams:\n  N: [1, 2]\n", 1, "are also params"),
+    ("sizes: [N]\nparams:\n  N: [1, 2]\n", 3, "param 'N' has the name of a size"),
     ("params:\n  CORES: [1, 2]\n", 2, "what the backend gives"),
     ("params:\n  A: {weird: 1}\n", 2, "expected a list"),
     ("params: [\n", 2, "not valid YAML"),

@@ -323,9 +323,9 @@ def parse_space(text: str, source: str = "<space>") -> Space:
         sizes = _data(snode)
         if not isinstance(sizes, list) or not all(isinstance(s, str) and s.isidentifier() for s in sizes):
             raise err(snode, "'sizes' must be a list of problem-size names, e.g. [M, N]")
-        if set(sizes) & {p.name for p in params}:
-            raise err(snode, f"size(s) {sorted(set(sizes) & {p.name for p in params})} are also params; "
-                             f"a param must not take a size's name (rename the param)")
+        for knode, _ in pnode.value:  # pointed at the param, the line to change
+            if knode.value in sizes:
+                raise err(knode, f"param {knode.value!r} has the name of a size (sizes: {sizes}); rename the param")
 
     known = {p.name for p in params} | set(sizes) | CONTEXT_NAMES
     resources: list[tuple[str, Rule]] = []
