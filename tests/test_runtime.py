@@ -238,11 +238,25 @@ def test_serving_a_problem_files_kernel_leaves_the_callers_random_state_alone(tm
     assert torch.equal(state, torch.get_rng_state())
     short = torch.randn(2, 256)
     assert torch.equal(t("relu", short, sizes={"batch_size": 4, "dim": 256}), torch.relu(short)) and t.last is None
-    problem.unlink()  # the op's reference and fallback: a table cannot serve it without the file
+    # The file is the op's reference and fallback: the export keeps a copy, so that it serves
+    # once moved to another machine or path (here: the original deleted, the export moved).
+    problem.unlink()
     from tuner import ops
     ops._CACHE.clear()  # as in a new process
+    (tmp_path / "out").rename(tmp_path / "moved")
+    t = Table.load(tmp_path / "moved" / "tuning.json", cache_dir=cache_dir)
+    assert torch.equal(t("relu", x), torch.relu(x)) and t.last is not None
+    assert torch.equal(t("relu", short, sizes={"batch_size": 4, "dim": 256}), torch.relu(short)) and t.last is None
+    spec = importlib.util.spec_from_file_location("tk_moved", tmp_path / "moved" / "tuned_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.table(cache_dir=cache_dir)
+    assert torch.equal(module.call("relu", x), torch.relu(x))
+    for copy in (tmp_path / "moved" / "problems").iterdir():
+        copy.unlink()
+    ops._CACHE.clear()
     with pytest.raises(ops.OpError, match=r"relu.py does not exist \(moved or deleted since it was tuned\?\)"):
-        Table.load(tmp_path / "out" / "tuning.json", cache_dir=cache_dir)("relu", x, sizes={"batch_size": 4, "dim": 256})
+        Table.load(tmp_path / "moved" / "tuning.json", cache_dir=cache_dir)("relu", x, sizes={"batch_size": 4, "dim": 256})
 
 
 def test_a_problem_files_table_reads_sizes_from_the_inputs_and_falls_back_with_the_callers_weights(tmp_path, cache_dir):

@@ -24,6 +24,7 @@ entry of the old one moves to `stale`; a run older than the current toolchain's 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -223,6 +224,7 @@ def export(db: TuningDB, out: str | Path, backend: str | None = None, device: st
                       + "; collect runs with `tuner db update RUNS...`")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    entries = _with_problem_copies(entries, out)
     hashes = {e["skeleton"] for e in entries}
     table = {"format": DB_FORMAT, "tuner": __version__, "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
              "source": str(db.path), "entries": entries,
@@ -240,6 +242,29 @@ def export(db: TuningDB, out: str | Path, backend: str | None = None, device: st
         (out / "triton_autotune.py").write_text(triton)
         written.append(out / "triton_autotune.py")
     return written
+
+
+def _with_problem_copies(entries: list[dict], out: Path) -> list[dict]:
+    """A problem file's Model is its op's reference and torch fallback at run time: each one
+    the entries name is copied into the export (`problems/<name>-<hash>.py`, the version that
+    was tuned as far as the file is unchanged since) and named in its entries as
+    `source_copy`, so that an export moved to another machine or path still serves them.
+    A problem file gone since it was tuned is left out (the runtime says so if it is needed)."""
+    copied: dict[str, str] = {}
+    result = []
+    for e in entries:
+        if e.get("kind") == "kernelbench" and e["source"] not in copied:
+            try:
+                text = Path(e["source"]).read_bytes()
+            except OSError:
+                copied[e["source"]] = ""
+            else:
+                name = f"problems/{Path(e['source']).stem}-{hashlib.sha256(text).hexdigest()[:8]}.py"
+                (out / "problems").mkdir(exist_ok=True)
+                (out / name).write_bytes(text)
+                copied[e["source"]] = name
+        result.append({**e, "source_copy": copied[e["source"]]} if copied.get(e.get("source", "")) else e)
+    return result
 
 
 def python_module(table: dict) -> str:
@@ -263,6 +288,7 @@ serves (another device or toolchain, no valid config) runs the op's torch implem
 Needs the `tuner` package at run time.
 """
 import json as _json
+import os as _os
 
 from tuner import runtime as _runtime
 
@@ -274,7 +300,7 @@ def table(**options):
     """The runtime table (options: backend, device, verify, strict, cache_dir; see tuner.runtime.Table)."""
     global _table
     if _table is None or options:
-        _table = _runtime.Table(TABLE, **options)
+        _table = _runtime.Table(TABLE, base_dir=_os.path.dirname(_os.path.abspath(__file__)), **options)
     return _table
 
 

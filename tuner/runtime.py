@@ -219,9 +219,12 @@ class Table:
     """The served entries of an export (or a `TuningDB`), with the lookup rule above."""
 
     def __init__(self, data: dict | str | Path, backend: str | None = None, verify: str = "nearest",
-                 strict: bool = False, cache_dir: str | None = None, check_toolchain: bool = True):
+                 strict: bool = False, cache_dir: str | None = None, check_toolchain: bool = True,
+                 base_dir: str | Path | None = None):
         if not isinstance(data, dict):
+            base_dir = base_dir or Path(data).parent
             data = _read_table(Path(data))
+        self.base_dir = Path(base_dir) if base_dir else None  # where an export's problems/ copies are
         if verify not in VERIFY:
             raise ValueError(f"verify must be one of {', '.join(VERIFY)}")
         self.entries: list[dict] = _checked_entries(data.get("entries", []))
@@ -237,7 +240,15 @@ class Table:
 
     @classmethod
     def load(cls, path: str | Path, **options) -> "Table":
-        return cls(_read_table(Path(path)), **options)
+        return cls(_read_table(Path(path)), **{"base_dir": Path(path).parent, **options})
+
+    def source(self, entry: dict) -> str:
+        """A problem file's path for this entry: the export's copy when it has one (the tuned
+        version, and there wherever the export was moved), else the path it was tuned from."""
+        copy = entry.get("source_copy")
+        if copy and self.base_dir is not None and (self.base_dir / copy).is_file():
+            return str(self.base_dir / copy)
+        return entry["source"]
 
     @classmethod
     def from_db(cls, db, **options) -> "Table":
@@ -349,7 +360,7 @@ class Table:
             raise LookupError(f"no tuned kernel serves {op} {sizes} {dtype} here:\n  "
                               + "\n  ".join(self.explain(op, sizes, dtype, backend) or ["no entries for it"]))
         entry = next((e for e in self.entries if e["op"] == op), None)
-        spec = OpSpec(op, entry["source"] if entry else op, tuple(sizes.items()), dtype,
+        spec = OpSpec(op, self.source(entry) if entry else op, tuple(sizes.items()), dtype,
                       entry["kind"] if entry else "builtin")
         fallback = load_op(spec)
         outs = (fallback.torch_call or fallback.torch_impl)(list(inputs))
@@ -375,7 +386,7 @@ class Table:
                 from .ops import OpError
                 from .problem import size_positions
                 try:
-                    self._positions[op] = size_positions(first["source"], dict(first["sizes"]))
+                    self._positions[op] = size_positions(self.source(first), dict(first["sizes"]))
                 except OpError as e:
                     self._positions[op] = str(e)
         where = self._positions[op]
@@ -401,7 +412,7 @@ class Table:
     # ---- building ----------------------------------------------------------------------
 
     def _spec(self, entry: dict, sizes: dict[str, int]) -> OpSpec:
-        return OpSpec(entry["op"], entry["source"], tuple(sizes.items()), entry["dtype"], entry.get("kind", "builtin"))
+        return OpSpec(entry["op"], self.source(entry), tuple(sizes.items()), entry["dtype"], entry.get("kind", "builtin"))
 
     def _skeleton(self, entry: dict) -> Skeleton:
         s = self.skeletons[entry["skeleton"]]
