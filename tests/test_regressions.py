@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from tuner.cli import main
 from tuner.evaluate import Evaluator
 from tuner.ops import builtin_spec
@@ -130,40 +132,27 @@ def test_a_kernel_that_prints_on_every_call_cannot_fill_the_disk(fast_settings, 
     assert log.read_text().startswith("[tuner] the output before this was moved to workers.log.1")
 
 
-def test_a_problem_with_an_integer_output_is_checked_and_timed_with_integer_buffers(tmp_path, monkeypatch, capsys):
-    """argmax returns int64: the entry signature says `int64_t *out0`, and the check and the
-    timing both hand the kernel int64 buffers (the timing gave it a float32 one, half the size:
-    the kernel's writes corrupted the heap and every multi-threaded config crashed)."""
+@pytest.mark.parametrize("name, entry, wrong", [
+    # argmax returns int64: the entry says `int64_t *out0` (after its header), and the check and
+    # the timing both hand the kernel int64 buffers (the timing gave it a float32 one, half the
+    # size: the kernel's writes corrupted the heap and every multi-threaded config crashed).
+    ("argmax", "    #include <stdint.h>\n    void tuner_kernel(const {{ ctype }} *in0, int64_t *out0)\n", "SHIFT"),
+    # `x > 0`: the entry said `bool *out0` without the header C needs for it (copied as printed:
+    # "unknown type name 'bool'"), and the check subtracted the bool reference, which torch
+    # refuses: every config, right or wrong, was a RUNTIME_ERROR.
+    ("positive", "    #include <stdbool.h>\n    void tuner_kernel(const {{ ctype }} *in0, bool *out0)\n", "LOOSE"),
+])
+def test_a_problem_with_an_integer_or_bool_output(tmp_path, monkeypatch, capsys, name, entry, wrong):
     monkeypatch.setenv("TUNER_BENCH_BUDGET_S", "0.005")
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
-    problem = str(FIXTURES / "kernelbench/argmax.py")
+    problem = str(FIXTURES / f"kernelbench/{name}.py")
     assert main(["tune", "--op", problem, "--backend", "cpu", "--runs-dir", str(tmp_path / "none")]) == 2
-    assert "void tuner_kernel(const {{ ctype }} *in0, int64_t *out0)" in capsys.readouterr().err
+    assert entry in capsys.readouterr().err
     runs = tmp_path / "runs"
-    assert main(["tune", "--op", problem, "--backend", "cpu", "--template", str(FIXTURES / "kernelbench/argmax.c.j2"),
-                 "--space", str(FIXTURES / "kernelbench/argmax.yaml"), "--budget", "4", "--parallel", "1",
+    assert main(["tune", "--op", problem, "--backend", "cpu", "--template", str(FIXTURES / f"kernelbench/{name}.c.j2"),
+                 "--space", str(FIXTURES / f"kernelbench/{name}.yaml"), "--budget", "4", "--parallel", "1",
                  "--runs-dir", str(runs), "--quiet"]) == 0
     records = Store.open(next(runs.iterdir())).records()
     assert len(records) == 4
     for r in records:
-        shift = r.config.as_dict()["SHIFT"]
-        assert r.status is (Status.WRONG_RESULT if shift else Status.OK), (r.config, r.reason)
-
-
-def test_a_problem_with_a_bool_output_gets_the_header_it_needs_and_is_checked(tmp_path, monkeypatch, capsys):
-    """`x > 0`: the printed entry said `bool *out0` without the header C needs for it (copied as
-    printed: "unknown type name 'bool'"), and the check subtracted the bool reference, which
-    torch refuses: every config, right or wrong, was a RUNTIME_ERROR."""
-    monkeypatch.setenv("TUNER_BENCH_BUDGET_S", "0.005")
-    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
-    problem = str(FIXTURES / "kernelbench/positive.py")
-    assert main(["tune", "--op", problem, "--backend", "cpu", "--runs-dir", str(tmp_path / "none")]) == 2
-    assert "    #include <stdbool.h>\n    void tuner_kernel(const {{ ctype }} *in0, bool *out0)\n" in capsys.readouterr().err
-    runs = tmp_path / "runs"
-    assert main(["tune", "--op", problem, "--backend", "cpu", "--template", str(FIXTURES / "kernelbench/positive.c.j2"),
-                 "--space", str(FIXTURES / "kernelbench/positive.yaml"), "--budget", "4", "--parallel", "1",
-                 "--runs-dir", str(runs), "--quiet"]) == 0
-    records = Store.open(next(runs.iterdir())).records()
-    assert len(records) == 4
-    for r in records:
-        assert r.status is (Status.WRONG_RESULT if r.config.as_dict()["LOOSE"] else Status.OK), (r.config, r.reason)
+        assert r.status is (Status.WRONG_RESULT if r.config.as_dict()[wrong] else Status.OK), (r.config, r.reason)
