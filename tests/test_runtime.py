@@ -294,3 +294,32 @@ def test_a_problem_files_table_reads_sizes_from_the_inputs_and_falls_back_with_t
     w16 = torch.randn(16, 64)  # another out_features than tuned: the kernel would read past w
     torch.testing.assert_close(t("linear", x.float(), w16, b[:16]), x.float() @ w16.T + b[:16])
     assert t.last is None
+
+
+def test_a_problem_file_deleted_after_its_run_began_is_read_from_the_runs_copy(tmp_path, cache_dir):
+    """A run keeps its problem file (`problem.py`): the file moved or deleted later, the run
+    still resumes, its winner is collected and exported, and the export serves it; before,
+    each of these needed the file back at its path."""
+    from tuner.problem import spec_from_problem_file
+    from tuner.settings import Settings
+    from tuner.store import Store
+    settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.005,
+                        warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=1)
+    problem = tmp_path / "relu.py"
+    problem.write_text((FIXTURES / "kernelbench/relu.py").read_text())
+    spec = spec_from_problem_file(problem, "fp32", {"batch_size": 4, "dim": 256})
+    skeleton = load_skeleton(FIXTURES / "kernelbench/relu.c.j2", FIXTURES / "kernelbench/relu.yaml")
+    store = create_run(settings, spec, "cpu", skeleton, "random", 0)
+    execute(store, settings, 1, parallel=1)
+    problem.unlink()
+    from tuner import ops
+    ops._CACHE.clear()  # as in a new process
+    assert Store.open(store.path).op_spec().source == str(store.path / "problem.py")
+    summary = execute(Store.open(store.path), settings, 2, parallel=1)  # a resume with more budget
+    assert len(Store.open(store.path).records()) > 1 and summary["best"] is not None
+    out = exported_runs(tmp_path)
+    assert [p.name.split("-")[0] for p in (out / "problems").iterdir()] == ["relu"]
+    ops._CACHE.clear()
+    x = torch.randn(4, 256)
+    t = Table.load(out / "tuning.json", cache_dir=cache_dir)
+    assert torch.equal(t("relu", x), torch.relu(x)) and t.last is not None

@@ -134,6 +134,8 @@ class TuningDB:
             ceiling = best.get("ceiling") or {}
             entry = {
                 "op": meta["op"]["name"], "kind": meta["op"].get("kind", "builtin"), "source": meta["op"]["source"],
+                # the run's copy of a problem file: what an export serves it with (see export)
+                **({"problem": str(run / "problem.py")} if (run / "problem.py").is_file() else {}),
                 "sizes": meta["op"]["sizes"], "dtype": meta["op"]["dtype"], "backend": meta["backend"],
                 "device": device.get("name", "?"), "simulated": bool(device.get("simulated")),
                 "toolchain": toolchain, "fingerprint": fingerprint(toolchain),
@@ -246,24 +248,28 @@ def export(db: TuningDB, out: str | Path, backend: str | None = None, device: st
 
 def _with_problem_copies(entries: list[dict], out: Path) -> list[dict]:
     """A problem file's Model is its op's reference and torch fallback at run time: each one
-    the entries name is copied into the export (`problems/<name>-<hash>.py`, the version that
-    was tuned as far as the file is unchanged since) and named in its entries as
-    `source_copy`, so that an export moved to another machine or path still serves them.
-    A problem file gone since it was tuned is left out (the runtime says so if it is needed)."""
+    the entries name is copied into the export (`problems/<name>-<hash>.py`: the run's own copy,
+    the version that was tuned; for runs made before runs kept one, the file at its path) and
+    named in its entries as `source_copy`, so that an export moved to another machine or path
+    still serves them. One that cannot be read is left out (the runtime says so if needed)."""
     copied: dict[str, str] = {}
     result = []
     for e in entries:
-        if e.get("kind") == "kernelbench" and e["source"] not in copied:
+        if e.get("kind") != "kernelbench":
+            result.append(e)
+            continue
+        src = e.get("problem") or e["source"]  # the run's copy: the version that was tuned
+        if src not in copied:
             try:
-                text = Path(e["source"]).read_bytes()
+                text = Path(src).read_bytes()
             except OSError:
-                copied[e["source"]] = ""
+                copied[src] = ""
             else:
                 name = f"problems/{Path(e['source']).stem}-{hashlib.sha256(text).hexdigest()[:8]}.py"
                 (out / "problems").mkdir(exist_ok=True)
                 (out / name).write_bytes(text)
-                copied[e["source"]] = name
-        result.append({**e, "source_copy": copied[e["source"]]} if copied.get(e.get("source", "")) else e)
+                copied[src] = name
+        result.append({**e, "source_copy": copied[src]} if copied[src] else e)
     return result
 
 

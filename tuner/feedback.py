@@ -256,11 +256,10 @@ def render(fb: Feedback, max_groups: int = 8) -> str:
 def feedback_for_run(store) -> Feedback:
     """Feedback for a run directory, from its records, skeleton, op and device."""
     from .ops import load_op
-    from .values import OpSpec
     meta = store.meta()
     skeleton = store.skeleton()
     summary = store.read_json("summary.json") or {}
-    op = load_op(OpSpec.from_json(meta["op"]))
+    op = load_op(store.op_spec())
     peaks = ((meta.get("device") or {}).get("peaks")) or {}
     return build_feedback(store.records(), skeleton.space, flops=op.flops, nbytes=op.bytes, peaks=peaks,
                           dtype=op.spec.dtype,

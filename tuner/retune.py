@@ -32,7 +32,7 @@ from .ops import OpError, builtin_spec, parse_sizes
 from .settings import Settings
 from .skeleton import Skeleton, SkeletonError
 from .store import Store, StoreError
-from .values import Config, OpSpec, Record, Status
+from .values import Config, Record, Status
 
 
 def parse_target(device: str | None, chip: str | None, old_backend: str,
@@ -123,7 +123,7 @@ def retune(old_run: str | Path, settings: Settings, *, device: str | None = None
     old_meta = old.meta()
     skel_store, old_summary = _finished(old)
     skeleton = skel_store.skeleton()
-    old_spec = OpSpec.from_json(old_meta["op"])
+    old_spec = old.op_spec()
     spec = old_spec
     if shape:
         if old_spec.kind != "builtin":

@@ -137,6 +137,19 @@ class Store:
                              f"found a {type(meta).__name__}")
         return meta
 
+    PROBLEM_COPY = "problem.py"  # a problem file's op: the file as it was when the run began
+
+    def op_spec(self):
+        """The run's OpSpec (run.json's `op`). A problem file moved or deleted since the run
+        began is read from the run's own copy of it, so that a resume, a retune or the
+        feedback still has the op's reference."""
+        from .values import OpSpec
+        spec = OpSpec.from_json(self.meta()["op"])
+        copy = self.path / self.PROBLEM_COPY
+        if spec.kind == "kernelbench" and not Path(spec.source).is_file() and copy.is_file():
+            return OpSpec(spec.name, str(copy), spec.sizes, spec.dtype, spec.kind)
+        return spec
+
     def write_meta(self, meta: dict[str, Any]) -> None:
         _atomic_write(self.path / "run.json", json.dumps({**meta, "format_version": FORMAT_VERSION},
                                                           indent=1, default=str))

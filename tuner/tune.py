@@ -249,7 +249,7 @@ def pick_winner(store: Store, evaluator: Evaluator, settings: Settings,
 def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s: float,
               timeline: dict | None = None, stopped: str = "") -> dict:
     meta = store.meta()
-    op = load_op(OpSpec.from_json(meta["op"]))
+    op = load_op(store.op_spec())
     records = store.records()
     failures: dict[str, dict] = {}
     for r in records:
@@ -328,6 +328,7 @@ def create_run(settings: Settings, spec: OpSpec, backend: str, skeleton: Skeleto
         store = Store.create(settings.runs_dir, f"{spec.name}-{shape}-{spec.dtype}-{backend}")
     try:
         store.write_text(f"skeleton/template.{EXTENSIONS.get(skeleton.language, 'txt')}.j2", skeleton.template)
+        _keep_problem(store, spec)
         store.write_json("skeleton/space.json", skeleton.space.to_json())
         store.write_json("skeleton/skeleton.json", skeleton.to_json())
         store.write_meta({"id": store.path.name, "op": spec.to_json(), "backend": backend,
@@ -341,6 +342,14 @@ def create_run(settings: Settings, spec: OpSpec, backend: str, skeleton: Skeleto
             shutil.rmtree(store.path, ignore_errors=True)
         raise
     return store
+
+
+def _keep_problem(store: Store, spec: OpSpec) -> None:
+    """A problem file's op: a copy of the file in the run, read from there if the file is
+    moved or deleted later (`Store.op_spec`)."""
+    copy = store.path / Store.PROBLEM_COPY
+    if spec.kind == "kernelbench" and Path(spec.source).resolve() != copy.resolve():
+        shutil.copyfile(spec.source, copy)
 
 
 def _related(meta: dict, space, view) -> tuple[tuple[Config, ...], tuple]:
@@ -388,7 +397,7 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
     view = view or QuietView()
     started = time.monotonic()
     meta = store.meta()
-    spec = OpSpec.from_json(meta["op"])
+    spec = store.op_spec()
     skeleton = store.skeleton()
     # make_evaluator: where evaluations run (the Evaluator signature; default local workers,
     # `executor_ray.RayExecutor.evaluator` for a Ray cluster).
@@ -488,14 +497,19 @@ def create_rounds_run(settings: Settings, spec: OpSpec, backend: str, proposer: 
     seed = seed if seed is not None else random.randrange(2**31)
     shape = "x".join(str(v) for _, v in spec.sizes) if spec.kind == "builtin" else "file"
     store = Store.create(settings.runs_dir, f"{spec.name}-{shape}-{spec.dtype}-{backend}-{proposer['kind']}")
-    if start is not None:
-        store.write_json("start/skeleton.json", start.to_json())
-        store.write_text("start/space.yaml", space_yaml(start))
-    store.write_meta({"id": store.path.name, "op": spec.to_json(), "backend": backend, "rounds": rounds,
-                      "proposer": proposer, "sampler": sampler, "seed": seed, "storage": storage,
-                      "patience": patience,
-                      "command": command, "tuner": __version__,
-                      "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    try:
+        if start is not None:
+            store.write_json("start/skeleton.json", start.to_json())
+            store.write_text("start/space.yaml", space_yaml(start))
+        _keep_problem(store, spec)
+        store.write_meta({"id": store.path.name, "op": spec.to_json(), "backend": backend, "rounds": rounds,
+                          "proposer": proposer, "sampler": sampler, "seed": seed, "storage": storage,
+                          "patience": patience,
+                          "command": command, "tuner": __version__,
+                          "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    except OSError:  # a directory that could not be written whole (a full disk): no debris
+        shutil.rmtree(store.path, ignore_errors=True)
+        raise
     return store
 
 
@@ -520,7 +534,7 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
     from .proposer import Proposal, ProposerError, RoundContext
     view = view or QuietView()
     meta = store.meta()
-    spec, backend = OpSpec.from_json(meta["op"]), meta["backend"]
+    spec, backend = store.op_spec(), meta["backend"]
     done: list[RoundResult] = []
     stopped = ""
     who = (meta["proposer"].get("llm") or {}).get("model") or meta["proposer"].get("kind", "the proposer")
