@@ -27,6 +27,20 @@ def exported_runs(base):
     return base / "out"
 
 
+def relu_run(tmp_path, cache_dir):
+    """A cpu run of the relu problem file (copied into tmp_path, 4x256) on its C skeleton,
+    not yet executed: (settings, the problem file, the run's store)."""
+    from tuner.problem import spec_from_problem_file
+    from tuner.settings import Settings
+    settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.005,
+                        warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=1)
+    problem = tmp_path / "relu.py"
+    problem.write_text((FIXTURES / "kernelbench/relu.py").read_text())
+    spec = spec_from_problem_file(problem, "fp32", {"batch_size": 4, "dim": 256})
+    skeleton = load_skeleton(FIXTURES / "kernelbench/relu.c.j2", FIXTURES / "kernelbench/relu.yaml")
+    return settings, problem, create_run(settings, spec, "cpu", skeleton, "random", 0)
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, cache_dir):
     """softmax tuned on null at 256x512 and 1024x512 (landscape skeleton), and on cpu at 16x64
@@ -220,15 +234,8 @@ def test_serving_a_problem_files_kernel_leaves_the_callers_random_state_alone(tm
     parameters, its inputs) seeded torch's global generator, and the first call of a table
     ran the device's copy and matmul benchmarks. Neither happens now; an input of another
     shape than the file's runs torch's implementation."""
-    from tuner.problem import spec_from_problem_file
-    from tuner.settings import Settings
-    settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.005,
-                        warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=1)
-    problem = tmp_path / "relu.py"
-    problem.write_text((FIXTURES / "kernelbench/relu.py").read_text())
-    spec = spec_from_problem_file(problem, "fp32", {"batch_size": 4, "dim": 256})
-    skeleton = load_skeleton(FIXTURES / "kernelbench/relu.c.j2", FIXTURES / "kernelbench/relu.yaml")
-    execute(create_run(settings, spec, "cpu", skeleton, "random", 0), settings, 2, parallel=1)
+    settings, problem, store = relu_run(tmp_path, cache_dir)
+    execute(store, settings, 2, parallel=1)
     exported_runs(tmp_path)
     torch.manual_seed(3)
     x = torch.randn(4, 256)
@@ -300,16 +307,8 @@ def test_a_problem_file_deleted_after_its_run_began_is_read_from_the_runs_copy(t
     """A run keeps its problem file (`problem.py`): the file moved or deleted later, the run
     still resumes, its winner is collected and exported, and the export serves it; before,
     each of these needed the file back at its path."""
-    from tuner.problem import spec_from_problem_file
-    from tuner.settings import Settings
     from tuner.store import Store
-    settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.005,
-                        warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=1)
-    problem = tmp_path / "relu.py"
-    problem.write_text((FIXTURES / "kernelbench/relu.py").read_text())
-    spec = spec_from_problem_file(problem, "fp32", {"batch_size": 4, "dim": 256})
-    skeleton = load_skeleton(FIXTURES / "kernelbench/relu.c.j2", FIXTURES / "kernelbench/relu.yaml")
-    store = create_run(settings, spec, "cpu", skeleton, "random", 0)
+    settings, problem, store = relu_run(tmp_path, cache_dir)
     execute(store, settings, 1, parallel=1)
     problem.unlink()
     from tuner import ops
