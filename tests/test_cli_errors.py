@@ -190,8 +190,8 @@ def test_template_that_raises_or_runs_away_is_a_compile_error(tmp_path):
 
 
 def test_template_loops_that_write_nothing_end_at_the_deadline(tmp_path, monkeypatch):
-    """Nested loops with an empty body never reach the source-size check: such a template ran
-    for hours in the tool's own process (an evaluation thread). Now its own code stops at
+    """Nested loops with an empty body never reach the source-size check: such a template ran on
+    without end in the tool's own process (an evaluation thread). Now its own code stops at
     RENDER_TIMEOUT_S, in a thread as well, and the config is a COMPILE_ERROR."""
     import threading
     import time
