@@ -32,7 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
-from .store import StoreError
+from .store import Store, StoreError
 from .values import content_hash
 
 DB_FORMAT = 1
@@ -135,7 +135,7 @@ class TuningDB:
             entry = {
                 "op": meta["op"]["name"], "kind": meta["op"].get("kind", "builtin"), "source": meta["op"]["source"],
                 # the run's copy of a problem file: what an export serves it with (see export)
-                **({"problem": str(run / "problem.py")} if (run / "problem.py").is_file() else {}),
+                **({"problem": str(run / Store.PROBLEM_COPY)} if (run / Store.PROBLEM_COPY).is_file() else {}),
                 "sizes": meta["op"]["sizes"], "dtype": meta["op"]["dtype"], "backend": meta["backend"],
                 "device": device.get("name", "?"), "simulated": bool(device.get("simulated")),
                 "toolchain": toolchain, "fingerprint": fingerprint(toolchain),

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from .values import Record
+from .values import OpSpec, Record
 
 FORMAT_VERSION = 1
 
@@ -143,7 +143,6 @@ class Store:
         """The run's OpSpec (run.json's `op`). A problem file moved or deleted since the run
         began is read from the run's own copy of it, so that a resume, a retune or the
         feedback still has the op's reference."""
-        from .values import OpSpec
         spec = OpSpec.from_json(self.meta()["op"])
         copy = self.path / self.PROBLEM_COPY
         if spec.kind == "kernelbench" and not Path(spec.source).is_file() and copy.is_file():
