@@ -20,7 +20,8 @@ from tests.conftest import FIXTURES, ROOT
 
 ray = pytest.importorskip("ray")
 
-from tuner.executor_ray import RAY_MISSING, RayExecutor, connect, wait_for  # noqa: E402
+from tests.polling import wait_for  # noqa: E402
+from tuner.executor_ray import RAY_MISSING, RayExecutor, connect  # noqa: E402
 
 LANDSCAPE = (FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
 

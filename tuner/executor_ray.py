@@ -36,6 +36,7 @@ Ray is imported lazily; without it, using this executor says `pip install "tuner
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import threading
@@ -666,7 +667,7 @@ class RayEvaluator(Evaluator):
         workdir = str(self.workdir / "build" / digest)
         deaths: list[str] = []
         while True:
-            with self._quiet or _null():
+            with self._quiet or contextlib.nullcontext():
                 outcome, files_ref = self._compile_once(source, workdir)
             kind = outcome[0]
             if kind == "ok":
@@ -751,7 +752,7 @@ class RayEvaluator(Evaluator):
 
     def measure(self, build: Build, best_s: float | None = None) -> Measurement:
         what = f"measure {getattr(self._current, 'config', None) or build.artifact}"
-        with self._quiet or _null():
+        with self._quiet or contextlib.nullcontext():
             out = self._with_retry("measure", self.settings.run_timeout_s, what,
                                    artifact=build.artifact, spec=self.spec, settings=self.settings,
                                    best_s=best_s, reference_s=self.reference_s)
@@ -766,14 +767,14 @@ class RayEvaluator(Evaluator):
                            f"died twice on this config: {'; '.join(deaths)}; not retried again)")
 
     def _device_info(self):
-        with self._quiet or _null():
+        with self._quiet or contextlib.nullcontext():
             out = self._with_retry("device_info", 600, "device_info")
         if out[0] != "ok":
             raise WorkerFailure(out[1], f"device_info: {out[2]}")
         return out[1]
 
     def _time_reference(self) -> list[float]:
-        with self._quiet or _null():
+        with self._quiet or contextlib.nullcontext():
             out = self._with_retry("time_reference", max(600, self.settings.run_timeout_s),
                                    "time_reference", spec=self.spec, settings=self.settings)
         if out[0] != "ok":
@@ -781,14 +782,14 @@ class RayEvaluator(Evaluator):
         return out[1]
 
     def retime(self, records):
-        with self._quiet or _null():
+        with self._quiet or contextlib.nullcontext():
             out = self._device_call("time_many", self.settings.run_timeout_s * len(records), "retime",
                                     artifacts=[self.artifact(r) for r in records], spec=self.spec,
                                     settings=self.settings)
         return out[1] if out[0] == "ok" else None
 
     def recheck(self, record):
-        with self._quiet or _null():
+        with self._quiet or contextlib.nullcontext():
             out = self._device_call("recheck", self.settings.run_timeout_s, "recheck",
                                     artifact=self.artifact(record), spec=self.spec)
         if out[0] == "ok":
@@ -808,21 +809,3 @@ class RayEvaluator(Evaluator):
     @property
     def bench_worker(self):  # the local executor's; here the actors hold the Workers
         raise AttributeError("a RayEvaluator has device actors, not a local benchmark worker")
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def wait_for(predicate, timeout: float, step: float = 0.05) -> bool:
-    """Poll `predicate` until it is true or `timeout` passes (tests and benches)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(step)
-    return False

@@ -1,6 +1,4 @@
-"""A small Gaussian process for `tuner.strategy` (numpy; hyperparameters by scipy's L-BFGS-B,
-which the package requires; a projected descent stands in where scipy cannot be imported,
-and finds other fits, so searches take other paths there).
+"""A small Gaussian process for `tuner.strategy` (numpy; hyperparameters by scipy's L-BFGS-B).
 
 Kernel: Matérn 5/2 with one length scale per dimension (ARD), every hyperparameter fitted by
 MAP marginal likelihood. (A linear term for extrapolation was tried: its prior variance grows
@@ -14,10 +12,11 @@ import math
 from typing import Callable
 
 import numpy as np
+import scipy.optimize
+import scipy.special
 
 CHUNK = 8192  # candidates per block of kernel evaluations (bounds memory)
 SQRT5 = math.sqrt(5.0)
-_SQRT2 = math.sqrt(2.0)
 
 
 def matern(r: np.ndarray) -> np.ndarray:
@@ -128,42 +127,12 @@ class GP:
 
 
 def minimize(f: Callable, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, float]:
-    try:
-        from scipy.optimize import minimize as scipy_minimize
-    except ImportError:
-        return _projected_descent(f, x0, lo, hi)
-    res = scipy_minimize(f, x0, jac=True, method="L-BFGS-B", bounds=list(zip(lo, hi)),
-                         options={"maxiter": 60})
+    """L-BFGS-B from `x0` within [lo, hi]; `f` returns (value, gradient)."""
+    res = scipy.optimize.minimize(f, x0, jac=True, method="L-BFGS-B", bounds=list(zip(lo, hi)),
+                                  options={"maxiter": 60})
     return np.clip(res.x, lo, hi), float(res.fun)
-
-
-def _projected_descent(f: Callable, x: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                       iters: int = 80) -> tuple[np.ndarray, float]:
-    fx, g = f(x)
-    step = 0.5
-    for _ in range(iters):
-        while step > 1e-6:
-            nx = np.clip(x - step * g / max(1.0, float(np.abs(g).max())), lo, hi)
-            nf, ng = f(nx)
-            if nf < fx - 1e-9:
-                x, fx, g = nx, nf, ng
-                step *= 1.5
-                break
-            step *= 0.5
-        else:
-            break
-    return x, fx
-
-
-def _norm_cdf(z: np.ndarray) -> np.ndarray:
-    # Abramowitz-Stegun 7.1.26 through erf; |error| < 1.5e-7, enough for a ranking.
-    x = np.abs(z) / _SQRT2
-    t = 1.0 / (1.0 + 0.3275911 * x)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    erf = 1.0 - poly * np.exp(-x * x)
-    return 0.5 * (1.0 + np.sign(z) * erf)
 
 
 def expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
     z = (best - mean) / sd
-    return sd * (z * _norm_cdf(z) + np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi))
+    return sd * (z * scipy.special.ndtr(z) + np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi))

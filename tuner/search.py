@@ -86,11 +86,6 @@ def make_sampler(name: str, space: Space, seed: int | None, n_startup: int,
         return GuidedSampler(space, distributions(space), encode, decode, seed=seed, check=check,
                              **(options or {}))
     if name == "gp":
-        try:
-            import scipy  # noqa: F401
-            import torch  # noqa: F401
-        except ImportError:
-            raise SearchError("--sampler gp needs scipy and torch: pip install scipy") from None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import re
@@ -96,11 +97,6 @@ class Store:
         at once would evaluate the same configs twice, append records under the same trial
         numbers and time their candidates against each other. The lock is the kernel's
         (flock): it goes with the process, even one killed with SIGKILL."""
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: no lock
-            yield
-            return
         path = self.path / ".lock"
         try:
             f = open(path, "a+")
