@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tuner.backends.cuda import CudaBackend
-from tuner.backends.triton_source import Forbidden, check_source
+from tuner.codecheck import Forbidden, require_clean
 from tuner.values import Status
 
 GOOD = '''
@@ -40,7 +40,7 @@ def launch(x, y):
 
 
 def test_a_plain_module_passes():
-    check_source(GOOD)
+    require_clean("triton", GOOD)
 
 
 @pytest.mark.parametrize("change, words", [
@@ -71,7 +71,7 @@ def test_forbidden_modules_are_rejected(change, words):
     old, new = change
     assert old in GOOD
     with pytest.raises(Forbidden) as e:
-        check_source(GOOD.replace(old, new))
+        require_clean("triton", GOOD.replace(old, new))
     assert str(e.value).startswith("forbidden:") and words in str(e.value), str(e.value)
 
 

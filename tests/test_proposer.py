@@ -157,4 +157,4 @@ def test_triton_candidates_go_through_the_triton_contract():
     check_candidate(space, kernel, k, random.Random(0))
     cheat = kernel.replace("    k[(x.numel()", "    y.copy_(torch.softmax(x, -1))\n    k[(x.numel()")
     r = reject(space, "import torch\n" + cheat, k)
-    assert r.kind == "forbidden code" and "forbidden" in r.message and "torch.softmax" in r.text
+    assert r.kind == "forbidden code" and ".copy_()" in r.message and "torch.softmax" in r.text

@@ -3,7 +3,7 @@
 Skeleton contract (language `triton`): the template renders a Python module that defines its
 @triton.jit kernel(s) and `def launch(<inputs>, <outputs>)` with the op's names (softmax:
 `launch(x, y)`), which computes the grid and launches into the outputs the harness allocated
-and poisoned. The module's AST is checked before anything in it runs (`triton_source`): a
+and poisoned. The module's AST is checked before anything in it runs (`tuner.codecheck`): a
 violation is a COMPILE_ERROR "forbidden: ...".
 
 Compile (in the compile pool, on the CPU cores; it reads the device's properties through torch
@@ -42,7 +42,8 @@ from typing import Any, Callable
 
 from ..values import Build, DeviceInfo, Status
 from .base import Backend, BackendUnavailable, measured_peaks, raise_if_disk_full
-from .triton_source import Forbidden, check_source, load_module, warm_launch
+from ..codecheck import Forbidden, require_clean
+from .triton_source import load_module, warm_launch
 
 # Shared memory per block (opt-in maximum) by compute capability, for when no device is asked.
 SMEM_OPTIN = {70: 98304, 75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 101376,
@@ -143,7 +144,7 @@ class CudaBackend(Backend):
     def compile(self, source: str, workdir: str, timeout_s: float) -> Build:
         t0 = time.monotonic()
         try:
-            check_source(source)
+            require_clean("triton", source)
         except SyntaxError as e:
             return Build(Status.COMPILE_ERROR, error=f"SyntaxError: {e.msg} (line {e.lineno})",
                          compile_s=time.monotonic() - t0)

@@ -8,7 +8,7 @@ Triton's interpreter on CPU tensors (`interpret=True`: options stripped, since t
 interpreter knows none of them).
 
 Skeleton contract (language `triton_ascend`): as for `triton` (a module with @triton.jit kernels
-and `def launch(<inputs>, <outputs>)`, AST-checked by `triton_source`), plus:
+and `def launch(<inputs>, <outputs>)`, AST-checked by `tuner.codecheck`), plus:
 
 * the grid binds to physical cores: launch `CORES` programs (num_vectorcore; `AIC` =
   num_aicore for kernels that use tl.dot) scaled by a core-split tunable, and loop over tiles
@@ -55,7 +55,8 @@ from typing import Any, Callable
 
 from ..values import Build, DeviceInfo, Status
 from .base import Backend, BackendUnavailable, measured_peaks, raise_if_disk_full
-from .triton_source import Forbidden, check_source, load_module, warm_launch
+from ..codecheck import Forbidden, require_clean
+from .triton_source import load_module, warm_launch
 
 # ---- Ascend compile options ------------------------------------------------------------------
 
@@ -441,7 +442,7 @@ class NpuBackend(Backend):
     def compile(self, source: str, workdir: str, timeout_s: float) -> Build:
         t0 = time.monotonic()
         try:
-            check_source(source)
+            require_clean("triton_ascend", source)
             why = check_launch_options(source)
         except SyntaxError as e:
             return Build(Status.COMPILE_ERROR, error=f"SyntaxError: {e.msg} (line {e.lineno})",
@@ -464,7 +465,7 @@ class NpuBackend(Backend):
         _use_cache(path)
         os.environ.setdefault("ENABLE_PRINT_UB_BITS", "1")  # the backend records metadata["required_ub_bits"]
         try:
-            module = load_module(path, f"tuner_ascend_{digest}")
+            module = load_module(path, f"tuner_ascend_{digest}", "triton_ascend")
             kernels = self._warm(module)
         except Exception as e:  # MLIRCompilationError and any other compile failure
             raise_if_disk_full(e, "Triton's compile and cache")  # the disk, not the config
@@ -500,7 +501,7 @@ class NpuBackend(Backend):
             self._used_npu = True
         _use_cache(Path(artifact))
         digest = hashlib.sha256(Path(artifact).read_bytes()).hexdigest()[:16]
-        return load_module(artifact, f"tuner_ascend_{digest}").launch
+        return load_module(artifact, f"tuner_ascend_{digest}", "triton_ascend").launch
 
     def to_device(self, tensor):
         return tensor if self.interpret else tensor.to(f"npu:{self.device}")

@@ -72,7 +72,8 @@ from typing import Any, Callable
 from ..values import Build, DeviceInfo, OpSpec, Status
 from .base import Backend, BackendUnavailable
 from .npu import (MULTIBUFFER_DEFAULT, check_launch_options, launches, read_cost, strip_options)
-from .triton_source import Forbidden, check_source, load_module
+from ..codecheck import Forbidden, require_clean
+from .triton_source import load_module
 
 DEFAULT_CHIP = "910B2"
 VERIFY_MAX_ELEMENTS = 1 << 17
@@ -438,7 +439,7 @@ class SimBackend(Backend):
             return Build(Status.COMPILE_ERROR, error=error, compile_s=time.monotonic() - t0)
 
         try:
-            check_source(source)
+            require_clean("triton_ascend", source)
             why = check_launch_options(source)
             raw = read_cost(source)
         except SyntaxError as e:
@@ -501,7 +502,7 @@ class SimBackend(Backend):
             os.environ["TRITON_INTERPRET"] = "1"
             path = Path(rec["kernel"])
             digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-            launch = load_module(path, f"tuner_sim_{digest}").launch
+            launch = load_module(path, f"tuner_sim_{digest}", "triton_ascend").launch
             return SimKernel(seconds, lambda args: launch(*args))
 
         memo: dict = {}
@@ -568,7 +569,7 @@ def model_config(backend: SimBackend, skeleton, config, context: dict[str, Any])
         return f"INVALID: {why}"
     source = skeleton.render(config, context)
     try:
-        check_source(source)
+        require_clean("triton_ascend", source)
         err = check_launch_options(source)
         raw = read_cost(source)
     except (SyntaxError, Forbidden, ValueError) as e:

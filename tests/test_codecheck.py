@@ -1,0 +1,56 @@
+"""One kernel checker: the skeleton writer and the backends give the same verdict on a source."""
+
+import random
+
+import pytest
+
+from tuner.codecheck import Forbidden, TRITON, TRITON_ASCEND, check_python, check_source, require_clean
+from tuner.proposer import Rejection, check_candidate
+from tests.test_cuda_backend import GOOD
+from tests.test_proposer import SPACE, kit
+
+# Each breaks the launch-module contract; the two checkers disagreed on the first two.
+CHEATS = {
+    # A decorator named like the JIT but defined here: the "kernel" is host Python (torch compute).
+    "own jit": GOOD.replace("SCALE = 2.0", "SCALE = 2.0\n\ndef jit(f):\n    return f")
+                   .replace("@triton.jit", "@jit"),
+    # An attribute path from triton.language into another module.
+    "path to builtins": GOOD.replace("    n = x.numel()", "    n = x.numel()\n    tl.core.builtins.exec('1')"),
+    "host lambda call": GOOD.replace("    n = x.numel()", "    n = (lambda: x.sum())()"),
+    "torch in a kernel": GOOD.replace("    offs = tl.program_id(0)", "    t = torch.float32\n    offs = tl.program_id(0)"),
+}
+
+
+@pytest.mark.parametrize("name", CHEATS)
+def test_the_skeleton_writer_and_the_backend_refuse_the_same_sources(name):
+    source = CHEATS[name]
+    findings = check_source("triton", source)
+    assert findings, name
+    with pytest.raises(Forbidden) as e:
+        require_clean("triton", source)
+    assert str(e.value).startswith("forbidden:") and f"(line {findings[0].line})" in str(e.value)
+    template = source.replace("{", "{{ '{' }}").replace("}", "{{ '}' }}")
+    with pytest.raises(Rejection) as r:
+        check_candidate(SPACE.replace("language: script", "language: triton"), template, kit("cuda"),
+                        random.Random(0))
+    assert r.value.kind == "forbidden code" and r.value.line == findings[0].line
+
+
+def test_a_clean_module_passes_both_policies():
+    assert check_python(GOOD, TRITON) == []
+    ascend = GOOD.replace("from triton.tools.tensor_descriptor import TensorDescriptor\n", "")
+    assert check_python(ascend, TRITON_ASCEND) == []
+    assert check_python(GOOD, TRITON_ASCEND)  # no host TMA descriptors on Ascend
+
+
+def test_every_finding_is_reported_with_its_line():
+    source = GOOD.replace("import math", "import os").replace("    n = x.numel()", "    n = eval('1')")
+    whys = [(f.line, f.why) for f in check_python(source)]
+    assert [line for line, _ in whys] == sorted(line for line, _ in whys) and len(whys) == 2
+    assert "import os" in whys[0][1] and "'eval'" in whys[1][1]
+
+
+def test_a_syntax_error_is_a_syntax_error():
+    with pytest.raises(SyntaxError):
+        require_clean("triton", "def launch(:")
+    assert check_source("triton", "def launch(:")[0].syntax
