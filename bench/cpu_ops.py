@@ -18,10 +18,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tuner.ops import builtin_spec  # noqa: E402
-from tuner.settings import Settings  # noqa: E402
-from tuner.skeleton import library_skeleton  # noqa: E402
-from tuner.tune import create_run, execute  # noqa: E402
+from tuner.core.ops import builtin_spec  # noqa: E402
+from tuner.core.settings import Settings  # noqa: E402
+from tuner.core.skeleton import library_skeleton  # noqa: E402
+from tuner.run.tune import create_run, execute  # noqa: E402
 
 SHAPES = {"softmax": "4096x1024", "rmsnorm": "4096x1024", "layernorm": "4096x1024", "matmul": "1024x1024x1024"}
 

@@ -26,12 +26,12 @@ for _v in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # numpy's BLAS, not torc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tuner.evaluate import Evaluator  # noqa: E402
-from tuner.ops import builtin_spec  # noqa: E402
-from tuner.search import Searcher  # noqa: E402
-from tuner.settings import Settings  # noqa: E402
-from tuner.skeleton import load_skeleton  # noqa: E402
-from tuner.tune import create_run, run_search  # noqa: E402
+from tuner.exec.evaluate import Evaluator  # noqa: E402
+from tuner.core.ops import builtin_spec  # noqa: E402
+from tuner.search.searcher import Searcher  # noqa: E402
+from tuner.core.settings import Settings  # noqa: E402
+from tuner.core.skeleton import load_skeleton  # noqa: E402
+from tuner.run.tune import create_run, run_search  # noqa: E402
 
 
 def main() -> None:
@@ -52,7 +52,7 @@ def main() -> None:
         ev = Evaluator("null", spec, skeleton, settings, store.path)
         try:
             ev.start()
-            searcher = Searcher(skeleton.space, args.sampler, 0, store.meta()["storage"])
+            searcher = Searcher(skeleton.space, args.sampler, 0, store.meta().storage)
             t0 = time.perf_counter()
             p = run_search(store, ev, searcher, args.budget, None, settings.n_compile_workers)
             dt = time.perf_counter() - t0

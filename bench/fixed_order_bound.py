@@ -32,13 +32,13 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tuner import replay  # noqa: E402
-from tuner.values import Config, Status  # noqa: E402
+from tuner.core import landscape as landscapes  # noqa: E402
+from tuner.core.values import Config, Status  # noqa: E402
 
 DEFAULT = "/work/shared/landscapes/matmul_h200.json"
 
 
-def search(land: replay.Landscape, order: list[tuple[int, int]], cap: int) -> int:
+def search(land: landscapes.Landscape, order: list[tuple[int, int]], cap: int) -> int:
     """Evaluations until a config within 3 % (a start within 3 % is 1); cap + 1 if never."""
     params = land.space.params
     best = land.best_s * 1.03
@@ -82,11 +82,11 @@ def main() -> None:
     ap.add_argument("--cap", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    shapes = replay.shapes(args.landscape)
+    shapes = landscapes.shapes(args.landscape)
     targets = [int(v) for v in args.target.split(",")]
     if len(targets) != len(shapes):
         raise SystemExit(f"--target needs {len(shapes)} numbers, one per shape: {', '.join(shapes)}")
-    lands = [replay.load_cached(args.landscape, s) for s in shapes]
+    lands = [landscapes.load_cached(args.landscape, s) for s in shapes]
     params = lands[0].space.params
     moves = [(j, d) for j, p in enumerate(params) if len(p.values) > 1 for d in (-1, 1)]
     rng = random.Random(args.seed)

@@ -2,7 +2,7 @@
 
 Compiles N configs of the 202-config matmul list (bench/triton_matmul202.yaml, 4096^3 bf16)
 in a process pool, then measures each in this process the way a benchmark Worker does
-(tuner.measure.measure: load, verify on two input sets, timed repetitions), under cProfile.
+(tuner.exec.measure.measure: load, verify on two input sets, timed repetitions), under cProfile.
 Prints milliseconds per candidate for each phase and the functions that took the time.
 
     python bench/measure_profile.py [--configs 24] [--hog N] [--out DIR]
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_bench import matmul202  # noqa: E402
-from tuner.settings import Settings  # noqa: E402
+from tuner.core.settings import Settings  # noqa: E402
 
 
 def _compile(job):
@@ -69,7 +69,7 @@ def main() -> int:
         raise SystemExit(f"{len(builds) - len(artifacts)} of {len(builds)} compiles failed; first: "
                          f"{next((b.error for b in builds if not b.artifact), '')}")
 
-    from tuner import measure
+    from tuner.exec import measure
     from tuner.backends.cuda import CudaBackend
     backend = CudaBackend(0, cache_dir=str(out / "cache"))
     settings = Settings.from_env(runs_dir=str(out / "runs"), cache_dir=str(out / "cache"),

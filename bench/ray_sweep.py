@@ -30,10 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tuner.settings import Settings  # noqa: E402
-from tuner.store import Store  # noqa: E402
-from tuner.plan import load_plan  # noqa: E402
-from tuner.sweep import run_sweep  # noqa: E402
+from tuner.core.settings import Settings  # noqa: E402
+from tuner.run.store import Store  # noqa: E402
+from tuner.sweep.plan import load_plan  # noqa: E402
+from tuner.sweep.execute import run_sweep  # noqa: E402
 
 TASKS = {  # backend -> (op, shape) list; dtype per backend below
     "cuda": [("softmax", "4096x4096"), ("softmax", "16384x2048"), ("rmsnorm", "4096x4096"),
@@ -201,7 +201,7 @@ def phase(name: str, plan_path: Path, out: Path, settings: Settings, parallel: i
         summary = run_sweep(plan, settings, "local", out=str(folder), view_enabled=True, parallel=parallel)
         result["startup_s"] = 0.0
     else:
-        from tuner.executor_ray import RayExecutor
+        from tuner.exec.ray_executor import RayExecutor
         ex = RayExecutor(settings, devices=1 if name == "ray1" else None, log_path=str(folder / "workers.log"))
         try:
             ex.pool(plan.backend)  # place the device actors before the clock starts
@@ -350,7 +350,7 @@ def main() -> int:
     except Exception:  # noqa: BLE001
         report["gpus"] = 0
     if any(n.startswith("ray") for n in args.phases.split(",")):
-        from tuner.executor_ray import connect
+        from tuner.exec.ray_executor import connect
         t0 = time.monotonic()
         connect(num_cpus=args.cpus, num_gpus=report["gpus"] or None)  # one local cluster for every Ray phase
         report["ray_cpus"] = args.cpus or os.cpu_count()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tuner import skeleton as sk  # noqa: E402
-from tuner.ops import builtin_spec, load_op, render_context  # noqa: E402
+from tuner.core import skeleton as sk  # noqa: E402
+from tuner.core.ops import builtin_spec, load_op, render_context  # noqa: E402
 
 CASES = [("matmul", "1024x1024x1024", "triton", "fp16"), ("attention", "2x4x256x64", "triton", "fp16"),
          ("softmax", "64x1024", "c", "fp32"), ("matmul", "512x512x512", "c", "fp32")]

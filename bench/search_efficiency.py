@@ -21,8 +21,8 @@ plus generated ones (`tuner.replay.synthetic`: smooth, rugged, cliffs, flat; a n
 seed).
 `guided+warm` is the default strategy warm-started from each *other* shape of the same file
 (of the same op, under bench/landscapes/), as `tuner tune --warm-start` does: each one's best
-config first (`tuner.replay.warm_starts`), and all their timings as the searcher's prior
-(`tuner.replay.warm_timings`).
+config first (`tuner.warmstart.warm_starts`), and all their timings as the searcher's prior
+(`tuner.warmstart.warm_timings`).
 
     python bench/search_efficiency.py [--seeds 20] [--jobs 2] [--write]
 
@@ -55,8 +55,10 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tuner import replay  # noqa: E402
-from tuner.space import load_space  # noqa: E402
+from tuner.core import landscape as landscapes  # noqa: E402
+from tuner.run import warm as warmstart  # noqa: E402
+from tuner.offline import replay  # noqa: E402
+from tuner.core.space import load_space  # noqa: E402
 
 STRATEGIES = {  # name -> (sampler, Searcher options, warm start)
     "random": ("random", {}, False),
@@ -73,7 +75,7 @@ def landscapes(paths: list[str], runs: list[str], synthetic: bool) -> list[tuple
     """(label, path or synthetic kind, shape) for every landscape to replay."""
     out = []
     for p in paths:
-        for shape in replay.shapes(p):
+        for shape in landscapes.shapes(p):
             out.append((f"{Path(p).stem} {shape}", p, shape))
     for d in runs:
         out.append((f"{Path(d).name} (middle start)", d, ""))
@@ -83,13 +85,13 @@ def landscapes(paths: list[str], runs: list[str], synthetic: bool) -> list[tuple
 
 
 def load(path: str, shape: str | None, seed: int, formulas: tuple | None = None,
-         guesses: tuple = ()) -> replay.Landscape:
+         guesses: tuple = ()) -> landscapes.Landscape:
     """`formulas`: (space YAML, DTYPE_BYTES, device limits) to replay a landscape JSON, which
     declares none, under a skeleton's constraints and resource formulas (see --formulas).
     `guesses`: partial configs a landscape JSON's space takes as `promising` (see --promising)."""
     if shape is None:
         return replay.synthetic(path, seed)
-    land = replay.load_cached(path, shape or None)
+    land = landscapes.load_cached(path, shape or None)
     if shape == "":
         # A run directory of the library's own skeleton: its space's default is the optimum
         # these grid runs found, so the search starts from each param's middle value instead.
@@ -125,7 +127,7 @@ def read_guesses(path: str) -> tuple:
     return tuple(tuple(sorted(g.items())) for g in guesses)
 
 
-def valid_configs(land: replay.Landscape) -> int:
+def valid_configs(land: landscapes.Landscape) -> int:
     """Configs the space's formulas accept at the landscape's shape (all of a landscape JSON's:
     it declares no formulas)."""
     check = replay.ReplayEvaluator(land).check
@@ -156,10 +158,10 @@ def one(job: tuple) -> tuple[float, float, float, int]:
         if shape == "":
             others = _siblings(path, runs)
         else:
-            others = [f"{path}@{s}" for s in replay.shapes(path) if s != shape] if shape else []
-        seeds = replay.warm_starts(others, land.space) if others else ()
+            others = [f"{path}@{s}" for s in landscapes.shapes(path) if s != shape] if shape else []
+        seeds = warmstart.warm_starts(others, land.space) if others else ()
         if sampler == "guided" and others:
-            options = {**options, "sampler_options": {"prior": replay.warm_timings(others, land.space)}}
+            options = {**options, "sampler_options": {"prior": warmstart.warm_timings(others, land.space)}}
     t0 = time.monotonic()
     trace = replay.replay_search(land, sampler, seed, budget=cap, seeds=seeds, stop_within=0.03,
                                  **options)

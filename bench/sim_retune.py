@@ -23,11 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tuner.backends.sim import Estimate, model_space  # noqa: E402
-from tuner.ops import builtin_spec  # noqa: E402
-from tuner.retune import retune, with_backend_options  # noqa: E402
-from tuner.settings import Settings  # noqa: E402
-from tuner.skeleton import library_skeleton  # noqa: E402
-from tuner.tune import create_run, execute  # noqa: E402
+from tuner.core.ops import builtin_spec  # noqa: E402
+from tuner.run.retune import retune, with_backend_options  # noqa: E402
+from tuner.core.settings import Settings  # noqa: E402
+from tuner.core.skeleton import library_skeleton  # noqa: E402
+from tuner.run.tune import create_run, execute  # noqa: E402
 
 CASES = {  # name: (op, shape, dtype, chip A, chip B)
     "softmax": ("softmax", "96x32768", "fp32", "910B2", "910B4"),  # a 32k-vocab softmax over 96 rows

@@ -30,9 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tuner import replay  # noqa: E402
-from tuner.store import Store  # noqa: E402
-from tuner.values import Status  # noqa: E402
+from tuner.core import landscape as landscapes  # noqa: E402
+from tuner.run.store import Store  # noqa: E402
+from tuner.core.values import Status  # noqa: E402
 
 MARKS = (1, 3, 5, 10, 15, 20, 30, 40, 60)
 
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     bests = []
     for src in args.source:
-        configs = replay.load(src).ranked(1)
+        configs = landscapes.load(src).ranked(1)
         if not configs:
             raise SystemExit(f"{src}: no config passed there; nothing to warm-start from")
         bests.append(configs[0].as_dict())

@@ -23,7 +23,7 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture
 def fast_settings(tmp_path, cache_dir):
     """Settings that keep timing short: tests check behaviour, never speed."""
-    from tuner.settings import Settings
+    from tuner.core.settings import Settings
     return Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir,
                     bench_budget_s=0.01, warmup_s=0.0, min_reps=3, max_reps=20,
                     run_timeout_s=20.0, compile_timeout_s=30.0, compile_workers=2)
@@ -32,7 +32,7 @@ def fast_settings(tmp_path, cache_dir):
 @pytest.fixture
 def priors_given(monkeypatch) -> list:
     """The `prior` each guided Proposer made from now on was given (one entry per Proposer)."""
-    from tuner import strategy
+    from tuner.search import guided as strategy
     given: list = []
     init = strategy.Proposer.__init__
 

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from tuner.cli import main
-from tuner.store import Store
-from tuner.values import Status
+from tuner.cli.main import main
+from tuner.run.store import Store
+from tuner.core.values import Status
 from tests.conftest import FIXTURES
 
 
@@ -131,7 +131,7 @@ def test_dtype_the_backend_cannot_run(capsys, tmp_path):
 
 
 def test_problem_file_that_loops_at_import(capsys, tmp_path, monkeypatch):
-    from tuner import problem
+    from tuner.core import problem
     monkeypatch.setattr(problem, "IMPORT_TIMEOUT_S", 1.0)
     f = tmp_path / "spin.py"
     f.write_text("import torch\nwhile True:\n    pass\n")
@@ -172,8 +172,8 @@ def test_space_with_no_valid_config_at_this_shape(capsys, tmp_path, monkeypatch)
 
 
 def test_template_that_raises_or_runs_away_is_a_compile_error(tmp_path):
-    from tuner.skeleton import Skeleton, SkeletonError, load_skeleton
-    from tuner.values import Config
+    from tuner.core.skeleton import Skeleton, SkeletonError, load_skeleton
+    from tuner.core.values import Config
     space = tmp_path / "s.yaml"
     space.write_text("language: c\nparams:\n  A: [1, 2]\n")
     for text, says in [("a\\n{{ 1 // (A - A) }}\\n", ":2: ZeroDivisionError"),
@@ -196,8 +196,8 @@ def test_template_loops_that_write_nothing_end_at_the_deadline(tmp_path, monkeyp
     import threading
     import time
 
-    from tuner import skeleton
-    from tuner.values import Config
+    from tuner.core import skeleton
+    from tuner.core.values import Config
     monkeypatch.setattr(skeleton, "RENDER_TIMEOUT_S", 0.5)
     space = tmp_path / "s.yaml"
     space.write_text("language: c\nparams:\n  A: [1, 2]\n")

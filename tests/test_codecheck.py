@@ -5,7 +5,7 @@ import random
 import pytest
 
 from tuner.codecheck import Forbidden, TRITON, TRITON_ASCEND, check_python, check_source, require_clean
-from tuner.proposer import Rejection, check_candidate
+from tuner.llm.proposer import Rejection, check_candidate
 from tests.test_cuda_backend import GOOD
 from tests.test_proposer import SPACE, kit
 

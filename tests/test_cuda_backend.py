@@ -13,7 +13,7 @@ import pytest
 
 from tuner.backends.cuda import CudaBackend
 from tuner.codecheck import Forbidden, require_clean
-from tuner.values import Status
+from tuner.core.values import Status
 
 GOOD = '''
 import math
@@ -95,9 +95,9 @@ def _cubins(cache: Path) -> set[str]:
 def test_the_benchmark_worker_reuses_the_compile_pools_cubins(fast_settings, tmp_path):
     """Compiled in a compile worker (no GPU context), launched in the benchmark worker: the
     launch must find every cubin in the run's Triton cache and compile nothing itself."""
-    from tuner.evaluate import Evaluator
-    from tuner.ops import builtin_spec
-    from tuner.skeleton import library_skeleton
+    from tuner.exec.evaluate import Evaluator
+    from tuner.core.ops import builtin_spec
+    from tuner.core.skeleton import library_skeleton
     ev = Evaluator("cuda", builtin_spec("softmax", "1024x4096", "bf16"), library_skeleton("softmax", "triton"),
                    fast_settings, tmp_path / "run")
     try:
@@ -122,9 +122,9 @@ def test_the_benchmark_worker_reuses_the_compile_pools_cubins(fast_settings, tmp
 def test_a_second_run_launches_with_the_first_runs_launcher(fast_settings, tmp_path):
     """Triton's per-signature launcher (a C build at a kernel's first launch) is built once per
     machine, not once per run: the second run's cache gets it from the shared folder."""
-    from tuner.evaluate import Evaluator
-    from tuner.ops import builtin_spec
-    from tuner.skeleton import library_skeleton
+    from tuner.exec.evaluate import Evaluator
+    from tuner.core.ops import builtin_spec
+    from tuner.core.skeleton import library_skeleton
     spec, skeleton = builtin_spec("softmax", "1024x4096", "bf16"), library_skeleton("softmax", "triton")
     caches = []
     for run, n in (("run1", 2), ("run2", 1)):
@@ -147,9 +147,9 @@ def test_a_second_run_launches_with_the_first_runs_launcher(fast_settings, tmp_p
 
 @pytest.mark.cuda
 def test_tune_softmax_end_to_end(fast_settings):
-    from tuner.ops import builtin_spec
-    from tuner.skeleton import library_skeleton
-    from tuner.tune import create_run, execute
+    from tuner.core.ops import builtin_spec
+    from tuner.core.skeleton import library_skeleton
+    from tuner.run.tune import create_run, execute
     settings = fast_settings.replace(bench_budget_s=0.05, max_reps=200, compile_workers=8)
     store = create_run(settings, builtin_spec("softmax", "4096x4096", "bf16"), "cuda",
                        library_skeleton("softmax", "triton"), seed=1)
@@ -269,8 +269,8 @@ def launch(x, y):
 
 def stray_store_verdicts(workdir: str, interpret: bool) -> dict[bool, str | None]:
     """What the check says of the masked and the unmasked kernel."""
-    from tuner.measure import _reference, check
-    from tuner.ops import builtin_spec, load_op
+    from tuner.exec.measure import _reference, check
+    from tuner.core.ops import builtin_spec, load_op
     spec = builtin_spec("softmax", "3x40", "fp32")
     backend = CudaBackend(0, interpret=interpret, op=spec.to_json())
     op = load_op(spec)

@@ -7,11 +7,11 @@ import types
 
 import pytest
 
-from tuner.cli import main
-from tuner.db import DBError, TuningDB, export, fingerprint
-from tuner.ops import builtin_spec
-from tuner.skeleton import load_skeleton
-from tuner.tune import create_run, execute
+from tuner.cli.main import main
+from tuner.serve.db import DBError, TuningDB, export, fingerprint
+from tuner.core.ops import builtin_spec
+from tuner.core.skeleton import load_skeleton
+from tuner.run.tune import create_run, execute
 from tests.conftest import FIXTURES
 
 LANDSCAPE = (FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
@@ -28,7 +28,7 @@ def runs(tmp_path_factory):
     """Three finished null runs (two shapes; the second shape twice) and one unfinished."""
     import os
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from tuner.settings import Settings
+    from tuner.core.settings import Settings
     base = tmp_path_factory.mktemp("db")
     settings = Settings(runs_dir=str(base / "runs"), cache_dir=str(base / "cache"), bench_budget_s=0.005,
                         warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=2)
@@ -145,8 +145,8 @@ def test_cli_db_and_export(runs, tmp_path, capsys):
 def test_seeds_from_before_a_param_was_added_are_tried_with_its_default(tmp_path):
     # an LLM round's revised skeleton, or a warm start from an older version, may add a param:
     # the earlier best configs still come right after the default, completed, not dropped
-    from tuner.settings import Settings
-    from tuner.values import Config
+    from tuner.core.settings import Settings
+    from tuner.core.values import Config
     settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=str(tmp_path / "cache"),
                         bench_budget_s=0.005, warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=1)
     older = Config.of({"BM": 64, "BN": 128, "WARPS": 4})  # measured before STAGES existed

@@ -2,7 +2,7 @@ import pickle
 
 import pytest
 
-from tuner.expr import ExprError, parse
+from tuner.core.expr import ExprError, parse
 
 
 def test_arithmetic_and_logic():

@@ -2,9 +2,9 @@
 
 import json
 
-from tuner.feedback import Feedback, build_feedback, render, signature
-from tuner.space import parse_space
-from tuner.values import Build, Config, Measurement, Record, Status
+from tuner.llm.feedback import Feedback, build_feedback, render, signature
+from tuner.core.space import parse_space
+from tuner.core.values import Build, Config, Measurement, Record, Status
 
 SPACE = parse_space("""
 sizes: [M, N]

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tuner.cli import main
-from tuner.space import SpaceError, parse_space
-from tuner.store import Store, StoreError
+from tuner.cli.main import main
+from tuner.core.space import SpaceError, parse_space
+from tuner.run.store import Store, StoreError
 from tests.conftest import FIXTURES
 
 NULL = ["--backend", "null", "--template", str(FIXTURES / "null/good.txt.j2"),
@@ -97,8 +97,8 @@ def test_out_of_range_numbers_are_refused(capsys, tmp_path, flag):
 
 
 def test_storage_url_of_an_unknown_database(capsys, tmp_path):
-    from tuner.search import SearchError, Searcher
-    from tuner.space import parse_space as ps
+    from tuner.search.searcher import SearchError, Searcher
+    from tuner.core.space import parse_space as ps
     with pytest.raises(SearchError, match="cannot open the Optuna storage 'weird://x'"):
         Searcher(ps("params:\n  V: [1, 2]\n"), "random", 0, "weird://x")
 
@@ -113,7 +113,8 @@ def test_a_storage_that_cannot_be_opened_leaves_no_run_behind(capsys, tmp_path, 
 
 
 def test_warm_start_list_of_non_configs(tmp_path):
-    from tuner.replay import LandscapeError, warm_starts
+    from tuner.core.landscape import LandscapeError
+    from tuner.run.warm import warm_starts
     f = tmp_path / "ws.json"
     f.write_text("[1, 2]")
     with pytest.raises(LandscapeError, match="JSON object of param -> value"):
@@ -122,7 +123,7 @@ def test_warm_start_list_of_non_configs(tmp_path):
 
 def test_null_script_with_a_zero_time_is_a_compile_error(tmp_path):
     from tuner.backends.null import NullBackend
-    from tuner.values import Status
+    from tuner.core.values import Status
     b = NullBackend()
     assert b.compile("time: 0\n", str(tmp_path), 1.0).status is Status.COMPILE_ERROR
     assert b.compile("time: nan\n", str(tmp_path), 1.0).status is Status.COMPILE_ERROR
@@ -132,11 +133,11 @@ def test_null_script_with_a_zero_time_is_a_compile_error(tmp_path):
 
 def fake_run(tmp_path, records: int = 2) -> Store:
     """A run directory as create_run leaves it, with `records` records of the good null space."""
-    from tuner.ops import builtin_spec
-    from tuner.settings import Settings
-    from tuner.skeleton import load_skeleton
-    from tuner.tune import create_run
-    from tuner.values import Build, Config, Measurement, Record, Status
+    from tuner.core.ops import builtin_spec
+    from tuner.core.settings import Settings
+    from tuner.core.skeleton import load_skeleton
+    from tuner.run.tune import create_run
+    from tuner.core.values import Build, Config, Measurement, Record, Status
     skel = load_skeleton(FIXTURES / "null/good.txt.j2", FIXTURES / "null/good.yaml")
     store = create_run(Settings(runs_dir=str(tmp_path / "runs")), builtin_spec("softmax", "8x16"), "null",
                        skel, "random", 0, extra={"budget": 2})
@@ -209,7 +210,7 @@ def test_export_to_a_file_path(capsys, tmp_path):
 
 
 def test_db_update_skips_a_damaged_run(tmp_path):
-    from tuner.db import TuningDB
+    from tuner.serve.db import TuningDB
     store = fake_run(tmp_path)
     store.write_json("summary.json", {"best": {"median_s": 1e-4}})  # no config
     store.write_text("best/kernel.txt", "time: 1e-4\n")
@@ -232,7 +233,7 @@ def test_two_processes_on_one_run_are_refused(capsys, tmp_path):
 
 
 def test_resume_keeps_the_runs_budget(tmp_path):
-    from tuner.cli import _run_settings
+    from tuner.cli.main import _run_settings
     store = fake_run(tmp_path)
     assert _run_settings(SimpleNamespace(budget=None, patience=None), store) == (2, False)  # not the default 40
     assert _run_settings(SimpleNamespace(budget=7, patience=None), store) == (7, False)
@@ -267,11 +268,11 @@ def test_a_resume_that_asks_for_more_searches_past_a_patience_stop(capsys, tmp_p
 
 
 def test_ctrl_c_names_the_run_to_resume(capsys, tmp_path, monkeypatch):
-    import tuner.cli
+    import tuner.cli.main
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(tuner.cli, "execute", interrupted)
+    monkeypatch.setattr(tuner.cli.main, "execute", interrupted)
     rc, err = run(capsys, "tune", "softmax", "--shape", "8x16", *NULL, "--runs-dir", tmp_path / "runs")
     path = next((tmp_path / "runs").iterdir())
     assert rc == 130 and f"tuner tune --resume {path}" in err
@@ -283,7 +284,7 @@ def test_ctrl_c_names_the_run_to_resume(capsys, tmp_path, monkeypatch):
     ("total_time_s: -1\n", "`total_time_s:` must be positive"),
 ])
 def test_sweep_file_mistakes_are_refused_before_any_task(tmp_path, text, says):
-    from tuner.plan import SweepError, load_plan
+    from tuner.sweep.plan import SweepError, load_plan
     f = tmp_path / "sweep.yaml"
     f.write_text(f'backend: "null"\n{text}ops:\n  softmax: {{shapes: [8x8], template: {FIXTURES}/null/good.txt.j2, '
                  f'space: {FIXTURES}/null/good.yaml}}\n')
@@ -297,7 +298,7 @@ def test_sweep_file_mistakes_are_refused_before_any_task(tmp_path, text, says):
 def test_one_task_with_two_skeletons_is_refused_and_a_repeated_shape_runs_once(tmp_path):
     """Two entries with the same op, shape and dtype but different skeletons would share one run
     directory: the second skeleton was silently never searched."""
-    from tuner.plan import SweepError, load_plan
+    from tuner.sweep.plan import SweepError, load_plan
     f = tmp_path / "sweep.yaml"
     entry = "{{op: softmax, shapes: [8x8, 8x8], template: {0}/null/{1}.txt.j2, space: {0}/null/{1}.yaml}}"
     f.write_text(f'backend: "null"\nops:\n  a: {entry.format(FIXTURES, "good")}\n'
@@ -315,7 +316,7 @@ def test_one_task_with_two_skeletons_is_refused_and_a_repeated_shape_runs_once(t
                                         ("l2_bytes: lots", "l2_bytes must be a number"),
                                         ("transfers: {gm_to_ub: [[1]]}", "transfer curve gm_to_ub")])
 def test_malformed_chip_profile(tmp_path, line, says):
-    from tuner.chips import ChipError, load_profile
+    from tuner.backends.chips import ChipError, load_profile
     f = tmp_path / "chip.yaml"
     f.write_text(f"base: 910B2\nname: x\nsoc: y\n{line}\n")
     with pytest.raises(ChipError, match=says):
@@ -329,8 +330,8 @@ def test_a_full_disk_stops_the_run_with_what_to_do_and_records_no_config_as_fail
     the broken compiles record nothing, and the resume finishes the budget."""
     import shutil
     import stat
-    from tuner.store import Store
-    from tuner.values import Status
+    from tuner.run.store import Store
+    from tuner.core.values import Status
     monkeypatch.setenv("TUNER_BENCH_BUDGET_S", "0.005")
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     count = tmp_path / "compiles"
@@ -355,7 +356,7 @@ def test_a_full_disk_stops_the_run_with_what_to_do_and_records_no_config_as_fail
 
 def test_a_run_directory_that_cannot_be_written_whole_is_not_left_behind(capsys, tmp_path, monkeypatch):
     import errno
-    from tuner.store import Store
+    from tuner.run.store import Store
 
     def full(self, meta):
         raise OSError(errno.ENOSPC, "No space left on device")

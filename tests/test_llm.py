@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tests.llm_server import ScriptedServer
-from tuner.llm import ChatClient, LLMBudgetExhausted, LLMConfig, LLMError, transcript_usage
+from tuner.llm.client import ChatClient, LLMBudgetExhausted, LLMConfig, LLMError, transcript_usage
 
 KEY = "sk-test-key-DO-NOT-WRITE"
 MSG = [{"role": "system", "content": "You write kernels."}, {"role": "user", "content": "softmax please"}]

@@ -2,8 +2,8 @@
 
 import torch
 
-from tuner import measure
-from tuner.ops import builtin_spec, load_op
+from tuner.exec import measure
+from tuner.core.ops import builtin_spec, load_op
 
 
 class HostBackend:
@@ -135,7 +135,7 @@ def test_on_a_gpu_sets_are_made_there_and_problem_files_still_verify(tmp_path, f
     from pathlib import Path
 
     from tuner.backends.cuda import CudaBackend
-    from tuner.problem import spec_from_problem_file
+    from tuner.core.problem import spec_from_problem_file
     backend = CudaBackend(0)
     op = load_op(builtin_spec("softmax", "256x512", "fp32"))
     for seed, ref in measure._rng.sample(measure._pooled(op, backend), 2):
@@ -168,8 +168,8 @@ def test_output_shapes_on_meta_tensors_leave_a_problem_models_weights_alone():
     the same float64 reference afterwards (its weights are not moved to meta)."""
     from pathlib import Path
 
-    from tuner.ops import arg_specs
-    from tuner.problem import spec_from_problem_file
+    from tuner.core.ops import arg_specs
+    from tuner.core.problem import spec_from_problem_file
     op = load_op(spec_from_problem_file(Path(__file__).parent / "fixtures/kernelbench/linear.py"))
     xs = [x.double() for x in op.make_inputs(5)]
     before = op.reference(xs)[0].clone()
@@ -255,8 +255,8 @@ class _Clock:
 def test_timing_stops_once_the_median_is_known_and_a_noisy_kernel_uses_its_budget():
     import random
 
-    from tuner.measure import bench
-    from tuner.settings import Settings
+    from tuner.exec.measure import bench
+    from tuner.core.settings import Settings
     s = Settings(bench_budget_s=10.0, warmup_s=0.0, precision=0.003)
     rng = random.Random(0)
     steady = _Clock(lambda: 1e-3 * (1 + 0.005 * rng.random()))  # 0.5 % spread: known at once

@@ -5,10 +5,10 @@ import random
 import pytest
 
 from tuner.codecheck import check_c, check_python, check_source, check_template
-from tuner.ops import builtin_spec, load_op, render_context
-from tuner.prompt import PromptKit
-from tuner.proposer import Rejection, check_candidate, extract
-from tuner.values import DeviceInfo
+from tuner.core.ops import builtin_spec, load_op, render_context
+from tuner.llm.prompt import PromptKit
+from tuner.llm.proposer import Rejection, check_candidate, extract
+from tuner.core.values import DeviceInfo
 
 SPACE = """language: script
 sizes: [M, N]

@@ -13,9 +13,10 @@ import pytest
 
 from tests.conftest import FIXTURES, ROOT
 from tests.llm_server import ScriptedServer
-from tuner.cli import _redacted_argv, main
-from tuner.store import Store
-from tuner.values import Status
+from tuner.cli.argv import redacted_argv
+from tuner.cli.main import main
+from tuner.run.store import Store
+from tuner.core.values import Status
 
 KEY = "sk-loop-test-NEVER-ON-DISK"
 
@@ -268,8 +269,8 @@ def test_the_models_promising_configs_are_tried_after_its_default(env):
 
 
 def test_key_flag_is_redacted_from_the_saved_command():
-    assert _redacted_argv(["tuner", "tune", "--llm-api-key", KEY, "x"]) == "tuner tune --llm-api-key '***' x"
-    assert _redacted_argv(["tuner", f"--llm-api-key={KEY}"]) == "tuner '--llm-api-key=***'"
+    assert redacted_argv(["tuner", "tune", "--llm-api-key", KEY, "x"]) == "tuner tune --llm-api-key '***' x"
+    assert redacted_argv(["tuner", f"--llm-api-key={KEY}"]) == "tuner '--llm-api-key=***'"
 
 
 def test_killed_multi_round_run_resumes_without_asking_again(env):

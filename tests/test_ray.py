@@ -10,18 +10,18 @@ import threading
 
 import pytest
 
-from tuner.cli import main
-from tuner.ops import builtin_spec
-from tuner.skeleton import load_skeleton
-from tuner.store import Store
-from tuner.tune import create_run, execute
-from tuner.values import Status
+from tuner.cli.main import main
+from tuner.core.ops import builtin_spec
+from tuner.core.skeleton import load_skeleton
+from tuner.run.store import Store
+from tuner.run.tune import create_run, execute
+from tuner.core.values import Status
 from tests.conftest import FIXTURES, ROOT
 
 ray = pytest.importorskip("ray")
 
 from tests.polling import wait_for  # noqa: E402
-from tuner.executor_ray import RAY_MISSING, RayExecutor, connect  # noqa: E402
+from tuner.exec.ray_executor import RAY_MISSING, RayExecutor, connect  # noqa: E402
 
 LANDSCAPE = (FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
 
@@ -45,7 +45,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def executor(cluster, tmp_path_factory):
     """Two null device actors, shared by the tests of this module (a dead one is replaced)."""
-    from tuner.settings import Settings
+    from tuner.core.settings import Settings
     with RayExecutor(Settings(), devices=2) as ex:
         yield ex
 
@@ -93,7 +93,7 @@ def test_an_address_nobody_answers_at_fails_in_seconds_with_what_to_do():
     import socket
     import time
 
-    from tuner.executor_ray import RayUnavailable, _probe
+    from tuner.exec.ray_executor import RayUnavailable, _probe
     with socket.socket() as s:  # a port that was just free: nothing listens there
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -108,7 +108,7 @@ def test_an_address_nobody_answers_at_fails_in_seconds_with_what_to_do():
 
 def test_core_imports_without_ray():
     code = ("import sys; sys.modules['ray'] = None\n"
-            "import tuner.cli, tuner.tune, tuner.sweep, tuner.db, tuner.runtime, tuner.executor_ray\n"
+            "import tuner.cli.main, tuner.run.tune, tuner.sweep.execute, tuner.serve.db, tuner.serve.runtime, tuner.exec.ray_executor\n"
             "print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
@@ -226,7 +226,7 @@ def test_actor_killed_mid_search_loses_nothing(executor, fast_settings, tmp_path
 
 
 def test_build_files_reach_a_node_without_them(cluster, tmp_path):
-    from tuner.executor_ray import _materialize
+    from tuner.exec.ray_executor import _materialize
     ref = ray.put({"kernel.txt": b"time: 1e-4\n"})
     target = tmp_path / "elsewhere" / "kernel.txt"
     _materialize(str(target), [ref])
@@ -262,7 +262,7 @@ def test_cpu_backend_through_ray(executor, fast_settings, tmp_path):
 
 def test_compile_processes_serve_every_op_of_a_sweep(tmp_path, fast_settings):
     """The op travels with each compile request: one compile Worker per Ray process, not one per op."""
-    from tuner import executor_ray
+    from tuner.exec import ray_executor as executor_ray
     executor_ray._COMPILE_WORKERS.clear()
     try:
         for i, shape in enumerate(["64x512", "128x512", "256x512", "512x512", "1024x512", "64x512"]):
@@ -283,7 +283,7 @@ def test_device_pool_keeps_a_task_at_home_and_lends_only_an_idle_device():
     taken by another's request only while none of its own waits for it."""
     import time
 
-    from tuner.executor_ray import DevicePool, _Slot
+    from tuner.exec.ray_executor import DevicePool, _Slot
     pool = DevicePool.__new__(DevicePool)
     pool.backend = "null"
     pool.slots = [_Slot(0, None, {}), _Slot(1, None, {})]

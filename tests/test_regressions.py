@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from tuner.cli import main
-from tuner.evaluate import Evaluator
-from tuner.ops import builtin_spec
-from tuner.skeleton import load_skeleton
-from tuner.store import Store
-from tuner.values import Config, Status
+from tuner.cli.main import main
+from tuner.exec.evaluate import Evaluator
+from tuner.core.ops import builtin_spec
+from tuner.core.skeleton import load_skeleton
+from tuner.run.store import Store
+from tuner.core.values import Config, Status
 from tests.conftest import FIXTURES
 
 
@@ -114,7 +114,7 @@ def test_a_kernel_that_prints_on_every_call_cannot_fill_the_disk(fast_settings, 
     """A debug printf in a kernel prints once per timed repetition: the worker's files stop
     growing at LOG_LIMIT (the kernel still runs and is timed), and a worker started on a log
     past half of it moves the log aside."""
-    from tuner import worker
+    from tuner.exec import worker
     monkeypatch.setattr(worker, "LOG_LIMIT", 2**20)
     skel = load_skeleton(FIXTURES / "faulty/chatty.c.j2", FIXTURES / "faulty/chatty.yaml")
     log = tmp_path / "workers.log"

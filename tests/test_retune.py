@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from tuner.backends import BackendUnavailable
-from tuner.cli import main
-from tuner.retune import parse_target
-from tuner.store import Store
+from tuner.cli.main import main
+from tuner.run.retune import parse_target
+from tuner.run.store import Store
 from tests.conftest import FIXTURES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,8 +74,8 @@ def test_retune_on_another_chip_reports_the_cost_of_not_retuning(quick, capsys):
     runs = tmp / "runs"
     old = _old_run_on_910b2(tmp, space)
     meta = Store(old).meta()
-    assert meta["backend"] == "sim" and meta["backend_options"] == {"chip": "910B2"}
-    assert meta["device"]["name"] == "Ascend910B2" and meta["device"]["simulated"]
+    assert meta.backend == "sim" and meta.backend_options == {"chip": "910B2"}
+    assert meta.device.name == "Ascend910B2" and meta.device.simulated
     old_best = json.loads((old / "summary.json").read_text())["best"]["config"]
     assert old_best["ROWS"] == 2
     capsys.readouterr()
@@ -86,8 +86,8 @@ def test_retune_on_another_chip_reports_the_cost_of_not_retuning(quick, capsys):
     new = Path(report["run"])
     assert json.loads((new / "retune.json").read_text()) == report
     meta = Store(new).meta()
-    assert meta["backend_options"] == {"chip": "910B4"} and meta["retune_of"]["run"] == str(old)
-    assert meta["retune_of"]["seeds"][0] == old_best  # warm-started with the old winner first
+    assert meta.backend_options == {"chip": "910B4"} and meta.retune_of["run"] == str(old)
+    assert meta.retune_of["seeds"][0] == old_best  # warm-started with the old winner first
     assert any(r.config.as_dict() == old_best for r in Store(new).records())
     assert report["old"]["device"] == "Ascend910B2" and report["new"]["device"] == "Ascend910B4"
     assert report["new"]["simulated"] and report["old"]["winner"] == old_best

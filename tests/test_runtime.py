@@ -1,4 +1,4 @@
-"""tuner.runtime: serve the exported table at run time (exact shapes, the nearest-shape rule,
+"""tuner.serve.runtime: serve the exported table at run time (exact shapes, the nearest-shape rule,
 stale toolchains, fallback), with the null backend and real C kernels."""
 
 import importlib.util
@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 
-from tuner.db import TuningDB, export
-from tuner.ops import builtin_spec
-from tuner.runtime import Table, distance, rank, sizes_of
-from tuner.skeleton import library_skeleton, load_skeleton
-from tuner.tune import create_run, execute
+from tuner.serve.db import TuningDB, export
+from tuner.core.ops import builtin_spec
+from tuner.serve.runtime import Table, distance, rank, sizes_of
+from tuner.core.skeleton import library_skeleton, load_skeleton
+from tuner.run.tune import create_run, execute
 from tests.conftest import FIXTURES
 
 LANDSCAPE = (FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
@@ -30,8 +30,8 @@ def exported_runs(base):
 def relu_run(tmp_path, cache_dir):
     """A cpu run of the relu problem file (copied into tmp_path, 4x256) on its C skeleton,
     not yet executed: (settings, the problem file, the run's store)."""
-    from tuner.problem import spec_from_problem_file
-    from tuner.settings import Settings
+    from tuner.core.problem import spec_from_problem_file
+    from tuner.core.settings import Settings
     settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.005,
                         warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=1)
     problem = tmp_path / "relu.py"
@@ -46,7 +46,7 @@ def exported(tmp_path_factory, cache_dir):
     """softmax tuned on null at 256x512 and 1024x512 (landscape skeleton), and on cpu at 16x64
     (the library C skeleton), collected and exported."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from tuner.settings import Settings
+    from tuner.core.settings import Settings
     base = tmp_path_factory.mktemp("rt")
     settings = Settings(runs_dir=str(base / "runs"), cache_dir=cache_dir, bench_budget_s=0.005,
                         warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=2)
@@ -188,7 +188,7 @@ def test_inputs_the_kernel_was_not_built_for_are_never_handed_to_it(exported, ca
 def test_a_table_served_on_the_gpu(tmp_path, cache_dir):
     """A Triton kernel tuned here, exported and served: exact shape, a transposed view, the
     nearest shape, and CPU tensors (torch's implementation; never the GPU kernel)."""
-    from tuner.settings import Settings
+    from tuner.core.settings import Settings
     settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.01,
                         warmup_s=0.0, min_reps=3, max_reps=20)
     store = create_run(settings, builtin_spec("softmax", "256x512", "fp32"), "cuda",
@@ -209,8 +209,8 @@ def test_a_problem_files_triton_kernel_tuned_and_served_on_the_gpu(tmp_path, cac
     """A KernelBench problem with a parameter, tuned as a Triton kernel and served with no
     sizes given: the tuned shape and a nearest one on the GPU, and fp64 (nothing tuned) by
     torch with the caller's own scale, on the GPU."""
-    from tuner.problem import spec_from_problem_file
-    from tuner.settings import Settings
+    from tuner.core.problem import spec_from_problem_file
+    from tuner.core.settings import Settings
     settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.01,
                         warmup_s=0.0, min_reps=3, max_reps=20)
     spec = spec_from_problem_file(FIXTURES / "kernelbench/scale.py", "fp32")
@@ -248,7 +248,7 @@ def test_serving_a_problem_files_kernel_leaves_the_callers_random_state_alone(tm
     # The file is the op's reference and fallback: the export keeps a copy, so that it serves
     # once moved to another machine or path (here: the original deleted, the export moved).
     problem.unlink()
-    from tuner import ops
+    from tuner.core import ops
     ops._CACHE.clear()  # as in a new process
     (tmp_path / "out").rename(tmp_path / "moved")
     t = Table.load(tmp_path / "moved" / "tuning.json", cache_dir=cache_dir)
@@ -271,8 +271,8 @@ def test_a_problem_files_table_reads_sizes_from_the_inputs_and_falls_back_with_t
     "cannot read 'linear''s sizes"); they are read where its get_inputs() puts them. And the
     torch fallback ran the Model's own parameters, not the weights the caller passed: a
     wrong answer without a word (fp64 inputs, which nothing tuned serves)."""
-    from tuner.problem import size_positions, spec_from_problem_file
-    from tuner.settings import Settings
+    from tuner.core.problem import size_positions, spec_from_problem_file
+    from tuner.core.settings import Settings
     settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.005,
                         warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=1)
     problem = FIXTURES / "kernelbench/linear.py"
@@ -307,11 +307,11 @@ def test_a_problem_file_deleted_after_its_run_began_is_read_from_the_runs_copy(t
     """A run keeps its problem file (`problem.py`): the file moved or deleted later, the run
     still resumes, its winner is collected and exported, and the export serves it; before,
     each of these needed the file back at its path."""
-    from tuner.store import Store
+    from tuner.run.store import Store
     settings, problem, store = relu_run(tmp_path, cache_dir)
     execute(store, settings, 1, parallel=1)
     problem.unlink()
-    from tuner import ops
+    from tuner.core import ops
     ops._CACHE.clear()  # as in a new process
     assert Store.open(store.path).op_spec().source == str(store.path / "problem.py")
     summary = execute(Store.open(store.path), settings, 2, parallel=1)  # a resume with more budget

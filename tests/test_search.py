@@ -14,13 +14,17 @@ import numpy as np
 import optuna
 import pytest
 
-from tuner import expr, replay, strategy
-from tuner.encoding import Encoding
-from tuner.search import PENALTY, SAMPLERS, Searcher, decode, distributions, encode
-from tuner.space import Rule, parse_space
-from tuner.strategy import ENUMERATE_MAX, FIT_MAX, Proposer
-from tuner.tune import run_search
-from tuner.values import Build, Config, Measurement, Record, Status
+from tuner.core import expr
+from tuner.core import landscape as landscapes
+from tuner.run import warm as warmstart
+from tuner.offline import replay
+from tuner.search import guided as strategy
+from tuner.search.encoding import Encoding
+from tuner.search.searcher import PENALTY, SAMPLERS, Searcher, decode, distributions, encode
+from tuner.core.space import Rule, parse_space
+from tuner.search.guided import ENUMERATE_MAX, FIT_MAX, Proposer
+from tuner.run.tune import run_search
+from tuner.core.values import Build, Config, Measurement, Record, Status
 from tests.conftest import FIXTURES
 
 MATMUL = FIXTURES / "landscapes" / "matmul_h200.json"
@@ -28,7 +32,7 @@ ROOT = FIXTURES.parents[1]
 
 
 def matmul(shape):
-    return replay.load_cached(MATMUL, shape)
+    return landscapes.load_cached(MATMUL, shape)
 
 
 # ---- encoding -------------------------------------------------------------------------------
@@ -97,7 +101,7 @@ def test_failure_is_told_complete_with_a_violated_constraint():
 
 # ---- behaviour of the guided strategy --------------------------------------------------------
 
-def _walls(seed: int) -> replay.Landscape:
+def _walls(seed: int) -> landscapes.Landscape:
     """Half the space fails (TA + TB + TK large, like a shared-memory overflow) and the
     optimum sits right against that wall."""
     land = replay.synthetic("smooth", seed)
@@ -107,9 +111,9 @@ def _walls(seed: int) -> replay.Landscape:
         idx = enc.index(Config.from_json(json.loads(key)))
         load = idx[0] + idx[1] + idx[2]  # TA, TB, TK (declaration order)
         if load > 5:
-            outcomes[key] = replay.Outcome(Status.RUNTIME_ERROR, detail="out of shared memory")
+            outcomes[key] = landscapes.Outcome(Status.RUNTIME_ERROR, detail="out of shared memory")
         else:
-            outcomes[key] = replay.Outcome(Status.OK, o.seconds * (1.0 + 0.3 * (5 - load)))
+            outcomes[key] = landscapes.Outcome(Status.OK, o.seconds * (1.0 + 0.3 * (5 - load)))
     return dataclasses.replace(land, outcomes=outcomes)
 
 
@@ -214,7 +218,7 @@ def test_resume_from_records_continues_without_repeats():
 
 def test_warm_starts_come_first_in_rank_order():
     land = matmul("4096x4096x4096")
-    seeds = replay.warm_starts([f"{MATMUL}@2048x8192x1024"], land.space, k=2)
+    seeds = warmstart.warm_starts([f"{MATMUL}@2048x8192x1024"], land.space, k=2)
     assert seeds == tuple(matmul("2048x8192x1024").ranked(2))
     ev = replay.ReplayEvaluator(land)
     store = replay.MemoryStore()
@@ -230,7 +234,7 @@ def test_warm_starts_measured_before_the_space_grew_a_param_take_its_default(tmp
                         "default:\n  BLOCK: 128\n  EVICT: false\n")
     older = tmp_path / "older.json"  # configs from before EVICT existed, one of a removed param
     older.write_text(json.dumps([{"BLOCK": 256}, {"BLOCK": 64, "GONE": 1}, {"BLOCK": 512}]))
-    assert replay.warm_starts([str(older)], space) == (Config.of({"BLOCK": 256, "EVICT": False}),)
+    assert warmstart.warm_starts([str(older)], space) == (Config.of({"BLOCK": 256, "EVICT": False}),)
 
 
 def test_patience_stops_a_stalled_search_and_is_off_by_default():
@@ -290,12 +294,12 @@ def test_guided_efficiency_on_the_recorded_matmul_landscape(shape, bound):
 
 def test_guided_with_warm_starts_from_a_related_shape():
     land = matmul("4096x4096x4096")
-    seeds = replay.warm_starts([f"{MATMUL}@2048x8192x1024"], land.space, k=1)
+    seeds = warmstart.warm_starts([f"{MATMUL}@2048x8192x1024"], land.space, k=1)
     median, found = _medians(land, "guided", range(5), 96, seeds=seeds)
     assert median <= 20 and found == 1.0, (median, found)
 
 
-def _middle_start(land: replay.Landscape) -> replay.Landscape:
+def _middle_start(land: landscapes.Landscape) -> landscapes.Landscape:
     """A grid run of a library skeleton, searched from each param's middle value (its space's
     default is the optimum the grid found), as bench/search_efficiency.py does."""
     return dataclasses.replace(land, space=dataclasses.replace(land.space, default=()))
@@ -306,10 +310,10 @@ def test_timings_measured_at_another_shape_steer_the_search():
     only its best config enqueued, 4096x4096 took a median 73 evaluations to 3 % (20 seeds;
     cold 60.5): past that config the search knew nothing of the other landscape. With all of
     its timings as the prior: 11."""
-    land = _middle_start(replay.load_cached(ROOT / "bench" / "landscapes" / "layernorm-4096x4096-bf16-h200"))
+    land = _middle_start(landscapes.load_cached(ROOT / "bench" / "landscapes" / "layernorm-4096x4096-bf16-h200"))
     other = [str(ROOT / "bench" / "landscapes" / "layernorm-8192x8192-bf16-h200")]
-    seeds = replay.warm_starts(other, land.space)
-    prior = replay.warm_timings(other, land.space)
+    seeds = warmstart.warm_starts(other, land.space)
+    prior = warmstart.warm_timings(other, land.space)
     assert len(prior) == 1 and len(prior[0]) > 10000
     median, found = _medians(land, "guided", range(5), 100, seeds=seeds, sampler_options={"prior": prior})
     assert median <= 30 and found == 1.0, (median, found)
@@ -321,10 +325,10 @@ def test_a_prior_from_a_shape_whose_optimum_moved_costs_little():
     20 seeds; warm-started from 16384x2048's best alone: 5; with the prior: 6). The prior's
     weight is fitted to the timings from `prior_weight` (0.25) x the source's coverage: held
     at 1 (the other shape trusted as it is) the median was 23."""
-    land = _middle_start(replay.load_cached(ROOT / "bench" / "landscapes" / "rmsnorm-4096x1024-bf16-h200"))
+    land = _middle_start(landscapes.load_cached(ROOT / "bench" / "landscapes" / "rmsnorm-4096x1024-bf16-h200"))
     other = [str(ROOT / "bench" / "landscapes" / "rmsnorm-16384x2048-bf16-h200")]
-    seeds = replay.warm_starts(other, land.space)
-    prior = replay.warm_timings(other, land.space)
+    seeds = warmstart.warm_starts(other, land.space)
+    prior = warmstart.warm_timings(other, land.space)
     median, found = _medians(land, "guided", range(5), 100, seeds=seeds, sampler_options={"prior": prior})
     assert median <= 10 and found == 1.0, (median, found)
 
@@ -335,8 +339,8 @@ def test_a_prior_from_a_short_guided_run_starts_with_its_coverage_as_weight():
     by the nearest of those few. Weighed as a grid run is (`prior_weight` 0.5, no coverage
     factor), it cost 22.5 evaluations to 3 % (median of 20 seeds) where the run's best config
     alone took 5."""
-    other = _middle_start(replay.load_cached(ROOT / "bench" / "landscapes" / "rmsnorm-16384x2048-bf16-h200"))
-    land = _middle_start(replay.load_cached(ROOT / "bench" / "landscapes" / "rmsnorm-4096x1024-bf16-h200"))
+    other = _middle_start(landscapes.load_cached(ROOT / "bench" / "landscapes" / "rmsnorm-16384x2048-bf16-h200"))
+    land = _middle_start(landscapes.load_cached(ROOT / "bench" / "landscapes" / "rmsnorm-4096x1024-bf16-h200"))
     e3 = []
     for s in range(5):
         source = replay.replay_search(other, "guided", 1000 + s, budget=60).timings()
@@ -386,13 +390,13 @@ def test_a_plateau_with_the_optimum_in_another_basin_is_left():
     settles on a plateau 5-10 % off the best (median 103 evaluations to within 3 %, 7 of 20
     seeds within 100; random search: 29). The trust region is dropped on every third ask once
     three timings brought no new best."""
-    land = replay.load_cached(ROOT / "bench" / "landscapes" / "rope-4096x32x128-bf16-h200")
+    land = landscapes.load_cached(ROOT / "bench" / "landscapes" / "rope-4096x32x128-bf16-h200")
     land = dataclasses.replace(land, space=dataclasses.replace(land.space, default=()))
     median, found = _medians(land, "guided", range(5), 100)
     assert median <= 40 and found == 1.0, (median, found)
 
 
-def _coupled() -> replay.Landscape:
+def _coupled() -> landscapes.Landscape:
     """A looped kernel (LOOPED true needs BLOCK < N) 15 % off at best; the whole-row one (LOOPED
     false needs BLOCK >= N) holds the optimum. The default is looped, BLOCK 4 steps below N."""
     space = parse_space("language: c\nsizes: [N]\nparams:\n  LOOPED: [false, true]\n"
@@ -408,8 +412,8 @@ def _coupled() -> replay.Landscape:
                 t = 1.15 + 0.04 * (b - 9) ** 2 + 0.03 * (w - 2 - (b - 9) / 2) ** 2 + 0.02 * (r - 2) ** 2
             else:
                 t = 1.0 + 0.05 * (b - 11) + 0.04 * (w - 3) ** 2 + 0.03 * (r - 1) ** 2
-            out[c.key] = replay.Outcome(Status.OK, t * 1e-5)
-    return replay.Landscape(space, out, name="coupled", shape="N=2048", context=ctx)
+            out[c.key] = landscapes.Outcome(Status.OK, t * 1e-5)
+    return landscapes.Landscape(space, out, name="coupled", shape="N=2048", context=ctx)
 
 
 def test_a_move_the_constraints_reject_is_completed():
@@ -461,7 +465,7 @@ def test_a_completed_move_is_worth_what_the_move_promised():
     looked poor: 19 evaluations to within 3 % (median of 20 seeds). Worth what the move to
     BLOCK_M 128 itself promises, it ties with the 8-warp move (and BLOCK_M 32, completed by
     BLOCK_N 32) for the next ask: 5."""
-    land = replay.load_cached(ROOT / "bench" / "landscapes" / "attention-4x32x4096x128-bf16-h200")
+    land = landscapes.load_cached(ROOT / "bench" / "landscapes" / "attention-4x32x4096x128-bf16-h200")
     space, ev = land.space, replay.ReplayEvaluator(land)
     path = [dict(BLOCK_M=64, BLOCK_N=64, DESC=False, num_stages=3, num_warps=4),
             dict(BLOCK_M=64, BLOCK_N=64, DESC=True, num_stages=3, num_warps=4)]
@@ -496,7 +500,7 @@ def test_the_neighbours_of_a_config_that_worked_are_not_written_off():
     optimum's region; the logistic failure model, fitted sharp on a nearly separable history,
     put every neighbour of that config at P(works) ~0, and the search walked the online
     kernels instead (seed 1: 167 evaluations to within 3 %; 11 of 40 seeds over 100)."""
-    land = replay.load_cached(ROOT / "bench" / "landscapes" / "softmax-4096x4096-bf16-h200")
+    land = landscapes.load_cached(ROOT / "bench" / "landscapes" / "softmax-4096x4096-bf16-h200")
     names = ("ONLINE", "BLOCK_N", "ROWS", "num_warps", "num_stages", "PROGS_PER_SM", "LOOP_STAGES", "EVICT_FIRST")
     p = Proposer(land.space)
     path = [{n: bool(v) if n in ("ONLINE", "EVICT_FIRST") else v for n, v in zip(names, row)} for row in SOFTMAX_PATH]

@@ -1,7 +1,7 @@
 """Replay: recorded landscapes answered through the whole pipeline (CLI, workers, verification).
 
 A landscape JSON and a `--sampler grid` run directory both become a replay skeleton
-(`python -m tuner.replay skeleton`), which `tuner tune --backend replay` searches like any
+(`python -m tuner.offline.replay skeleton`), which `tuner tune --backend replay` searches like any
 other: the replayed records carry the recorded statuses, failure messages and times.
 """
 
@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tuner import replay
+from tuner.core import landscape as landscapes
+from tuner.run import warm as warmstart
+from tuner.offline import replay
 from tuner.backends import get_backend
-from tuner.cli import main
-from tuner.store import Store
-from tuner.values import Config, Status
+from tuner.cli.main import main
+from tuner.run.store import Store
+from tuner.core.values import Config, Status
 from tests.conftest import FIXTURES
 
 LAND = FIXTURES / "landscapes"
@@ -35,28 +37,28 @@ def only_run(runs: Path) -> Path:
 
 
 def test_landscape_json_reads_as_recorded(tmp_path):
-    assert replay.shapes(MATMUL) == ["4096x4096x4096", "16x14336x4096", "2048x8192x1024"]
-    land = replay.load(MATMUL, "4096x4096x4096")
+    assert landscapes.shapes(MATMUL) == ["4096x4096x4096", "16x14336x4096", "2048x8192x1024"]
+    land = landscapes.load(MATMUL, "4096x4096x4096")
     assert land.space.size == 960 and len(land.outcomes) == 960
     assert sum(o.status is Status.OK for o in land.outcomes.values()) == 848
     assert land.best_s == pytest.approx(0.1855e-3, rel=1e-3)
     assert len(land.within(0.03)) == 4 and len(land.within(0.10)) == 17
     fail = next(o for o in land.outcomes.values() if o.status is not Status.OK)
     assert fail.status is Status.RUNTIME_ERROR and "shared memory" in fail.detail
-    with pytest.raises(replay.LandscapeError, match="pick one of"):
-        replay.load(MATMUL)
-    with pytest.raises(replay.LandscapeError, match="no shape"):
-        replay.load(MATMUL, "1x2x3")
+    with pytest.raises(landscapes.LandscapeError, match="pick one of"):
+        landscapes.load(MATMUL)
+    with pytest.raises(landscapes.LandscapeError, match="no shape"):
+        landscapes.load(MATMUL, "1x2x3")
 
     for text in ("[1, 2]", '{"space": [1]}'):  # JSON, but not a landscape: said so, not an AttributeError
         (tmp_path / "not.json").write_text(text)
-        with pytest.raises(replay.LandscapeError, match="a landscape JSON has 'space'"):
-            replay.load(tmp_path / "not.json", "")
+        with pytest.raises(landscapes.LandscapeError, match="a landscape JSON has 'space'"):
+            landscapes.load(tmp_path / "not.json", "")
 
 
 def test_replay_backend_answers_from_the_landscape(tmp_path):
     b = get_backend("replay")
-    land = replay.load(MATMUL, "2048x8192x1024")
+    land = landscapes.load(MATMUL, "2048x8192x1024")
     best = land.ranked(1)[0]
     overflow = next(Config.of(json.loads(k)) for k, o in land.outcomes.items() if o.status is not Status.OK)
 
@@ -77,7 +79,7 @@ def test_replay_backend_answers_from_the_landscape(tmp_path):
 
 
 def _op():
-    from tuner.ops import builtin_spec, load_op
+    from tuner.core.ops import builtin_spec, load_op
     return load_op(builtin_spec("matmul", "8x8x8"))
 
 
@@ -93,11 +95,11 @@ def test_tune_through_the_cli_on_a_replayed_landscape(tmp_path, monkeypatch):
                "--warm-start", f"{MATMUL}@2048x8192x1024"])
     assert rc == 0
     run = only_run(runs)
-    land = replay.load(MATMUL, shape)
+    land = landscapes.load(MATMUL, shape)
     records = Store.open(run).records()
     assert len(records) == 14
     # The default first, then the warm starts in rank order.
-    warm = replay.warm_starts([f"{MATMUL}@2048x8192x1024"], land.space)
+    warm = warmstart.warm_starts([f"{MATMUL}@2048x8192x1024"], land.space)
     assert [r.config for r in records[:1 + len(warm)]] == [land.space.default_config(), *warm]
     for r in records:
         o = land.lookup(r.config)
@@ -116,7 +118,7 @@ def test_tune_through_the_cli_on_a_replayed_landscape(tmp_path, monkeypatch):
 def test_warm_start_timings_reach_the_search_and_a_lost_source_does_not_stop_a_resume(tmp_path, monkeypatch, capsys,
                                                                                       priors_given):
     """A run warm-started from another run directory: the source's timings become the guided
-    searcher's prior (`replay.warm_timings`); deleted before a resume, the source is skipped
+    searcher's prior (`warmstart.warm_timings`); deleted before a resume, the source is skipped
     with a note and the run finishes its budget. A source that does not read fails the new run
     before it has a directory."""
     import shutil
@@ -126,8 +128,8 @@ def test_warm_start_timings_reach_the_search_and_a_lost_source_does_not_stop_a_r
               "--space", str(tmp_path / "sk" / "replay.yaml"), "--parallel", "1"]
     assert main(["tune", "matmul", *common, "--budget", "8", "--runs-dir", str(tmp_path / "a"), "--quiet"]) == 0
     source = only_run(tmp_path / "a")
-    land = replay.load(source)
-    (prior,) = replay.warm_timings([str(source)], land.space)
+    land = landscapes.load(source)
+    (prior,) = warmstart.warm_timings([str(source)], land.space)
     measured = {r.config: r for r in Store.open(source).records()}
     assert set(prior) == {c for c, r in measured.items() if r.status is not Status.INVALID}
     assert all((t is None) == (measured[c].status is not Status.OK) for c, t in prior.items())
@@ -172,7 +174,7 @@ def test_a_grid_run_replays_as_recorded(tmp_path, monkeypatch):
     grid = only_run(grid_runs)
     recorded = {r.config.key: r for r in Store.open(grid).records()}
     assert len(recorded) == 36  # the whole space, BM=128 > M recorded as INVALID
-    land = replay.load(grid)
+    land = landscapes.load(grid)
     assert {k: o.status for k, o in land.outcomes.items()} == {k: r.status for k, r in recorded.items()}
     statuses = {o.status for o in land.outcomes.values()}
     assert {Status.OK, Status.INVALID, Status.COMPILE_ERROR, Status.WRONG_RESULT} <= statuses
@@ -207,12 +209,12 @@ def test_a_run_directory_with_gzipped_records_reads_the_same(tmp_path):
     with gzip.open(plain / "records.jsonl.gz", "rt") as f:
         (plain / "records.jsonl").write_text(f.read())
     (plain / "records.jsonl.gz").unlink()
-    a, b = replay.load(plain), replay.load(packed)
+    a, b = landscapes.load(plain), landscapes.load(packed)
     assert a.outcomes == b.outcomes and a.space.to_json() == b.space.to_json() and a.context == b.context
-    assert replay.load_cached(packed).best_s == a.best_s
+    assert landscapes.load_cached(packed).best_s == a.best_s
     broken = tmp_path / "broken"
     shutil.copytree(packed, broken)
     raw = (broken / "records.jsonl.gz").read_bytes()
     (broken / "records.jsonl.gz").write_bytes(raw[: len(raw) // 2])
-    with pytest.raises(replay.LandscapeError, match="records.jsonl.gz"):
-        replay.load(broken)
+    with pytest.raises(landscapes.LandscapeError, match="records.jsonl.gz"):
+        landscapes.load(broken)

@@ -8,11 +8,11 @@ import re
 import pytest
 
 from tuner.backends.npu import parse_ub_overflow
-from tuner.backends.sim import (COST_KEYS, Cost, Estimate, SimBackend, estimate, model_config, model_space)
-from tuner.chips import ChipError, available, load_profile, parse_ini
-from tuner.ops import builtin_spec, load_op, render_context
-from tuner.skeleton import library_skeleton
-from tuner.values import Config, Status
+from tuner.backends.sim import COST_KEYS, Cost, Estimate, SimBackend, estimate, model_config, model_space
+from tuner.backends.chips import ChipError, available, load_profile, parse_ini
+from tuner.core.ops import builtin_spec, load_op, render_context
+from tuner.core.skeleton import library_skeleton
+from tuner.core.values import Config, Status
 
 CHIPS = {"910B1", "910B2", "910B3", "910B4", "910_93", "310P3"}
 

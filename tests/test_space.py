@@ -1,7 +1,7 @@
 import pytest
 
-from tuner.space import SpaceError, parse_space
-from tuner.values import Config
+from tuner.core.space import SpaceError, parse_space
+from tuner.core.values import Config
 
 GOOD = """\
 language: c
@@ -46,7 +46,7 @@ def test_check_constraints_and_resources():
 
 def test_json_roundtrip():
     s = parse_space(GOOD, "good.yaml")
-    from tuner.space import Space
+    from tuner.core.space import Space
     back = Space.from_json(s.to_json())
     assert back.to_json() == s.to_json()
 
@@ -115,7 +115,7 @@ def test_bools_and_ints_are_distinct_points():
 
 
 def test_violation_measures_how_far_a_config_is_from_valid():
-    from tuner.expr import parse
+    from tuner.core.expr import parse
     e = parse("BM * BK * STAGES * 2 <= 1000 and W in (4, 8)")
     assert e.violation({"BM": 10, "BK": 10, "STAGES": 2, "W": 4}) == 0.0
     small = e.violation({"BM": 10, "BK": 10, "STAGES": 6, "W": 4})
@@ -165,6 +165,6 @@ def test_promising_configs_are_completed_repaired_at_this_shape_and_kept_in_the_
     # BLOCK 16 not online breaks `ONLINE or BLOCK >= N`: repaired by one param, the smallest move
     assert len(hunches) == 2 and s.check(hunches[1], ctx) is None
     assert hunches[1] != Config.of({**s.default_config().as_dict(), "BLOCK": 16, "ONLINE": False})
-    from tuner.space import Space
+    from tuner.core.space import Space
     assert Space.from_json(s.to_json()).hunches(ctx) == hunches
     assert parse_space(GOOD).hunches(ctx) == []

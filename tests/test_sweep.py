@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.cli import main
-from tuner.store import Store
-from tuner.plan import SweepError, load_plan
+from tuner.cli.main import main
+from tuner.run.store import Store
+from tuner.sweep.plan import SweepError, load_plan
 from tests.conftest import FIXTURES
 
 SWEEP = FIXTURES / "sweep/null.yaml"
@@ -108,11 +108,11 @@ def test_local_sweep_runs_resumes_and_summarises(tmp_path, capsys):
     assert [r["state"] for r in summary["tasks"]] == ["done"] * 3
     for r in summary["tasks"]:
         assert r["evaluations"] == 6 and r["best_s"] and r["ceiling_percent"] and r["speedup_vs_reference"]
-        assert Store.open(r["run"]).meta()["sweep"] == "null-sweep"
+        assert Store.open(r["run"]).meta().sweep == "null-sweep"
     # softmax's second shape started from its first: that one's best config right after the default.
     assert [r["warm_start"] for r in summary["tasks"]] == [[], ["softmax-256x512-fp32-null"], []]
     anchor, later = (Store(out / "tasks" / k) for k in ("softmax-256x512-fp32-null", "softmax-512x512-fp32-null"))
-    assert later.meta()["warm_start"] == [str(anchor.path.resolve())]
+    assert later.meta().warm_start == (str(anchor.path.resolve()),)
     timed = {r.config.key: r.seconds for r in anchor.records() if r.status.value == "OK"}
     # Asked in this order (records are in the order evaluations finished, two at a time).
     tried = [r.config.key for r in sorted(later.records(), key=lambda r: r.trial) if r.status.value != "INVALID"]
@@ -172,7 +172,7 @@ def test_ray_sweep_gives_the_local_winners(tmp_path):
 
 
 def test_a_shape_yaml_reads_as_a_number_says_quote_it(tmp_path):
-    from tuner.plan import SweepError, load_plan
+    from tuner.sweep.plan import SweepError, load_plan
     f = tmp_path / "s.yaml"
     f.write_text("backend: cpu\nops:\n  softmax: {shapes: [64x64, 0x40]}\n")
     with pytest.raises(SweepError, match="bad shape 64: a number.*quoted if it starts with 0x"):
@@ -182,10 +182,10 @@ def test_a_shape_yaml_reads_as_a_number_says_quote_it(tmp_path):
 def test_runs_of_a_local_sweep_share_their_worker_processes(fast_settings, tmp_path):
     import functools
 
-    from tuner.evaluate import Evaluator, WorkerPools
-    from tuner.ops import builtin_spec
-    from tuner.skeleton import library_skeleton
-    from tuner.tune import create_run, execute
+    from tuner.exec.evaluate import Evaluator, WorkerPools
+    from tuner.core.ops import builtin_spec
+    from tuner.core.skeleton import library_skeleton
+    from tuner.run.tune import create_run, execute
     pools = WorkerPools(fast_settings, tmp_path / "workers.log")
     try:
         for op, shape in [("softmax", "16x100"), ("rmsnorm", "8x64"), ("softmax", "4x32")]:
@@ -221,12 +221,12 @@ ops:
     assert [r["state"] for r in summary["tasks"]] == ["done", "done"]
     assert all(r["evaluations"] == 3 and r["best_s"] for r in summary["tasks"])
     meta = Store.open(summary["tasks"][1]["run"]).meta()
-    assert meta["op"]["kind"] == "kernelbench" and meta["op"]["sizes"] == {"batch_size": 8, "dim": 256}
+    assert meta.op.kind == "kernelbench" and meta.op.size_dict() == {"batch_size": 8, "dim": 256}
 
 
 def test_a_first_task_where_nothing_passed_is_named_so(tmp_path):
     """The later shapes of an op go on cold, with a note that says why."""
-    from tuner.tune import _related
+    from tuner.run.tune import _related
     out = tmp_path / "sweep"
     assert main(["sweep", str(SWEEP), "--out", str(out), "--quiet", "--json"]) == 0
     anchor = out / "tasks" / "softmax-256x512-fp32-null"
@@ -235,7 +235,7 @@ def test_a_first_task_where_nothing_passed_is_named_so(tmp_path):
     later = Store(out / "tasks" / "softmax-512x512-fp32-null")
     notes = []
     view = type("View", (), {"note": lambda self, text: notes.append(text)})()
-    warm, prior = _related(later.meta() | {"sampler": "guided"}, later.skeleton().space, view)
+    warm, prior = _related(later.meta().replace(sampler="guided"), later.skeleton().space, view)
     assert warm == () and prior == ()
     assert notes == [f"not warm-starting from {anchor.resolve()}: no config passed there"]
 
@@ -245,8 +245,8 @@ def test_an_unexpected_error_in_a_first_task_does_not_leave_its_later_tasks_wait
     pytest.importorskip("ray")
     import threading
 
-    from tuner import sweep
-    from tuner.settings import Settings
+    from tuner.sweep import execute as sweep
+    from tuner.core.settings import Settings
     real = sweep.execute
 
     def execute(store, *a, **k):

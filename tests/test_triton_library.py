@@ -14,10 +14,10 @@ import pytest
 pytest.importorskip("triton")
 
 from tuner.backends.cuda import CudaBackend  # noqa: E402
-from tuner.measure import _reference, check  # noqa: E402
-from tuner.ops import builtin_spec, load_op, render_context  # noqa: E402
-from tuner.skeleton import library_skeleton, library_skeletons  # noqa: E402
-from tuner.values import Status  # noqa: E402
+from tuner.exec.measure import _reference, check  # noqa: E402
+from tuner.core.ops import builtin_spec, load_op, render_context  # noqa: E402
+from tuner.core.skeleton import library_skeleton, library_skeletons  # noqa: E402
+from tuner.core.values import Status  # noqa: E402
 
 # Small shapes with ragged edges, so that masked paths run too.
 SMALL = {
@@ -73,7 +73,7 @@ def sample_configs(skeleton, context, limits, seed=0, tries=20000, extra=2):
         if wanted or hoped:
             name, value = rng.choice(sorted(wanted or hoped, key=repr))
             cfg[name] = value
-        from tuner.values import Config
+        from tuner.core.values import Config
         config = Config.of(cfg)
         if space.check(config, context, limits) is None:
             took = {(n, config[n]) for n in names}
@@ -134,7 +134,7 @@ def test_compiles_ahead_for_sm90(op_name, tmp_path):
 @pytest.mark.cuda
 def test_one_compile_worker_serves_several_ops(tmp_path, fast_settings):
     """A sweep's compile process gets each request's op with the request (not one process per op)."""
-    from tuner.worker import Worker
+    from tuner.exec.worker import Worker
     worker = Worker("cuda", 0, {"arch": 90, "cores": 132, "cache_dir": str(tmp_path / "cache")}, fast_settings)
     try:
         for i, op_name in enumerate(["softmax", "rmsnorm", "softmax"]):
@@ -166,7 +166,7 @@ def test_gpu_configs_match_reference(op_name, fast_settings, tmp_path):
     and verified on the GPU by the Evaluator: none is wrong or crashes."""
     from multiprocessing.pool import ThreadPool
 
-    from tuner.evaluate import Evaluator
+    from tuner.exec.evaluate import Evaluator
     settings = fast_settings.replace(compile_workers=8)
     ev = Evaluator("cuda", builtin_spec(op_name, GPU[op_name], "bf16"), library_skeleton(op_name, "triton"),
                    settings, tmp_path / op_name)

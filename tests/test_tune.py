@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.cli import main
-from tuner.store import Store
-from tuner.values import Status
+from tuner.cli.main import main
+from tuner.run.store import Store
+from tuner.core.values import Status
 from tests.conftest import FIXTURES, ROOT
 
 NULL = ["--backend", "null", "--template", str(FIXTURES / "null/landscape.txt.j2"),
@@ -274,9 +274,9 @@ def test_a_space_whose_constraints_leave_almost_nothing_still_gets_searched(tmp_
 
 def test_warm_up_starts_every_compile_worker_before_any_compile(fast_settings, tmp_path):
     """The compile workers start while the device and the reference are measured, not after."""
-    from tuner.evaluate import Evaluator
-    from tuner.ops import builtin_spec
-    from tuner.skeleton import load_skeleton
+    from tuner.exec.evaluate import Evaluator
+    from tuner.core.ops import builtin_spec
+    from tuner.core.skeleton import load_skeleton
     skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
     ev = Evaluator("null", builtin_spec("softmax", "64x512", "fp32"), skeleton, fast_settings, tmp_path / "run")
     try:
@@ -297,7 +297,7 @@ def _slow_start_evaluator(step: str, delay_s: float, fail: BaseException | None 
     """An Evaluator on the null backend whose start step `step` ("device" facts or
     "reference") takes `delay_s` (and then fails with `fail`, when given); it notes when that
     step ended ("<step> done") and when compiles and measurements began."""
-    from tuner.evaluate import Evaluator
+    from tuner.exec.evaluate import Evaluator
 
     class SlowStart(Evaluator):
         events: list = []
@@ -334,10 +334,10 @@ def _when(events, what) -> list[float]:
 
 def _null_run(tmp_path, monkeypatch):
     """(settings, store) of a fresh null-backend run with two compile workers."""
-    from tuner.ops import builtin_spec
-    from tuner.settings import Settings
-    from tuner.skeleton import load_skeleton
-    from tuner.tune import create_run
+    from tuner.core.ops import builtin_spec
+    from tuner.core.settings import Settings
+    from tuner.core.skeleton import load_skeleton
+    from tuner.run.tune import create_run
     fast_env(monkeypatch, tmp_path)
     settings = Settings.from_env(runs_dir=str(tmp_path / "runs"), compile_workers=2)
     skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
@@ -349,7 +349,7 @@ def _null_run(tmp_path, monkeypatch):
 def test_first_compiles_overlap_the_start_and_no_candidate_is_measured_before_it(step, tmp_path, monkeypatch):
     """The first configs compile while the device facts are taken and the reference is timed;
     no candidate is measured before both are in; records still name the device."""
-    from tuner.tune import execute
+    from tuner.run.tune import execute
     settings, store = _null_run(tmp_path, monkeypatch)
     make = _slow_start_evaluator(step, 2.0)
     summary = execute(store, settings, 6, parallel=2, make_evaluator=make)
@@ -368,8 +368,8 @@ def test_first_compiles_overlap_the_start_and_no_candidate_is_measured_before_it
 
 
 def test_device_facts_that_fail_in_the_background_fail_the_run(tmp_path, monkeypatch):
-    from tuner.tune import execute
-    from tuner.worker import WorkerError
+    from tuner.run.tune import execute
+    from tuner.exec.worker import WorkerError
     settings, store = _null_run(tmp_path, monkeypatch)
     make = _slow_start_evaluator("device", 0.5, WorkerError("no device: the driver is gone"))
     with pytest.raises(WorkerError, match="the driver is gone"):
@@ -378,7 +378,7 @@ def test_device_facts_that_fail_in_the_background_fail_the_run(tmp_path, monkeyp
 
 
 def test_a_reference_that_fails_in_the_background_fails_the_run_before_any_measurement(tmp_path, monkeypatch):
-    from tuner.tune import execute
+    from tuner.run.tune import execute
     settings, store = _null_run(tmp_path, monkeypatch)
     make = _slow_start_evaluator("reference", 0.5, MemoryError("inputs do not fit; pick a smaller shape"))
     with pytest.raises(MemoryError, match="pick a smaller shape"):
@@ -394,9 +394,9 @@ def test_a_reference_that_fails_in_the_background_fails_the_run_before_any_measu
 @contextlib.contextmanager
 def _warmed_null_evaluator(fast_settings, tmp_path):
     """A started null Evaluator whose compile workers have all finished warming up."""
-    from tuner.evaluate import Evaluator
-    from tuner.ops import builtin_spec
-    from tuner.skeleton import load_skeleton
+    from tuner.exec.evaluate import Evaluator
+    from tuner.core.ops import builtin_spec
+    from tuner.core.skeleton import load_skeleton
     skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
     ev = Evaluator("null", builtin_spec("softmax", "64x512", "fp32"), skeleton, fast_settings, tmp_path / "run")
     try:
@@ -439,9 +439,9 @@ def test_compile_workers_are_single_threaded_and_share_tritons_cache_key(fast_se
 def test_tuner_profile_writes_the_benchmark_workers_profile(fast_settings, tmp_path, monkeypatch):
     import pstats
 
-    from tuner.evaluate import Evaluator
-    from tuner.ops import builtin_spec
-    from tuner.skeleton import load_skeleton
+    from tuner.exec.evaluate import Evaluator
+    from tuner.core.ops import builtin_spec
+    from tuner.core.skeleton import load_skeleton
     monkeypatch.setenv("TUNER_PROFILE", str(tmp_path / "prof"))
     skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
     ev = Evaluator("null", builtin_spec("softmax", "64x512", "fp32"), skeleton, fast_settings, tmp_path / "run")
@@ -464,15 +464,15 @@ def test_a_skeleton_broken_for_every_config_stops_the_search_and_says_so(tmp_pat
     assert main(["tune", "softmax", "--shape", "256x512", "--backend", "null", "--template", str(broken),
                  "--space", str(FIXTURES / "null/landscape.yaml"), "--budget", "40", "--runs-dir", str(runs)]) == 0
     summary = json.loads((only_run(runs) / "summary.json").read_text())
-    from tuner.tune import SAME_FAILURE_STOP
+    from tuner.run.tune import SAME_FAILURE_STOP
     assert SAME_FAILURE_STOP <= summary["evaluations"] < 40
     assert "NO_SUCH_PARAM" in summary["search_stopped"] and "skeleton is broken" in summary["search_stopped"]
     assert "stopped early" in capsys.readouterr().out
 
 
 def test_failures_that_depend_on_the_config_never_stop_the_search():
-    from tuner.tune import _failure_signature
-    from tuner.values import Build, Config, Measurement, Record
+    from tuner.run.tune import _failure_signature
+    from tuner.core.values import Build, Config, Measurement, Record
 
     def rec(status, error="", detail=""):
         return Record("op", "sk", Config.of({"BM": 64}), Build(Status.COMPILE_ERROR if error else Status.OK, error=error),
@@ -488,11 +488,11 @@ def test_failures_that_depend_on_the_config_never_stop_the_search():
 def test_compile_workers_get_the_backends_compile_options_and_the_warm_up_the_same(fast_settings, tmp_path, monkeypatch):
     """Evaluator: compile workers get Backend.compile_options on top of the run's options, the
     benchmark worker does not. Ray: the warm-up's compile Worker is the one compiles find."""
-    from tuner import executor_ray
+    from tuner.exec import ray_executor as executor_ray
     from tuner.backends.null import NullBackend
-    from tuner.evaluate import Evaluator, WorkerPools
-    from tuner.ops import builtin_spec
-    from tuner.skeleton import load_skeleton
+    from tuner.exec.evaluate import Evaluator, WorkerPools
+    from tuner.core.ops import builtin_spec
+    from tuner.core.skeleton import load_skeleton
     monkeypatch.setattr(NullBackend, "compile_options", lambda self: {"told": 7})
     skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
     spec = builtin_spec("softmax", "64x512", "fp32")
@@ -524,7 +524,7 @@ def test_a_noisy_winner_timing_is_flagged_in_the_summary(tmp_path, monkeypatch, 
     table says so (it used to print the times as if they were sound)."""
     from rich.console import Console
 
-    from tuner.report import summary_table
+    from tuner.run.report import summary_table
     fast_env(monkeypatch, tmp_path)
     runs = tmp_path / "runs"
     assert main(["tune", "softmax", "--shape", "256x512", *NULL, "--budget", "4", "--runs-dir", str(runs),

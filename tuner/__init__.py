@@ -2,6 +2,6 @@
 
 __version__ = "0.1.0"
 
-from .values import Build, Config, DeviceInfo, Measurement, OpSpec, Record, Status  # noqa: E402
+from tuner.core.values import Build, Config, DeviceInfo, Measurement, OpSpec, Record, RunMeta, Status  # noqa: E402
 
-__all__ = ["Build", "Config", "DeviceInfo", "Measurement", "OpSpec", "Record", "Status", "__version__"]
+__all__ = ["Build", "Config", "DeviceInfo", "Measurement", "OpSpec", "Record", "RunMeta", "Status", "__version__"]

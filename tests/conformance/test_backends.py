@@ -7,10 +7,10 @@ import json
 import pytest
 
 from tuner.backends import get_backend
-from tuner.evaluate import Evaluator
-from tuner.ops import builtin_spec
-from tuner.skeleton import library_skeleton, load_skeleton
-from tuner.values import DeviceInfo, Status
+from tuner.exec.evaluate import Evaluator
+from tuner.core.ops import builtin_spec
+from tuner.core.skeleton import library_skeleton, load_skeleton
+from tuner.core.values import DeviceInfo, Status
 from tests.conftest import FIXTURES
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import importlib
 
-from .base import Backend, BackendUnavailable
+from tuner.backends.base import Backend, BackendUnavailable
 
 BACKENDS = {
     "cpu": ("tuner.backends.cpu", "CpuBackend", "a C compiler with OpenMP (gcc or clang)"),
     "null": ("tuner.backends.null", "NullBackend", "nothing"),
-    "replay": ("tuner.backends.replay", "ReplayBackend", "nothing (a recorded landscape: python -m tuner.replay)"),
+    "replay": ("tuner.backends.replay", "ReplayBackend", "nothing (a recorded landscape: python -m tuner.offline.replay)"),
     "cuda": ("tuner.backends.cuda", "CudaBackend", "Triton and a CUDA build of torch (pip install 'tuner[cuda]')"),
     "npu": ("tuner.backends.npu", "NpuBackend", "an Ascend NPU with CANN, torch_npu and triton-ascend (see README, 'Ascend')"),
     "sim": ("tuner.backends.sim", "SimBackend", "nothing (an analytical Ascend model; --chip picks the chip)"),

@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from ..values import Build, DeviceInfo
+from tuner.core.values import Build, DeviceInfo
 
 
 class BackendUnavailable(RuntimeError):
@@ -61,8 +61,8 @@ class Backend(abc.ABC):
         """Meta tensors with the shapes and dtypes the harness passes the op's kernel (inputs,
         then outputs): what a backend that compiles ahead launches `launch` on."""
         if self._arg_specs is None:
-            from ..ops import arg_specs, load_op
-            from ..values import OpSpec
+            from tuner.core.ops import arg_specs, load_op
+            from tuner.core.values import OpSpec
             if "op" not in self.options:
                 raise BackendUnavailable(f"the {self.name} backend compiles ahead for one op: create "
                                          f"it with options op=<OpSpec JSON> (the Evaluator does)")

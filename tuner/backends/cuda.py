@@ -40,10 +40,10 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from ..values import Build, DeviceInfo, Status
-from .base import Backend, BackendUnavailable, measured_peaks, raise_if_disk_full
-from ..codecheck import Forbidden, require_clean
-from .triton_source import load_module, warm_launch
+from tuner.core.values import Build, DeviceInfo, Status
+from tuner.backends.base import Backend, BackendUnavailable, measured_peaks, raise_if_disk_full
+from tuner.codecheck import Forbidden, require_clean
+from tuner.backends.triton_source import load_module, warm_launch
 
 # Shared memory per block (opt-in maximum) by compute capability, for when no device is asked.
 SMEM_OPTIN = {70: 98304, 75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 101376,

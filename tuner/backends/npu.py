@@ -53,10 +53,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..values import Build, DeviceInfo, Status
-from .base import Backend, BackendUnavailable, measured_peaks, raise_if_disk_full
-from ..codecheck import Forbidden, require_clean
-from .triton_source import load_module, warm_launch
+from tuner.core.values import Build, DeviceInfo, Status
+from tuner.backends.base import Backend, BackendUnavailable, measured_peaks, raise_if_disk_full
+from tuner.codecheck import Forbidden, require_clean
+from tuner.backends.triton_source import load_module, warm_launch
 
 # ---- Ascend compile options ------------------------------------------------------------------
 
@@ -375,7 +375,7 @@ class NpuBackend(Backend):
     def profile(self):
         """The chip profile of this device's SoC (interpret mode: the `chip` option)."""
         if self._profile is None:
-            from ..chips import ChipError, load_profile
+            from tuner.backends.chips import ChipError, load_profile
             if self.interpret or self.options.get("chip"):
                 self._profile = load_profile(self.options.get("chip") or "910B2")
             else:

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..values import Build, DeviceInfo, Status
-from .base import Backend
+from tuner.core.values import Build, DeviceInfo, Status
+from tuner.backends.base import Backend
 
 FAULTS = {"compile_error", "compile_hang", "crash", "hang", "wrong", "nan", "none"}
 

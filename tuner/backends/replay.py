@@ -1,6 +1,6 @@
 """The `replay` backend: answers evaluations from a recorded landscape instead of a device.
 
-A replay skeleton (written by `python -m tuner.replay skeleton LANDSCAPE --out DIR`) renders
+A replay skeleton (written by `python -m tuner.offline.replay skeleton LANDSCAPE --out DIR`) renders
 each config into a small script:
 
     landscape: /abs/path/matmul_h200.json     # a landscape JSON, or a run directory
@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..values import Build, Config, DeviceInfo, Status
-from .base import Backend
+from tuner.core import landscape
+from tuner.core.values import Build, Config, DeviceInfo, Status
+from tuner.backends.base import Backend
 
 
 class ReplayBackend(Backend):
@@ -39,15 +40,14 @@ class ReplayBackend(Backend):
         self._time: float | None = None
 
     def compile(self, source: str, workdir: str, timeout_s: float) -> Build:
-        from .. import replay
         try:
-            script = replay.parse_script(source)
+            script = landscape.parse_script(source)
             config = Config.of(script["config"])
         except (ValueError, TypeError) as e:
             return Build(Status.COMPILE_ERROR, error=f"replay: error: {e}")
         try:
-            land = replay.load_cached(script["landscape"], script.get("shape"))
-        except replay.LandscapeError as e:
+            land = landscape.load_cached(script["landscape"], script.get("shape"))
+        except landscape.LandscapeError as e:
             return Build(Status.COMPILE_ERROR, error=f"replay: error: {e}")
         outcome = land.lookup(config)
         if outcome is None:

@@ -69,11 +69,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..values import Build, DeviceInfo, OpSpec, Status
-from .base import Backend, BackendUnavailable
-from .npu import (MULTIBUFFER_DEFAULT, check_launch_options, launches, read_cost, strip_options)
-from ..codecheck import Forbidden, require_clean
-from .triton_source import load_module
+from tuner.core.values import Build, DeviceInfo, OpSpec, Status
+from tuner.backends.base import Backend, BackendUnavailable
+from tuner.backends.npu import MULTIBUFFER_DEFAULT, check_launch_options, launches, read_cost, strip_options
+from tuner.codecheck import Forbidden, require_clean
+from tuner.backends.triton_source import load_module
 
 DEFAULT_CHIP = "910B2"
 VERIFY_MAX_ELEMENTS = 1 << 17
@@ -370,7 +370,7 @@ class SimBackend(Backend):
 
     def __init__(self, device: int = 0, **options: Any) -> None:
         super().__init__(device, **options)
-        from ..chips import ChipError, load_profile
+        from tuner.backends.chips import ChipError, load_profile
         try:
             self.profile = load_profile(options.get("chip") or DEFAULT_CHIP)
         except ChipError as e:
@@ -404,7 +404,7 @@ class SimBackend(Backend):
         if self._spec is None:
             return "interpret"
         if self._mode is None:
-            from ..ops import DTYPE_BYTES, load_op
+            from tuner.core.ops import DTYPE_BYTES, load_op
             n = load_op(self._spec).bytes / DTYPE_BYTES[self._spec.dtype]  # elements moved, in and out
             limit = int(self.options.get("verify_max_elements", VERIFY_MAX_ELEMENTS))
             self._mode = "interpret" if n <= limit else "reference"
@@ -489,7 +489,7 @@ class SimBackend(Backend):
         its ASCEND_COST says otherwise."""
         if self._spec is None:
             return None
-        from ..ops import load_op
+        from tuner.core.ops import load_op
         return load_op(self._spec).bytes
 
     # ---- 'run': interpreter (or reference) outputs, modelled time ----------------------------
@@ -542,7 +542,7 @@ class SimBackend(Backend):
     def _reference_s(self) -> float:
         if self._spec is None:
             return self.profile.launch_us * 1e-6
-        from ..ops import load_op
+        from tuner.core.ops import load_op
         op = load_op(self._spec)
         return roofline_s(self.profile, op.flops, op.bytes, self._spec.name == "matmul")
 
@@ -591,8 +591,8 @@ def model_space(op_name: str, shape: str, dtype: str = "fp32", chip: str = DEFAU
     """Configs (default: every one) of an op's triton_ascend skeleton (or `skeleton`) on `chip`,
     modelled statically: what the sim backend would report, without workers or verification.
     For tests and benchmarks of the model itself."""
-    from ..ops import builtin_spec, load_op, render_context
-    from ..skeleton import library_skeleton
+    from tuner.core.ops import builtin_spec, load_op, render_context
+    from tuner.core.skeleton import library_skeleton
     spec = builtin_spec(op_name, shape, dtype)
     backend = SimBackend(0, chip=chip, op=spec.to_json(), verify="reference")
     skeleton = skeleton or library_skeleton(op_name, "triton_ascend")

@@ -10,7 +10,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from ..codecheck import require_clean
+from tuner.codecheck import require_clean
 
 
 def load_module(path: str | Path, name: str, language: str = "triton"):

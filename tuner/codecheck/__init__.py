@@ -11,10 +11,10 @@ Languages without a checker (`script`: the null and replay backends' text) pass.
 
 from __future__ import annotations
 
-from .c import check_c
-from .findings import Finding, Forbidden
-from .python import TRITON, TRITON_ASCEND, PythonPolicy, check_python
-from .template import check_template
+from tuner.codecheck.c import check_c
+from tuner.codecheck.findings import Finding, Forbidden
+from tuner.codecheck.python import TRITON, TRITON_ASCEND, PythonPolicy, check_python
+from tuner.codecheck.template import check_template
 
 POLICIES = {"triton": TRITON, "triton_ascend": TRITON_ASCEND}
 

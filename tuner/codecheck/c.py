@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from .findings import Finding
+from tuner.codecheck.findings import Finding
 
 
 ALLOWED_HEADERS = {"math.h", "stdint.h", "stddef.h", "stdlib.h", "stdbool.h", "float.h", "limits.h",

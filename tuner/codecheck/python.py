@@ -33,7 +33,7 @@ import sys
 import types
 from dataclasses import dataclass
 
-from .findings import Finding, source_line
+from tuner.codecheck.findings import Finding, source_line
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .findings import Finding, source_line
+from tuner.codecheck.findings import Finding, source_line
 
 
 def check_template(template: str) -> list[Finding]:

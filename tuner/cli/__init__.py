@@ -1,0 +1,1 @@
+"""The command line: every command's handler (main)."""

@@ -1,0 +1,71 @@
+"""`tuner db` and `tuner export --db`: the tuning database from the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tuner.serve.db import DEFAULT_DB, DBError, TuningDB, export
+
+
+def add_cli(sub) -> None:
+    d = sub.add_parser("db", help="the tuning database: collect the best verified configs of many runs",
+                       description="`tuner db update RUNS...` collects runs (run directories or folders "
+                                   "holding them: runs/, sweeps/<name>); `tuner db list` shows what is "
+                                   "served and what is stale; `tuner export --db FILE` writes it out.")
+    d.add_argument("action", choices=("update", "list"))
+    d.add_argument("paths", nargs="*", help="with update: run directories or folders of runs (default: runs/)")
+    d.add_argument("--db", default=DEFAULT_DB, help=f"the database file (default: {DEFAULT_DB})")
+    d.add_argument("--stale", action="store_true", help="with list: show the stale entries too")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(fn=cmd_db)
+
+
+def cmd_db(args) -> int:
+    from tuner.run.report import console
+    from tuner.core.settings import Settings
+    db = TuningDB(args.db)
+    if args.action == "update":
+        paths = args.paths or [Settings.from_env().runs_dir]
+        results = db.collect(paths)
+        db.save()
+        counts: dict[str, int] = {}
+        for run, what, why in results:
+            counts[what] = counts.get(what, 0) + 1
+            if what in ("stale", "replaced") or (what == "skipped" and not args.json):
+                print(f"{what}: {run}{': ' + why if why else ''}")
+        print(f"{args.db}: {len(results)} runs: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+              + f"; {len(db.entries)} served, {len(db.stale)} stale")
+        return 0
+    if args.json:
+        print(json.dumps({k: v for k, v in db.data.items() if k != "skeletons"}, indent=1, default=str))
+        return 0
+    console.print(db_table(db, args.stale))
+    return 0
+
+
+def db_table(db: TuningDB, stale: bool = False):
+    from rich.table import Table
+
+    from tuner.run.report import fmt_time
+    t = Table(title=f"{db.path}: {len(db.entries)} served, {len(db.stale)} stale (another toolchain)",
+              title_justify="left")
+    for c in ("op", "sizes", "dtype", "backend", "device", "best", "vs reference", "config", "toolchain", "run"):
+        t.add_column(c)
+    rows = [(e, "") for e in db.entries] + ([(e, " (stale)") for e in db.stale] if stale else [])
+    for e, mark in sorted(rows, key=lambda r: (r[1], r[0]["backend"], r[0]["op"], sorted(r[0]["sizes"].items()))):
+        sp = e.get("speedup_vs_reference")
+        t.add_row(e["op"], "x".join(str(v) for v in e["sizes"].values()), e["dtype"], e["backend"],
+                  e["device"] + mark, fmt_time(e["median_s"]), f"{sp:.2f}x" if sp else "-",
+                  " ".join(f"{k}={v}" for k, v in e["config"].items()), e["fingerprint"][:8], e["run_id"])
+    return t
+
+
+def cmd_export_db(args) -> int:
+    db = TuningDB(args.db)
+    if not db.path.exists():
+        raise DBError(f"{db.path}: no tuning database; create it with `tuner db update RUNS...`")
+    out = Path(args.out or "exported")
+    written = export(db, out, getattr(args, "backend", None), getattr(args, "device", None))
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0

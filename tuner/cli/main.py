@@ -1,0 +1,527 @@
+"""The `tuner` command: tune, show, list, export, sweep, db."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import os
+import shlex
+import sys
+import textwrap
+from pathlib import Path
+
+from tuner import __version__
+from tuner.backends import BACKENDS, BackendUnavailable, default_backend, get_backend
+from tuner.core.ops import BUILTINS, OpError, builtin_spec, load_op, parse_sizes, render_context
+from tuner.core.problem import probe_import, spec_from_problem_file
+from tuner.core.landscape import LandscapeError
+from tuner.search.searcher import SAMPLERS, SearchError, check_storage
+from tuner.core.settings import Settings
+from tuner.core.skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
+from tuner.core.space import SpaceError
+from tuner.run.store import Store, StoreError, list_runs
+from tuner.sweep.plan import SweepError
+from tuner.llm.client import LLMConfig, LLMError
+from tuner.llm.proposer import ProposerError, make_proposer, openai_meta
+from tuner.llm.rounds import create_rounds_run, execute_rounds
+from tuner.run.tune import create_run, execute, keep_resume_settings, refuse_empty_space, with_backend_options
+from tuner.core.values import OpSpec, Status
+from tuner.exec.worker import WorkerError, WorkerFailure
+from tuner.cli.argv import redacted_argv
+
+USER_ERRORS = (LandscapeError, OpError, SpaceError, SkeletonError, BackendUnavailable, StoreError, SearchError,
+               LLMError, ProposerError, SweepError)
+DEFAULT_BUDGET = 40
+SUMMARY_KEYS = ("op", "backend", "evaluations", "invalid", "space_size", "wall_s")  # what `show` prints
+
+
+def _llm_overrides(args) -> dict:
+    """The model flags that were given (None: not given, the environment or run.json decides)."""
+    return {"model": args.llm, "base_url": args.llm_base_url, "timeout_s": args.llm_timeout,
+            "retries": args.llm_retries, "temperature": args.llm_temperature,
+            "max_reply_tokens": args.llm_max_tokens, "token_budget": args.token_budget,
+            "price": args.llm_price, "cost_budget": args.cost_budget}
+
+
+def build_spec(args) -> OpSpec:
+    if args.op_file:
+        if args.shape:
+            raise OpError("--shape is for built-in ops; for a problem file set its sizes with "
+                          "--size NAME=VALUE (its module-level integer constants)")
+        return spec_from_problem_file(args.op_file, args.dtype, parse_sizes(args.size))
+    if not args.op:
+        raise OpError(f"name an op ({', '.join(BUILTINS)}) or pass --op path/to/problem.py")
+    if args.op.endswith(".py") or os.sep in args.op:
+        return spec_from_problem_file(args.op, args.dtype, parse_sizes(args.size))
+    if args.size:
+        raise OpError("--size is for problem files; for a built-in op use --shape, e.g. --shape 4096x1024")
+    if not args.shape:
+        b = BUILTINS.get(args.op)
+        hint = f" ({'x'.join(b.size_names)})" if b else ""
+        raise OpError(f"--shape is required for {args.op}{hint}, e.g. --shape "
+                      f"{'x'.join(['1024'] * (len(b.size_names) if b else 2))}")
+    return builtin_spec(args.op, args.shape, args.dtype)
+
+
+def entry_signature(spec: OpSpec, language: str) -> str:
+    op = load_op(spec)
+    if language == "c":
+        from tuner.core.ops import c_entry
+        return c_entry(op, "{{ ctype }}")
+    return f"def launch({', '.join(op.input_names + op.output_names)})"
+
+
+def choose_skeleton(args, spec: OpSpec, backend: str) -> Skeleton:
+    language = get_backend(backend).language if backend in BACKENDS else "c"
+    if args.template or args.space:
+        if not (args.template and args.space):
+            raise SkeletonError("pass both --template FILE and --space FILE")
+        return load_skeleton(args.template, args.space)
+    if spec.kind != "builtin":
+        raise SkeletonError(
+            f"{spec.source} has no library skeleton. Write a kernel template and its space and "
+            f"pass --template FILE --space FILE (format: README, 'Skeletons'). For the {backend} "
+            f"backend the template must define\n{textwrap.indent(entry_signature(spec, language), '    ')}\n"
+            f"and may read the sizes as template variables: "
+            f"{', '.join('{{ %s }}' % k for k, _ in spec.sizes) or '(none)'}.")
+    return library_skeleton(spec.name, language)
+
+
+def cmd_tune(args) -> int:
+    settings = Settings.from_env(runs_dir=args.runs_dir, run_timeout_s=args.run_timeout,
+                                 compile_timeout_s=args.compile_timeout)
+    if args.resume:
+        store = Store.open(args.resume)
+        with store.lock():  # before the repair: another process may be appending a record
+            store.repair()
+            print(f"resuming {store.path}: {len(store.records())} records on disk", file=sys.stderr)
+            meta = store.meta()
+            if meta.op.kind == "kernelbench" and Path(meta.op.source).is_file():
+                probe_import(Path(meta.op.source))  # the file may have changed since the run began
+            if meta.is_rounds:
+                if args.rounds and args.rounds != meta.rounds:  # more (or fewer) rounds than asked first
+                    store.write_meta(meta.replace(rounds=args.rounds))
+                return _tune_rounds(args, settings, store)
+            return _tune_one(args, settings, store)
+    else:
+        spec = build_spec(args)
+        check_storage(args.storage)  # before a run directory exists, as every mistake below
+        backend = args.backend or ("sim" if args.chip else default_backend())
+        if args.chip and backend != "sim":
+            raise BackendUnavailable(f"--chip picks the simulated Ascend chip of --backend sim, not {backend}")
+        options = {"chip": args.chip} if args.chip else {}
+        llm = None
+        if args.proposer != "library":
+            llm = LLMConfig.from_env(api_key=args.llm_api_key, **_llm_overrides(args))
+            if llm is None and args.proposer == "openai":
+                raise LLMError("--proposer openai needs a model: --llm MODEL or TUNER_LLM_MODEL")
+            if llm is not None and not (llm.base_url or os.environ.get("OPENAI_BASE_URL") or llm.api_key):
+                # The default endpoint is a hosted API: without a key every call is refused.
+                raise LLMError("the default OpenAI endpoint needs a key: set OPENAI_API_KEY (or "
+                               "--llm-api-key), or point --llm-base-url at your own server")
+        if llm is not None:
+            if options:
+                raise BackendUnavailable("--chip with a model proposer is not supported yet; "
+                                         "use the library skeletons (--proposer library)")
+            return _tune_rounds(args, settings, None, spec, backend, llm)
+        if (args.rounds or 1) > 1:
+            print("note: no model is configured (--llm MODEL or TUNER_LLM_MODEL), so the library "
+                  "skeleton is searched in one round", file=sys.stderr)
+        skeleton = choose_skeleton(args, spec, backend)
+        # Fail on an unsupported dtype, a missing toolchain or a space with no valid config at
+        # this shape before a run directory exists (else every such mistake leaves an empty run).
+        device = get_backend(backend, **options)
+        op = load_op(spec)
+        context = {**render_context(op), **device.render_context(op)}
+        limits = device.limits()
+        refuse_empty_space(skeleton, lambda c: skeleton.space.check(c, context, limits))
+        if args.warm_start:  # a source that does not read fails here, not in a new run
+            from tuner.run.warm import warm_starts
+            warm_starts(args.warm_start, skeleton.space)
+        store = create_run(settings, spec, backend, skeleton, args.sampler, args.seed, args.storage,
+                           command=redacted_argv(sys.argv),
+                           extra={"budget": args.budget or DEFAULT_BUDGET, "patience": args.patience,
+                                  "warm_start": args.warm_start,
+                                  **({"backend_options": options} if options else {})})
+        with store.lock():
+            return _tune_one(args, settings, store)
+
+
+def _tune_one(args, settings: Settings, store: Store) -> int:
+    """Search a single-skeleton run (new or resumed) whose lock this process holds."""
+    from tuner.run.report import ProgressView, console, summary_table
+    args.resume_hint = f"tuner tune --resume {shlex.quote(str(store.path))}"
+    with _executor(args, settings, store) as make_evaluator, ProgressView(not args.quiet) as view:
+        budget, restart = _run_settings(args, store)
+        summary = execute(store, settings, budget, args.time_budget, args.parallel, view,
+                          make_evaluator=with_backend_options(make_evaluator,
+                                                              store.meta().backend_options),
+                          restart_patience=restart)
+    if args.json:
+        print(json.dumps(summary, indent=1, default=str))
+    else:
+        console.print(summary_table(summary, str(store.path)))
+    return 0
+
+
+def _run_settings(args, store: Store) -> tuple[int, bool]:
+    """The budget (--budget, else the run's own, else the default) and whether `--patience`
+    counts afresh (`tune.keep_resume_settings`). A resumed run (killed, or stopped with Ctrl-C)
+    finishes what it was asked for, not the default; budget and patience are kept in run.json
+    for the next resume."""
+    meta = store.meta()
+    budget = args.budget or meta.budget or DEFAULT_BUDGET
+    patience = getattr(args, "patience", None) or meta.patience
+    return budget, keep_resume_settings(store, budget, patience)
+
+
+@contextlib.contextmanager
+def _executor(args, settings: Settings, store: Store):
+    """Where the evaluations of `tuner tune` run: None (local workers) or a Ray executor's
+    `evaluator`, with its cluster shut down at the end when it started one."""
+    if getattr(args, "executor", "local") != "ray":
+        yield None
+        return
+    from tuner.exec.ray_executor import RayExecutor
+    with RayExecutor(settings, address=args.ray_address, devices=args.devices,
+                     log_path=str(store.path / "workers.log")) as executor:
+        yield executor.evaluator
+
+
+def _tune_rounds(args, settings: Settings, store: Store | None, spec: OpSpec | None = None,
+                 backend: str | None = None, llm: LLMConfig | None = None) -> int:
+    """A multi-round run with a model proposer: a new one (spec, backend, llm) or a resumed one."""
+    from tuner.run.report import ProgressView, console, summary_table
+    if store is None:
+        assert spec is not None and backend is not None and llm is not None
+        start = choose_skeleton(args, spec, backend) if (args.template or args.space) else None
+        get_backend(backend).render_context(load_op(spec))
+        try:
+            meta = openai_meta(llm, args.candidates, args.repairs, args.validate_configs, args.llm_prompts)
+        except FileNotFoundError as e:
+            raise LLMError(f"--llm-prompts: {e}") from None
+        rounds = args.rounds or 3
+        store = create_rounds_run(settings, spec, backend, meta, rounds, start, args.sampler, args.seed,
+                                  args.storage, command=redacted_argv(sys.argv), patience=args.patience)
+        print(f"run {store.path}: {rounds} round(s) with {llm.model} at "
+              f"{llm.base_url or 'the default endpoint'}", file=sys.stderr)
+        with store.lock():
+            return _tune_rounds(args, settings, store)
+    args.resume_hint = f"tuner tune --resume {shlex.quote(str(store.path))}"
+    meta = store.meta()
+    overrides = {k: v for k, v in _llm_overrides(args).items() if k != "model"}
+    proposer = make_proposer(meta.proposer, store.path, api_key=args.llm_api_key, **overrides)
+    with _executor(args, settings, store) as make_evaluator, ProgressView(not args.quiet) as view:
+        summary = execute_rounds(store, settings, proposer, _run_settings(args, store)[0], args.time_budget,
+                                 args.parallel, view,
+                                 make_evaluator=make_evaluator)
+    if args.json:
+        print(json.dumps(summary, indent=1, default=str))
+    else:
+        console.print(summary_table(summary, str(store.path)))
+        console.print(rounds_table(summary))
+        if summary.get("stopped"):
+            print(f"note: {summary['stopped']}", file=sys.stderr)
+    return 0
+
+
+def rounds_table(summary: dict):
+    """One row per round: where its skeleton came from, what the search found, what it cost."""
+    from rich.table import Table
+
+    from tuner.run.report import fmt_time
+    t = Table(title="rounds", title_justify="left")
+    for c in ("round", "skeleton", "from", "attempts", "space", "evaluated", "best", "tokens"):
+        t.add_column(c)
+    win = summary.get("winner_round")
+    for r in summary.get("rounds", []):
+        tok = r.get("tokens") or {}
+        t.add_row(f"{r['round']}{' *' if r['round'] == win else ''}", r["hash"][:10],
+                  (r["parent"][:10] if r.get("parent") else r.get("source") or "-"),
+                  str(r.get("attempts") or "-"), str(r.get("space_size")), str(r.get("evaluations")),
+                  fmt_time(r.get("best_s")), str(tok.get("total_tokens") or "-"))
+    llm = summary.get("llm") or {}
+    if llm.get("calls"):
+        cost = f", ${llm['cost_usd']:.4f}" if llm.get("cost_usd") else ""
+        t.caption = (f"* winner. {llm['calls']} model calls, {llm['prompt_tokens']} prompt + "
+                     f"{llm['completion_tokens']} completion tokens{cost}"
+                     + (" (some estimated)" if llm.get("estimated") else ""))
+    return t
+
+
+def cmd_show(args) -> int:
+    from tuner.run.report import console, summary_table
+    store = Store.open(args.run)
+    summary = store.read_json("summary.json")
+    if summary is not None and not (isinstance(summary, dict) and all(k in summary for k in SUMMARY_KEYS)):
+        raise StoreError(f"{store.path / 'summary.json'} is damaged; `tuner tune --resume {store.path}` "
+                         f"writes it again from the records")
+    if args.feedback:
+        return _show_feedback(store)
+    if summary is None and store.meta().is_rounds:
+        print(f"{store.path}: incomplete {store.meta().rounds}-round run")
+        for rdir in sorted((store.path / "rounds").glob("[0-9]*")) if (store.path / "rounds").is_dir() else []:
+            r = Store(rdir)
+            state = ("searched" if (rdir / "feedback.json").is_file() else
+                     f"searching, {len(r.records())} records" if (rdir / "run.json").is_file() else
+                     (r.read_json("proposal.json") or {}).get("status", "proposing"))
+            print(f"  round {rdir.name}: {state}")
+        print(f"Continue it with: tuner tune --resume {store.path}")
+        return 0
+    if summary is None:
+        records = store.records()
+        ok = [r for r in records if r.status is Status.OK]
+        best = min(ok, key=lambda r: r.seconds) if ok else None
+        print(f"{store.path}: incomplete run, {len(records)} records"
+              + (f"; best so far {best.seconds * 1e3:.3f} ms with {best.config}" if best else "")
+              + f". Continue it with: tuner tune --resume {store.path}")
+        return 0
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        console.print(summary_table(summary, str(store.path)))
+        if summary.get("rounds"):
+            console.print(rounds_table(summary))
+            if summary.get("stopped"):
+                print(f"stopped early: {summary['stopped']}")
+    return 0
+
+
+def _show_feedback(store: Store) -> int:
+    """Each round's feedback (a single run's is computed from its records)."""
+    from tuner.llm.feedback import feedback_for_run, render
+    if store.meta().is_rounds:
+        for rdir in sorted((store.path / "rounds").glob("[0-9]*")):
+            text = (rdir / "feedback.txt").read_text() if (rdir / "feedback.txt").is_file() else "(not searched yet)"
+            print(f"== round {rdir.name}\n{text.rstrip()}\n")
+        return 0
+    if not store.records():
+        print(f"{store.path}: no records yet")
+        return 0
+    print(render(feedback_for_run(store)))
+    return 0
+
+
+def cmd_list(args) -> int:
+    from tuner.run.report import console, runs_table
+    rows = list_runs(Settings.from_env(runs_dir=args.runs_dir).runs_dir)
+    if not rows:
+        print(f"no runs under {Settings.from_env(runs_dir=args.runs_dir).runs_dir}")
+        return 0
+    console.print(runs_table(rows))
+    return 0
+
+
+def cmd_export(args) -> int:
+    if args.db or not args.run:
+        from tuner.cli.db import DEFAULT_DB, cmd_export_db
+        args.db = args.db or DEFAULT_DB
+        return cmd_export_db(args)
+    store = Store.open(args.run)
+    cfg = store.read_json("best/config.json")
+    kernels = sorted((store.path / "best").glob("kernel.*")) if (store.path / "best").is_dir() else []
+    if cfg is None or not kernels:
+        raise StoreError(f"{store.path} has no verified winner to export (see `tuner show {store.path}`)")
+    if not (isinstance(cfg, dict) and isinstance(cfg.get("config"), dict)
+            and isinstance(cfg.get("median_s"), (int, float))):
+        raise StoreError(f"{store.path / 'best/config.json'} is damaged; `tuner tune --resume "
+                         f"{store.path}` writes best/ again from the records")
+    meta = store.meta()
+    out = Path(args.out or Path("exported") / store.path.name)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StoreError(f"cannot write the export to {out}: {e.strerror}; pass --out DIR, a folder") from None
+    src = kernels[0]
+    name = f"{meta.op.name}_best{src.suffix}"
+    comment = "//" if src.suffix == ".c" else "#"
+    header = "\n".join(f"{comment} {line}" for line in [
+        f"{meta.op.name} {meta.op.size_dict()} {meta.op.dtype}, tuned by tuner {__version__}",
+        f"backend {meta.backend}, device {meta.device.name if meta.device else '?'}",
+        f"config {json.dumps(cfg['config'])}", f"median {cfg['median_s'] * 1e3:.4f} ms; run {store.path.name}",
+        "it was built and verified for exactly these sizes, on contiguous row-major buffers (the "
+        "inputs, then the outputs); `tuner.runtime` checks a call's tensors before it launches"])
+    (out / name).write_text(header + "\n" + src.read_text())
+    (out / f"{meta.op.name}_best.json").write_text(json.dumps(
+        {**cfg, "backend": meta.backend, "device": meta.device.to_json() if meta.device else None,
+         "run": str(store.path)}, indent=1))
+    print(f"wrote {out / name} and {out / (meta.op.name + '_best.json')}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tuner", description="Search-based kernel autotuner.")
+    p.add_argument("--version", action="version", version=f"tuner {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("tune", help="tune an operator")
+    t.add_argument("op", nargs="?", help=f"a built-in op ({', '.join(BUILTINS)}) or a problem file")
+    t.add_argument("--op", dest="op_file", metavar="FILE", help="a KernelBench-format problem file")
+    t.add_argument("--shape", help="sizes of a built-in op, e.g. 4096x1024 (matmul: MxNxK)")
+    t.add_argument("--size", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a problem file's module-level size constant (repeatable)")
+    t.add_argument("--dtype", default="fp32", help="fp32 (default), fp64, fp16, bf16")
+    t.add_argument("--backend", choices=sorted(BACKENDS), help="default: an accelerator if usable, else cpu")
+    t.add_argument("--chip", help="with --backend sim (implied): the simulated Ascend chip, 910B1, 910B2 "
+                   "(default), 910B3, 910B4, 910_93, 310P3, a profile .yaml or CANN's platform_config/<SoC>.ini")
+    t.add_argument("--template", help="a Jinja2 kernel template (with --space)")
+    t.add_argument("--space", help="the YAML space of the template's tunables")
+    t.add_argument("--budget", type=int, help=f"configs to evaluate (default {DEFAULT_BUDGET}; with "
+                   f"--resume, the run's own)")
+    t.add_argument("--time-budget", type=float, metavar="SECONDS", help="stop searching after this long")
+    t.add_argument("--sampler", choices=SAMPLERS, default="guided",
+                   help="guided (default): a model of the space's timings and failures searched "
+                        "outward from the best config so far; or Optuna's tpe, random, cmaes, gp; "
+                        "grid: every config once (records a full landscape for replay)")
+    t.add_argument("--patience", type=int, metavar="N",
+                   help="stop once N evaluations in a row brought no config 0.5%% faster (default: off)")
+    t.add_argument("--warm-start", action="append", default=[], metavar="SOURCE",
+                   help="try the best configs measured elsewhere first: a run directory, a landscape "
+                        "JSON (FILE@SHAPE for one of its shapes) or a JSON list of configs (repeatable)")
+    t.add_argument("--seed", type=int)
+    t.add_argument("--parallel", type=int, help="evaluations in flight (default: one per core)")
+    t.add_argument("--storage", help="keep the Optuna study in this storage too: an RDB URL (sqlite:///study.db) "
+                        "or a .journal file path (default: in memory, rebuilt from records.jsonl)")
+    t.add_argument("--runs-dir", help="where runs go (default: runs/)")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run that was stopped or killed")
+    t.add_argument("--run-timeout", type=float, help="seconds to verify and time one config")
+    t.add_argument("--compile-timeout", type=float, help="seconds to compile one config")
+    t.add_argument("--json", action="store_true", help="print the summary as JSON")
+    t.add_argument("--quiet", action="store_true", help="no progress output")
+    t.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="local: worker processes on this machine; ray: compile tasks and one device "
+                        "actor per GPU/NPU on a Ray cluster (pip install 'tuner[ray]')")
+    t.add_argument("--ray-address", metavar="ADDR", help="with --executor ray: a running cluster "
+                   "(default: start a local one)")
+    t.add_argument("--devices", type=int, help="with --executor ray: device actors (default: every GPU/NPU "
+                   "of the cluster; one CPU worker per node for cpu)")
+    m = t.add_argument_group("model proposer (any OpenAI-compatible endpoint: a hosted API, vLLM, vllm-ascend)")
+    m.add_argument("--proposer", choices=("library", "openai"),
+                   help="library: the shipped skeletons, one round, offline; openai: a model writes "
+                        "and revises the skeleton (default: openai when a model is configured)")
+    m.add_argument("--llm", metavar="MODEL", help="the model name (env TUNER_LLM_MODEL)")
+    m.add_argument("--llm-base-url", metavar="URL", help="the endpoint, e.g. http://host:8000/v1 "
+                   "(env TUNER_LLM_BASE_URL; default: the openai client's)")
+    m.add_argument("--llm-api-key", metavar="KEY", help="the key (env OPENAI_API_KEY, preferred: "
+                   "a flag is visible to other users of the machine); never written to the run")
+    m.add_argument("--rounds", type=int, help="propose/search/revise rounds (default 3 with a model, 1 without)")
+    m.add_argument("--candidates", type=int, default=1, help="skeletons asked per round; all are "
+                   "checked, the fastest verified one is searched (default 1)")
+    m.add_argument("--repairs", type=int, default=3, help="repair requests per candidate before "
+                   "giving up (default 3)")
+    m.add_argument("--validate-configs", type=int, default=2, help="random configs compiled and "
+                   "verified besides the default before a skeleton is accepted (default 2)")
+    m.add_argument("--llm-timeout", type=float, metavar="SECONDS", help="per request (default 600)")
+    m.add_argument("--llm-retries", type=int, help="retries on 429/5xx/timeouts, with backoff (default 5)")
+    m.add_argument("--llm-temperature", type=float)
+    m.add_argument("--llm-max-tokens", type=int, help="reply token limit per request (default 16384)")
+    m.add_argument("--token-budget", type=int, help="prompt+completion tokens per run (default 2000000)")
+    m.add_argument("--llm-price", metavar="IN,OUT", help="USD per million prompt,completion tokens: "
+                   "enables cost accounting")
+    m.add_argument("--cost-budget", type=float, metavar="USD", help="stop asking past this cost (needs --llm-price)")
+    m.add_argument("--llm-prompts", metavar="DIR", help="prompt texts to use instead of tuner/prompts/v1")
+    t.set_defaults(fn=cmd_tune)
+
+    s = sub.add_parser("show", help="reprint a run's summary")
+    s.add_argument("run")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--feedback", action="store_true", help="print what the search learned (each round's)")
+    s.set_defaults(fn=cmd_show)
+
+    ls = sub.add_parser("list", help="list runs")
+    ls.add_argument("--runs-dir")
+    ls.set_defaults(fn=cmd_list)
+
+    e = sub.add_parser("export", help="write a run's best kernel and config, or the tuning database")
+    e.add_argument("run", nargs="?", help="a run directory (or give --db)")
+    e.add_argument("--out", help="output folder (default: exported/<run id>, with --db exported/)")
+    e.add_argument("--db", help="export this tuning database (tuning.json, tuned_kernels.py, "
+                   "triton_autotune.py) instead of one run")
+    e.add_argument("--backend", help="with --db: only this backend's entries")
+    e.add_argument("--device", help="with --db: only this device model's entries")
+    e.set_defaults(fn=cmd_export)
+
+    from tuner.cli import db, retune, sweep
+    sweep.add_cli(sub)
+    db.add_cli(sub)
+    retune.add_cli(sub)
+    return p
+
+
+# Numeric flags (of any command) and their lowest sensible value. argparse takes any number;
+# out of range, they failed deep inside the search (a traceback for --parallel -1, a misleading
+# storage error for --seed -1) or were silently taken as 'off' (--time-budget 0).
+MIN_VALUE = {"budget": 1, "parallel": 1, "patience": 1, "rounds": 1, "candidates": 1, "devices": 1,
+             "top": 1, "concurrency": 1, "llm_max_tokens": 1, "token_budget": 1, "repairs": 0,
+             "validate_configs": 0, "llm_retries": 0, "seed": 0, "cost_budget": 0}
+ABOVE_ZERO = ("time_budget", "run_timeout", "compile_timeout", "llm_timeout")
+
+
+def _bad_number(args) -> str | None:
+    """What is wrong with a numeric flag's value, or None."""
+    for name, low in MIN_VALUE.items():
+        v = getattr(args, name, None)
+        if v is not None and v < low:
+            return f"--{name.replace('_', '-')} must be at least {low}, got {v}"
+    for name in ABOVE_ZERO:
+        v = getattr(args, name, None)
+        if v is not None and not v > 0:
+            return f"--{name.replace('_', '-')} must be a positive number of seconds, got {v}"
+    if getattr(args, "seed", None) is not None and args.seed >= 2**32:
+        return f"--seed must be below 2**32, got {args.seed}"
+    return None
+
+
+def _disk_full(args, what: str) -> int:
+    """A full disk (or quota) mid-run: what to do, not a traceback. The records written so far
+    are kept (a last line cut short is dropped on resume)."""
+    hint = getattr(args, "resume_hint", None)
+    print(f"error: the disk is full: {what}\n" + (
+        f"the work so far is kept: free space (a run's build/ folder can go: a resume compiles again "
+        f"what it needs), then continue with `{hint}`" if hint else
+        "free space, then run the command again (a sweep resumes its tasks)"), file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    bad = _bad_number(args)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
+    try:
+        return args.fn(args)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        # An endpoint or device that was unreachable: a resume asks again (a proposer's
+        # verdict on a skeleton, by contrast, is on disk and a resume would repeat it).
+        hint = getattr(args, "resume_hint", None) if isinstance(e, (LLMError, BackendUnavailable)) else None
+        if hint and hint not in str(e):
+            print(f"the work so far is kept: once that is fixed, continue with `{hint}`", file=sys.stderr)
+        return 2
+    except WorkerError as e:
+        last = str(e).strip().splitlines()[-1] if str(e).strip() else "worker error"
+        if any(m in str(e) for m in ("[Errno 28]", "[Errno 122]")):  # ENOSPC, EDQUOT: not a bug to trace
+            return _disk_full(args, next(x for x in str(e).splitlines()[::-1] if "[Errno" in x).strip())
+        print(f"error: a worker failed: {last}\n(full traceback in the run's workers.log and below)\n{e}",
+              file=sys.stderr)
+        return 1
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return _disk_full(args, str(e))
+        raise
+    except WorkerFailure as e:
+        print(f"error: a worker failed outside any candidate ({e.reason}); see the run's workers.log",
+              file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        # The exact command: a user who pressed Ctrl-C has not seen the run's path yet.
+        hint = getattr(args, "resume_hint", None)
+        print("interrupted" + (f"; continue with `{hint}`" if hint else ""), file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

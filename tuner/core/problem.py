@@ -1,0 +1,319 @@
+"""KernelBench-format problem files as ops: a module with `class Model`, `get_inputs()` and
+`get_init_inputs()`, its module-level integer constants the sizes (overridable). The reference
+is `Model.forward` in float64; the kernel receives the inputs, then the Model's parameters.
+
+The file is imported in a bounded time (a file that loops at import is refused), in a child
+process first (one that kills or ends the process at import is refused), and every way
+it can fail (no Model, a Model that cannot run its own inputs, a non-tensor input) is an
+`OpError` that says what to fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import re
+import sys
+import traceback
+from pathlib import Path
+
+from tuner.core.op import DTYPE_BYTES, DTYPES, TOLERANCE, Op, OpError, torch_dtype
+from tuner.core.values import OpSpec
+
+IMPORT_TIMEOUT_S = 120.0  # a problem file that takes longer to import is refused
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float, message: str):
+    """Raise OpError(message) when the body runs longer than `seconds` (main thread, POSIX;
+    elsewhere no limit): a user's problem file that loops at import must not hang the tool."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise OpError(message)
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# Run in a child Python before the file is imported here: a file that ends the process at
+# import (os._exit, a crash in native code) would otherwise take the tool with it, silently.
+_PROBE = """
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("tuner_import_probe", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+try:
+    spec.loader.exec_module(module)
+    said = "tuner-import-ok"
+except BaseException:  # the import in the tool itself reports the exception
+    said = "tuner-import-raised"
+sys.stdout.write("\\n" + said + "\\n")
+sys.stdout.flush()
+os._exit(0)  # threads the file started must not keep the probe alive
+"""
+
+
+def probe_import(path: Path) -> None:
+    """Import the file in a child process first; raise OpError if that hangs, is killed or
+    ends without finishing the import (an exception there is left to the import here, which
+    reports it with its traceback)."""
+    import signal
+    import subprocess
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE, str(path)], capture_output=True,
+                              timeout=IMPORT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise OpError(f"{path}: importing it took more than {IMPORT_TIMEOUT_S:g} s "
+                      f"(does it loop or wait at import?)") from None
+    except OSError as e:  # no child process to be had: the in-process import still runs
+        print(f"note: could not check {path} in a child process first ({e})", file=sys.stderr)
+        return
+    last = done.stdout.decode(errors="replace").rstrip().rsplit("\n", 1)[-1]
+    if last in ("tuner-import-ok", "tuner-import-raised"):
+        return
+    tail = done.stderr.decode(errors="replace").strip()[-600:]
+    if done.returncode < 0:
+        try:
+            how = f"killed by {signal.Signals(-done.returncode).name}"
+        except ValueError:
+            how = f"killed by signal {-done.returncode}"
+        raise OpError(f"{path}: importing it {how} (a crash in native code at import?)"
+                      + (f":\n{tail}" if tail else ""))
+    raise OpError(f"{path}: importing it ended the process (exit status {done.returncode}) before the "
+                  f"import finished: does it call os._exit or exit at import?"
+                  + (f"\n{tail}" if tail else ""))
+
+
+def _import_problem(path: Path, overrides: dict[str, int]):
+    """Import a problem file under a private module name, then apply size overrides."""
+    if not path.is_file():  # a run, a sweep or an exported table names a file moved since
+        raise OpError(f"problem file {path} does not exist (moved or deleted since it was tuned?); "
+                      f"its Model is the op's reference: put it back at that path")
+    name = "tuner_problem_" + re.sub(r"\W", "_", path.stem) + f"_{abs(hash(str(path)))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise OpError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        with _time_limit(IMPORT_TIMEOUT_S, f"{path}: importing it took more than "
+                         f"{IMPORT_TIMEOUT_S:g} s (does it loop or wait at import?)"):
+            spec.loader.exec_module(module)
+    except OpError:
+        raise
+    except BaseException as e:  # a user file may raise anything, SystemExit included
+        tb = traceback.format_exception(type(e), e, e.__traceback__)
+        excerpt = "".join(tb[-4:]).strip()
+        raise OpError(f"{path}: failed to import:\n{excerpt}") from None
+    for attr in ("Model", "get_inputs", "get_init_inputs"):
+        if not hasattr(module, attr):
+            raise OpError(f"{path}: a KernelBench-format problem defines class Model(nn.Module), "
+                          f"get_inputs() and get_init_inputs(); {attr} is missing")
+    sizes = _module_sizes(module)
+    for k, v in overrides.items():
+        if k not in sizes:
+            raise OpError(f"{path}: no module-level integer {k!r} to override; "
+                          f"it has {', '.join(sorted(sizes)) or 'none'}")
+        setattr(module, k, v)
+    return module
+
+
+def _module_sizes(module) -> dict[str, int]:
+    return {k: v for k, v in vars(module).items()
+            if isinstance(v, int) and not isinstance(v, bool) and not k.startswith("_")}
+
+
+def spec_from_problem_file(path: str | Path, dtype: str = "fp32",
+                           overrides: dict[str, int] | None = None) -> OpSpec:
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise OpError(f"problem file {path} does not exist")
+    if dtype not in DTYPES:
+        raise OpError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
+    probe_import(path)
+    module = _import_problem(path, overrides or {})
+    sizes = _module_sizes(module)
+    sys.modules.pop(module.__name__, None)
+    return OpSpec(name=path.stem, source=str(path), sizes=tuple(sorted(sizes.items())),
+                  dtype=dtype, kind="kernelbench")
+
+
+def size_positions(path: str | Path, sizes: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """Where each size shows in get_inputs()'s shapes: {name: (input, dim)} for a dim whose
+    extent is the size itself and follows it when it changes (the size doubled, the others
+    kept). Sizes that no input's dim follows (a constant of the model) are left out.
+    get_inputs() runs with torch's default device set to meta: shapes only, no data drawn."""
+    import torch
+
+    module = _import_problem(Path(path), sizes)
+
+    def shapes() -> list:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            xs = module.get_inputs()
+        return [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in xs]
+
+    try:
+        base = shapes()
+        out: dict[str, tuple[int, int]] = {}
+        for name, v in sizes.items():
+            setattr(module, name, 2 * v)
+            try:
+                moved = shapes()
+            finally:
+                setattr(module, name, v)
+            for i, (a, b) in enumerate(zip(base, moved)):
+                hit = [d for d in range(len(a)) if a[d] == v and b[d] == 2 * v] \
+                    if a is not None and b is not None and len(a) == len(b) else []
+                if hit:
+                    out[name] = (i, hit[0])
+                    break
+    except Exception as e:  # noqa: BLE001 - a get_inputs that cannot run on meta tensors
+        raise OpError(f"{path}: get_inputs() could not be run for its shapes alone ({type(e).__name__}: "
+                      f"{e})") from None
+    finally:
+        sys.modules.pop(module.__name__, None)
+    return out
+
+
+def problem_op(spec: OpSpec) -> Op:
+    """The live Op of a problem-file spec (see `ops.load_op`, which caches it). Building it
+    seeds and draws (the model's parameters, a trial call): the caller's host random state is
+    left as it was, since `tuner.runtime` builds ops in the user's own process (a GPU's
+    generators are seeded too, as before, and not restored)."""
+    import torch
+    with torch.random.fork_rng(devices=[]):
+        return _problem_op(spec)
+
+
+def _problem_op(spec: OpSpec) -> Op:
+    import torch
+
+    module = _import_problem(Path(spec.source), spec.size_dict())
+    dt = torch_dtype(spec.dtype)
+    try:
+        torch.manual_seed(0)  # parameters are fixed for the run; inputs are fresh per seed
+        model = module.Model(*module.get_init_inputs()).eval()
+    except Exception as e:
+        raise OpError(f"{spec.source}: Model(*get_init_inputs()) failed: {type(e).__name__}: {e}") from None
+    params = [(n, t.detach()) for n, t in [*model.named_parameters(), *model.named_buffers()]]
+    model64 = copy.deepcopy(model).double()
+    model_dt = copy.deepcopy(model).to(dt) if dt is not torch.float64 else model64
+
+    def cast(t):
+        return t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+    def make(seed: int, device=None) -> list:
+        # get_inputs draws on the host (moved where asked after), seeded without changing the
+        # caller's random state: `tuner.runtime` makes inputs in the user's own process.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # a GPU's generators too (a get_inputs that draws there)
+            xs = [cast(x) for x in module.get_inputs()] + [cast(t.clone()) for _, t in params]
+        return [x.to(device) if device is not None and isinstance(x, torch.Tensor) else x for x in xs]
+
+    try:
+        first = module.get_inputs()
+    except Exception as e:
+        tb = traceback.format_exception(type(e), e, e.__traceback__)
+        raise OpError(f"{spec.source}: get_inputs() failed:\n{''.join(tb[-3:]).strip()}") from None
+    if not isinstance(first, (list, tuple)):
+        # A bare tensor would be taken row by row as separate inputs; a generator has no length.
+        raise OpError(f"{spec.source}: get_inputs() returned a {type(first).__name__}; it must return a "
+                      f"list of tensors, e.g. return [torch.randn(batch_size, dim)]")
+    n_in = len(first)
+
+    def as_list(out) -> list:
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    on_device: dict = {}  # (model id, device) -> a copy of the model there
+
+    def on_inputs_device(model, xs):
+        # A copy of the model with its parameters where the inputs are (a GPU worker's); the
+        # host's model itself is never moved (meta inputs, for output shapes, would wipe its
+        # weights). A model that makes host tensors in forward still fails on a GPU; the
+        # verifier then computes its reference on the host (measure._reference_of).
+        dev = next((x.device for x in xs if isinstance(x, torch.Tensor)), None)
+        if dev is None or dev.type in ("cpu", "meta"):
+            return model
+        key = (id(model), str(dev))
+        if key not in on_device:
+            on_device[key] = copy.deepcopy(model).to(dev)
+        return on_device[key]
+
+    def ref(xs):  # parameters come from the model itself; the kernel receives them as inputs
+        with torch.no_grad():
+            return as_list(on_inputs_device(model64, xs)(*xs[:n_in]))
+
+    def impl(xs):
+        with torch.no_grad():
+            return as_list(on_inputs_device(model_dt, xs)(*xs[:n_in]))
+
+    param_names = [n for n, _ in params]
+
+    def call(xs):  # the caller's parameters, not the model's own (`Op.torch_call`)
+        with torch.no_grad():
+            return as_list(torch.func.functional_call(on_inputs_device(model_dt, xs),
+                                                      dict(zip(param_names, xs[n_in:])), tuple(xs[:n_in])))
+
+    try:
+        sample = make(0)
+    except Exception as e:
+        tb = traceback.format_exception(type(e), e, e.__traceback__)
+        raise OpError(f"{spec.source}: get_inputs() failed:\n{''.join(tb[-3:]).strip()}") from None
+    for i, x in enumerate(sample[:n_in]):
+        if not isinstance(x, torch.Tensor):
+            raise OpError(f"{spec.source}: get_inputs() returned a value of type {type(x).__name__} at position {i}; "
+                          f"kernels take tensors only: make it a module constant or an argument of "
+                          f"get_init_inputs() (Model.__init__) instead")
+    try:
+        outs = ref([x.double() if x.is_floating_point() else x for x in sample])
+    except Exception as e:
+        tb = traceback.format_exception(type(e), e, e.__traceback__)
+        raise OpError(f"{spec.source}: Model(...)(*get_inputs()) failed (in float64):\n"
+                      f"{''.join(tb[-3:]).strip()}") from None
+    for i, o in enumerate(outs):
+        if not isinstance(o, torch.Tensor):
+            raise OpError(f"{spec.source}: Model.forward returned a {type(o).__name__}"
+                          + (f" at position {i}" if len(outs) > 1 else "")
+                          + "; it must return a tensor, or a tuple/list of tensors (the kernel's outputs)")
+        if o.is_complex():
+            raise OpError(f"{spec.source}: output {i} of Model.forward is {o.dtype}; kernels here "
+                          f"write real (floating or integer) outputs only")
+    for kind, tensors in (("input", sample), ("output", outs)):
+        for i, t in enumerate(tensors):
+            if t.numel() == 0:  # nothing to check or time; rates would divide by zero
+                raise OpError(f"{spec.source}: {kind} {i} has no elements (shape {tuple(t.shape)}); "
+                              f"give its sizes positive values (--size NAME=VALUE)")
+    _check_deterministic(spec, ref, sample, outs)
+    names = tuple(f"in{i}" for i in range(n_in)) + tuple(re.sub(r"\W", "_", n) for n, _ in params)
+    moved = sum(x.numel() * x.element_size() for x in sample) + sum(
+        o.numel() * DTYPE_BYTES[spec.dtype] for o in outs)
+    return Op(spec, names, tuple(f"out{i}" for i in range(len(outs))), make, ref, impl,
+              None, float(moved), TOLERANCE[spec.dtype], call if params else None)
+
+
+def _check_deterministic(spec: OpSpec, ref, sample: list, first: list) -> None:
+    """Refuse a Model whose forward gives two answers for the same inputs (random ops in
+    forward, dropout left on): no kernel could ever pass a check against it, and every config
+    of the run would fail as a WRONG_RESULT that blames the kernel."""
+    import torch
+
+    # `first` came from these inputs; a forward that wrote its integer inputs changed them,
+    # and is not deterministic as far as a check can tell either.
+    again = ref([x.double() if x.is_floating_point() else x.clone() for x in sample])
+    for i, (a, b) in enumerate(zip(first, again)):
+        same = torch.equal(a, b) if not a.is_floating_point() else \
+            a.shape == b.shape and torch.allclose(a, b, rtol=1e-9, atol=1e-12, equal_nan=True)
+        if not same:
+            diff = (a.double() - b.double()).abs().nan_to_num(0).max().item() if a.shape == b.shape else None
+            raise OpError(f"{spec.source}: output {i} of Model.forward differs between two calls on the "
+                          f"same inputs" + (f" (by as much as {diff:.3g})" if diff is not None else "")
+                          + "; a kernel cannot be checked against a reference that is not deterministic "
+                            "(random ops in forward, such as torch.rand or F.dropout(training=True)?)")

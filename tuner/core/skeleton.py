@@ -1,0 +1,232 @@
+"""Skeletons: a Jinja2 kernel template plus the space of its tunables.
+
+Library skeletons live in `kernel_templates/<op>/<lang>.<ext>.j2` with their space in
+`spaces/<op>/<lang>.yaml`. Both folders are found from a checkout and from an installed
+wheel (where they are packaged as `tuner/kernel_templates` and `tuner/spaces`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.sandbox
+
+from tuner.core.space import Space, SpaceError, load_space
+from tuner.core.values import Config, content_hash
+
+EXTENSIONS = {"c": "c", "triton": "py", "triton_ascend": "py", "script": "txt"}
+
+
+class SkeletonError(ValueError):
+    """A template that does not parse or render, or a skeleton that cannot be found."""
+
+
+MAX_SOURCE_CHARS = 4_000_000  # a rendered kernel larger than this is a runaway template
+RENDER_TIMEOUT_S = 5.0  # a template whose own code runs longer than this is a runaway too (renders take ~0.1 ms)
+
+
+class _RenderTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    """Stop the template's own code (its loops, its macros) after `seconds`. The sandbox caps
+    one range, but nested loops that write nothing ran on (10^10 iterations) in the tool's own
+    process (an evaluation thread, so no SIGALRM): a trace function on the template's frames
+    counts their line events and looks at the clock now and then. Other frames are not traced."""
+    end = time.monotonic() + seconds
+    count = 0
+
+    def line(frame, event, arg):
+        nonlocal count
+        count += 1
+        if count % 4096 == 0 and time.monotonic() > end:
+            raise _RenderTimeout(f"rendering took more than {seconds:g} s; a loop in the template runs away")
+        return line
+
+    old = sys.gettrace()
+    sys.settrace(lambda frame, event, arg: line if frame.f_code.co_filename == "<template>" else None)
+    try:
+        yield
+    finally:
+        sys.settrace(old)
+
+
+def _template_line(e: BaseException) -> int | None:
+    """The template line an exception was raised on (Jinja's compiled code maps to it)."""
+    tb = e.__traceback__
+    line = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+@dataclass(frozen=True)
+class Skeleton:
+    template: str  # the Jinja2 source
+    space: Space
+    language: str  # "c", "triton", "triton_ascend"
+    name: str = ""  # e.g. "softmax/c"
+    round: int = 0
+    parent: str = ""  # hash of the skeleton this one revises
+    template_path: str = ""
+
+    @property
+    def hash(self) -> str:
+        import json
+        return content_hash(self.template, json.dumps(self.space.to_json()["params"], sort_keys=True),
+                            "\n".join(r.expr.text for r in self.space.constraints),
+                            json.dumps({n: r.expr.text for n, r in self.space.resources}, sort_keys=True),
+                            self.language)
+
+    def render(self, config: Config, context: dict[str, Any]) -> str:
+        """The kernel source for one config. Every name the template reads must be defined."""
+        env = {**context, **config.as_dict()}
+        name = self.template_path or self.name
+        try:
+            # Streamed, so that a template that expands without bound fails instead of
+            # filling the memory (the sandbox caps one range, not nested loops).
+            chunks, size = [], 0
+            template = _compiled(self.template)
+            with _deadline(RENDER_TIMEOUT_S):
+                for chunk in template.generate(**env):
+                    size += len(chunk)
+                    if size > MAX_SOURCE_CHARS:
+                        raise SkeletonError(f"{name}: the rendered source passed {MAX_SOURCE_CHARS:,} "
+                                            f"characters for {config}; a loop in the template runs away")
+                    chunks.append(chunk)
+            return "".join(chunks)
+        except jinja2.TemplateError as e:
+            line = getattr(e, "lineno", None)
+            where = f":{line}" if line else ""
+            raise SkeletonError(f"{name}{where}: {type(e).__name__}: {e}") from None
+        except SkeletonError:
+            raise
+        except _RenderTimeout as e:
+            line = _template_line(e)
+            raise SkeletonError(f"{name}{f':{line}' if line else ''}: {e} (config {config})") from None
+        except Exception as e:  # {{ 1 // 0 }}, a sandbox limit (OverflowError), a bad filter argument
+            line = _template_line(e)
+            where = f":{line}" if line else ""
+            raise SkeletonError(f"{name}{where}: {type(e).__name__}: {e}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"template": self.template, "space": self.space.to_json(), "language": self.language,
+                "name": self.name, "round": self.round, "parent": self.parent,
+                "template_path": self.template_path}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Skeleton":
+        return cls(template=data["template"], space=Space.from_json(data["space"]),
+                   language=data["language"], name=data.get("name", ""), round=data.get("round", 0),
+                   parent=data.get("parent", ""), template_path=data.get("template_path", ""))
+
+
+class _Sandbox(jinja2.sandbox.SandboxedEnvironment):
+    """Also refuses a `*` or `**` whose result would be huge: one C-level operation
+    (`{{ "x" * 10**10 }}`) that no deadline or length check interrupts fills the memory."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context, operator, left, right):
+        ints = isinstance(left, int) and isinstance(right, int)
+        if operator == "**" and ints and abs(left) > 1 and right * math.log10(abs(left)) > 4000:
+            raise jinja2.sandbox.SecurityError(f"{left} ** {right} is too large a number")
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_SOURCE_CHARS:
+                    raise jinja2.sandbox.SecurityError(f"a sequence of {len(seq)} repeated {n} times is "
+                                                       f"longer than a kernel's source may be")
+        return super().call_binop(context, operator, left, right)
+
+
+def _environment() -> jinja2.Environment:
+    # Sandboxed: templates may come from a language model, and a plain Environment lets a
+    # template reach Python internals (`''.__class__...`) in the tool's own process.
+    return _Sandbox(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                    trim_blocks=True, lstrip_blocks=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(text: str) -> jinja2.Template:
+    """A template compiled once per text, not on every render (a Template renders from many
+    threads at once)."""
+    return _environment().from_string(text)
+
+
+def _check_template(text: str, path: str) -> None:
+    try:
+        _environment().parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise SkeletonError(f"{path}:{e.lineno}: template syntax error: {e.message}") from None
+
+
+def data_dir(name: str) -> Path:
+    """`kernel_templates` or `spaces`: inside the installed package, else the checkout root."""
+    here = Path(__file__).resolve().parents[1]  # the package
+    for candidate in (here / name, here.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise SkeletonError(f"cannot find the {name}/ folder next to {here}; is the package installed whole?")
+
+
+def library_skeletons() -> dict[str, list[str]]:
+    """op -> languages that the library has a skeleton for."""
+    out: dict[str, list[str]] = {}
+    for y in sorted(data_dir("spaces").glob("*/*.yaml")):
+        out.setdefault(y.parent.name, []).append(y.stem)
+    return out
+
+
+def library_skeleton(op: str, language: str) -> Skeleton:
+    spaces = data_dir("spaces")
+    space_path = spaces / op / f"{language}.yaml"
+    if not space_path.is_file():
+        have = library_skeletons()
+        raise SkeletonError(
+            f"the library has no {language} skeleton for {op!r}; it has: "
+            + ", ".join(f"{o} ({'/'.join(ls)})" for o, ls in have.items())
+            + ". Write one and pass --template FILE --space FILE.")
+    space = load_space(space_path)
+    ext = EXTENSIONS.get(language, language)
+    template_path = data_dir("kernel_templates") / op / f"{language}.{ext}.j2"
+    return load_skeleton(template_path, space_path, language=language, name=f"{op}/{language}",
+                         space=space)
+
+
+def load_skeleton(template_path: str | Path, space_path: str | Path, language: str | None = None,
+                  name: str = "", space: Space | None = None) -> Skeleton:
+    """A user's skeleton from two files. The language comes from the space's `language:` key,
+    else from the template's extension (.c.j2 -> c, .py.j2 -> triton)."""
+    template_path, space_path = Path(template_path), Path(space_path)
+    try:
+        text = template_path.read_text()
+    except OSError as e:
+        raise SkeletonError(f"cannot read template {template_path}: {e.strerror}") from None
+    if space is None:
+        space = load_space(space_path)
+    _check_template(text, str(template_path))
+    lang = language or space.get_meta("language")
+    if lang is None:
+        suffixes = template_path.suffixes
+        lang = {".c": "c", ".py": "triton"}.get(suffixes[-2] if len(suffixes) >= 2 else "", None)
+    if lang not in EXTENSIONS:
+        raise SkeletonError(f"{space_path}: set 'language:' to one of {', '.join(EXTENSIONS)} "
+                            f"(could not tell it from {template_path.name})")
+    return Skeleton(template=text, space=space, language=lang,
+                    name=name or template_path.name.split(".")[0], template_path=str(template_path))
+
+
+__all__ = ["Skeleton", "SkeletonError", "SpaceError", "library_skeleton", "load_skeleton",
+           "library_skeletons", "data_dir"]

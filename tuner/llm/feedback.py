@@ -1,0 +1,267 @@
+"""Feedback: what a search learned, summarised for the proposer (and for people).
+
+`build_feedback(records, space, ...)` reduces a round's records to:
+
+* the best k configs with their median times and % of the roofline ceiling;
+* failures grouped by signature (status plus the error's first line with numbers, paths and
+  hashes blanked), each with its count, one config and one excerpt, and for resource
+  overflows (a space's resource limit, Ascend UB, shared memory) the required vs available;
+* params whose best value sits on an edge of their range (a hint to widen it);
+* parameter importance over the passing configs (Optuna's importance evaluator, on log time);
+* the share of the sampled configs that were invalid (rejected before compiling).
+
+`render(feedback)` is the compact text that goes into the revision prompt; `to_json()` is
+what the run keeps (`feedback.json`). `feedback_for_run(store)` builds it for any finished
+run directory, so `tuner show --feedback` works for library runs too.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.core.ops import ceiling
+from tuner.core.space import Space
+from tuner.core.values import Record, Status
+
+MIN_IMPORTANCE_TRIALS = 8  # fewer passing configs than this say nothing reliable
+
+_OVERFLOWS = (
+    (re.compile(r"resource (\w+) = ([\d.e+]+) exceeds the device limit ([\d.e+]+)"), "{0}", 2, 3),
+    (re.compile(r"ub overflow, requires (\d+) bits while (\d+) bits available", re.I), "UB bits", 1, 2),
+    (re.compile(r"out of resource: shared memory, Required: (\d+), Hardware limit: (\d+)", re.I),
+     "shared memory bytes", 1, 2),
+)
+
+
+@dataclass(frozen=True)
+class Feedback:
+    round: int
+    skeleton_hash: str
+    space_size: int
+    evaluated: int  # compiled or attempted (not INVALID)
+    invalid: int
+    best: tuple[dict[str, Any], ...] = ()  # config, median_s, percent, ceiling
+    failures: tuple[dict[str, Any], ...] = ()  # status, signature, count, config, excerpt, required, available
+    edges: tuple[dict[str, Any], ...] = ()  # param, value, side, low, high
+    importance: tuple[tuple[str, float], ...] = ()
+    reference_s: float | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def invalid_share(self) -> float:
+        total = self.evaluated + self.invalid
+        return self.invalid / total if total else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"round": self.round, "skeleton_hash": self.skeleton_hash, "space_size": self.space_size,
+                "evaluated": self.evaluated, "invalid": self.invalid,
+                "invalid_share": round(self.invalid_share, 4), "best": list(self.best),
+                "failures": list(self.failures), "edges": list(self.edges),
+                "importance": dict(self.importance), "reference_s": self.reference_s,
+                "notes": list(self.notes)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Feedback":
+        return cls(round=d["round"], skeleton_hash=d["skeleton_hash"], space_size=d["space_size"],
+                   evaluated=d["evaluated"], invalid=d["invalid"], best=tuple(d.get("best", ())),
+                   failures=tuple(d.get("failures", ())), edges=tuple(d.get("edges", ())),
+                   importance=tuple(d.get("importance", {}).items()),
+                   reference_s=d.get("reference_s"), notes=tuple(d.get("notes", ())))
+
+
+def signature(text: str) -> str:
+    """The error's telling line with the incidental parts blanked, so alike errors group."""
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    line = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else "")
+    line = re.sub(r"(/[\w.+-]+)+/([\w.+-]+)", r"\2", line)  # paths -> file name
+    line = re.sub(r"\b[0-9a-f]{12,}\b", "H", line)
+    line = re.sub(r"(?<![A-Za-z_])[-+]?\d+(\.\d+)?(e[-+]?\d+)?", "N", line)
+    return line[:200]
+
+
+def build_feedback(records: list[Record], space: Space, *, flops: float | None = None,
+                   nbytes: float = 0.0, peaks: dict[str, float] | None = None, dtype: str = "fp32",
+                   reference_s: float | None = None, round: int = 1, skeleton_hash: str = "",
+                   k: int = 5) -> Feedback:
+    latest: dict[str, Record] = {}
+    for r in records:  # a later record of a config (a failed winner re-check) supersedes
+        latest[r.config.key] = r
+    recs = list(latest.values())
+    ok = sorted((r for r in recs if r.status is Status.OK), key=lambda r: r.seconds)
+    best = []
+    for r in ok[:k]:
+        entry: dict[str, Any] = {"config": r.config.to_json(), "median_s": r.seconds}
+        c = ceiling(flops, nbytes, r.seconds, dtype, peaks or {})
+        if c:
+            entry["percent"], entry["ceiling"] = round_(c["percent"], 2), c["what"]
+        if reference_s:
+            entry["speedup"] = round_(reference_s / r.seconds, 3)
+        best.append(entry)
+    failures = _group_failures([r for r in recs if r.status is not Status.OK])
+    edges = _edges(space, ok[0]) if ok else []
+    importance, notes = _importance(space, ok)
+    return Feedback(round=round, skeleton_hash=skeleton_hash, space_size=space.size,
+                    evaluated=sum(r.status is not Status.INVALID for r in recs),
+                    invalid=sum(r.status is Status.INVALID for r in recs), best=tuple(best),
+                    failures=tuple(failures), edges=tuple(edges), importance=tuple(importance),
+                    reference_s=reference_s, notes=tuple(notes))
+
+
+def round_(x: float, digits: int) -> float:
+    return float(f"{x:.{digits}f}") if math.isfinite(x) else x
+
+
+def _group_failures(failed: list[Record]) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in failed:
+        reason = r.reason or ""
+        # A constraint's own text is the signature; its numbers are not incidental.
+        sig = reason.strip()[:200] if reason.startswith("constraint failed") else signature(reason)
+        g = groups.get((r.status.value, sig))
+        if g is None:
+            g = groups[(r.status.value, sig)] = {
+                "status": r.status.value, "signature": sig, "count": 0, "config": r.config.to_json(),
+                "excerpt": "\n".join(reason.strip().splitlines()[:8])[:600]}
+        g["count"] += 1
+        for rx, what, req_i, avail_i in _OVERFLOWS:
+            m = rx.search(reason)
+            if m:
+                required, available = float(m.group(req_i)), float(m.group(avail_i))
+                g["resource"] = what.format(*m.groups())
+                g["available"] = available
+                lo, hi = g.get("required", [required, required])
+                g["required"] = [min(lo, required), max(hi, required)]
+                break
+    return sorted(groups.values(), key=lambda g: (g["status"] == "INVALID", -g["count"]))
+
+
+def _edges(space: Space, best: Record) -> list[dict[str, Any]]:
+    out = []
+    cfg = best.config.as_dict()
+    for p in space.params:
+        if not p.ordered or len(p.values) < 3 or p.name not in cfg:
+            continue
+        vals = sorted(p.values)
+        v = cfg[p.name]
+        if v in (vals[0], vals[-1]):
+            out.append({"param": p.name, "value": v, "side": "low" if v == vals[0] else "high",
+                        "low": vals[0], "high": vals[-1]})
+    return out
+
+
+def _importance(space: Space, ok: list[Record]) -> tuple[list[tuple[str, float]], list[str]]:
+    if len(ok) < MIN_IMPORTANCE_TRIALS:
+        return [], [f"importance not computed: {len(ok)} passing configs "
+                    f"(needs {MIN_IMPORTANCE_TRIALS})"]
+    import optuna
+
+    from tuner.search.searcher import distributions, encode
+    varied = [p.name for p in space.params
+              if len({repr(r.config.as_dict().get(p.name)) for r in ok}) > 1]
+    if not varied:
+        return [], ["importance not computed: every passing config has the same values"]
+    dists = distributions(space)
+    study = optuna.create_study(direction="minimize")
+    for r in ok:
+        study.add_trial(optuna.trial.create_trial(params=encode(space, r.config), distributions=dists,
+                                                  value=math.log10(max(r.seconds, 1e-12))))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            imp = optuna.importance.get_param_importances(study, params=varied)
+        except (RuntimeError, ValueError) as e:
+            return [], [f"importance not computed: {e}"]
+    return [(k, round_(float(v), 3)) for k, v in imp.items()], []
+
+
+# ---- text ---------------------------------------------------------------------------------
+
+def fmt_s(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "-"
+    return f"{s * 1e3:.4g} ms" if s >= 1e-4 else f"{s * 1e6:.4g} us"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _cfg(d: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in d.items())
+
+
+def render(fb: Feedback, max_groups: int = 8) -> str:
+    """The compact text the revision prompt carries."""
+    total = fb.evaluated + fb.invalid
+    out = [f"Round {fb.round} (skeleton {fb.skeleton_hash or '?'}): {fb.evaluated} configs compiled "
+           f"and run out of {fb.space_size} in the space; {fb.invalid} more sampled configs were "
+           f"invalid (rejected by constraints or resource limits before compiling): "
+           f"{100 * fb.invalid_share:.0f}% of {total} sampled."]
+    if fb.reference_s:
+        out.append(f"Reference (torch): {fmt_s(fb.reference_s)}.")
+    if fb.best:
+        out.append("Best configs (median time, % of the roofline ceiling, speedup over the reference):")
+        for i, b in enumerate(fb.best, 1):
+            extra = ""
+            if "percent" in b:
+                extra += f", {b['percent']:.1f}% of {b['ceiling']}"
+            if "speedup" in b:
+                extra += f", {b['speedup']:.2f}x"
+            out.append(f"  {i}. {fmt_s(b['median_s'])}{extra}: {_cfg(b['config'])}")
+    else:
+        out.append("No config passed verification.")
+    fails = [f for f in fb.failures if f["status"] != "INVALID"]
+    invalid = [f for f in fb.failures if f["status"] == "INVALID"]
+    if fails:
+        out.append("Failures, grouped by error (count, one config, one excerpt):")
+        for f in fails[:max_groups]:
+            out.append(f"  {f['status']} x{f['count']}: {f['signature']}")
+            out.append(f"    e.g. {_cfg(f['config'])}")
+            if "required" in f:
+                lo, hi = f["required"]
+                req = _num(lo) if lo == hi else f"{_num(lo)} to {_num(hi)}"
+                out.append(f"    {f['resource']}: required {req}, available {_num(f['available'])}")
+            excerpt = f["excerpt"].strip()
+            if excerpt and excerpt != f["signature"]:
+                out.extend("    | " + ln for ln in excerpt.splitlines()[:6])
+        if len(fails) > max_groups:
+            out.append(f"  ... and {len(fails) - max_groups} more kinds of failure")
+    if invalid:
+        out.append("Invalid configs, by the rule that rejected them:")
+        for f in invalid[:max_groups]:
+            line = f"  x{f['count']}: {f['signature']}"
+            if "required" in f:
+                lo, hi = f["required"]
+                req = _num(lo) if lo == hi else f"{_num(lo)} to {_num(hi)}"
+                line = (f"  x{f['count']}: {f['resource']} over the limit: required {req}, "
+                        f"available {_num(f['available'])}")
+            out.append(line)
+    if fb.edges:
+        out.append("Params whose best value sits on an edge of their range (consider widening):")
+        for e in fb.edges:
+            out.append(f"  {e['param']}={e['value']} is the {'smallest' if e['side'] == 'low' else 'largest'} "
+                       f"value of [{e['low']} .. {e['high']}]")
+    if fb.importance:
+        out.append("Parameter importance for time among passing configs (Optuna, sums to 1): "
+                   + ", ".join(f"{k} {v:.2f}" for k, v in fb.importance))
+    for n in fb.notes:
+        out.append(f"Note: {n}")
+    return "\n".join(out)
+
+
+def feedback_for_run(store) -> Feedback:
+    """Feedback for a run directory, from its records, skeleton, op and device."""
+    from tuner.core.ops import load_op
+    meta = store.meta()
+    skeleton = store.skeleton()
+    summary = store.read_json("summary.json") or {}
+    op = load_op(store.op_spec())
+    peaks = dict(meta.device.peaks) if meta.device else {}
+    return build_feedback(store.records(), skeleton.space, flops=op.flops, nbytes=op.bytes, peaks=peaks,
+                          dtype=op.spec.dtype,
+                          reference_s=(summary.get("reference") or {}).get("median_s"),
+                          round=skeleton.round or 1, skeleton_hash=skeleton.hash)

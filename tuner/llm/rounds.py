@@ -1,0 +1,186 @@
+"""Multi-round runs: a skeleton writer (a model or the library) writes a skeleton, the search
+explores it, the search's feedback goes back for a revision, and the next round is warm-started
+from the best configs so far. Each round is a whole run directory under rounds/NN/."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from tuner import __version__
+from tuner.core.settings import Settings
+from tuner.core.skeleton import Skeleton
+from tuner.core.values import Config, OpSpec, RunMeta
+from tuner.exec.evaluate import Evaluator
+from tuner.llm.client import LLMBudgetExhausted, transcript_usage
+from tuner.llm.feedback import Feedback, feedback_for_run, render
+from tuner.llm.prompt import space_yaml
+from tuner.llm.proposer import Proposal, ProposerError, RoundContext
+from tuner.run.store import Store
+from tuner.run.tune import QuietView, create_run, execute, keep_problem
+
+
+def create_rounds_run(settings: Settings, spec: OpSpec, backend: str, proposer: dict, rounds: int,
+                      start: Skeleton | None = None, sampler: str = "guided", seed: int | None = None,
+                      storage: str | None = None, command: str = "", patience: int | None = None) -> Store:
+    """A run of `rounds` rounds. Each round is a whole run directory under rounds/NN/; round 1
+    searches `start` when given, else the proposer's skeleton; later rounds the proposer's
+    revision. `proposer` is the proposer's description (`Proposer.meta()`, no key). llm/ keeps every call's transcript; best/ and summary.json name the overall winner."""
+    seed = seed if seed is not None else random.randrange(2**31)
+    shape = "x".join(str(v) for _, v in spec.sizes) if spec.kind == "builtin" else "file"
+    store = Store.create(settings.runs_dir, f"{spec.name}-{shape}-{spec.dtype}-{backend}-{proposer['kind']}")
+    try:
+        if start is not None:
+            store.write_json("start/skeleton.json", start.to_json())
+            store.write_text("start/space.yaml", space_yaml(start))
+        keep_problem(store, spec)
+        store.write_meta(RunMeta(id=store.path.name, op=spec, backend=backend, rounds=rounds,
+                                 proposer=proposer, sampler=sampler, seed=seed, storage=storage,
+                                 patience=patience, command=command, tuner=__version__,
+                                 created=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
+    except OSError:  # a directory that could not be written whole (a full disk): no debris
+        shutil.rmtree(store.path, ignore_errors=True)
+        raise
+    return store
+
+
+@dataclass
+class RoundResult:
+    round: int
+    skeleton: Skeleton
+    space_text: str
+    summary: dict
+    feedback: object  # feedback.Feedback
+
+
+def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
+                   time_budget_s: float | None = None, parallel: int | None = None, view=None,
+                   make_evaluator: Callable[..., Evaluator] | None = None) -> dict:
+    """Run (or resume) every round: propose or revise, search with a warm start from the best
+    earlier configs, summarise into feedback. Finished rounds are never redone; a reply already
+    on disk is never asked for again. A round whose model never produced a valid skeleton ends
+    the loop with the best of the earlier rounds (in round 1, that is an error)."""
+    view = view or QuietView()
+    meta = store.meta()
+    spec, backend = store.op_spec(), meta.backend
+    done: list[RoundResult] = []
+    stopped = ""
+    who = (meta.proposer.get("llm") or {}).get("model") or meta.proposer.get("kind", "the proposer")
+    try:
+        for r in range(1, meta.rounds + 1):
+            rstore = Store(store.path / "rounds" / f"{r:02d}")
+            if not (rstore.path / "run.json").is_file():
+                previous = rstore.read_json("proposal.json") if rstore.path.is_dir() else None
+                if previous and previous.get("status") == "failed":
+                    if r == 1:
+                        raise ProposerError(f"{previous.get('error', 'no valid skeleton')} (recorded "
+                                            f"in {rstore.path / 'proposal.json'})")
+                    stopped = f"round {r}: {previous.get('error', 'no valid skeleton')}"
+                    break
+                ctx = RoundContext(spec, backend, settings, store.path, r, budget, meta.seed)
+                start = store.read_json("start/skeleton.json") if r == 1 else None
+                try:
+                    if start is not None:
+                        proposal = Proposal(Skeleton.from_json(start), (store.path / "start/space.yaml").read_text(),
+                                            report={"source": "given", "status": "accepted"})
+                    elif r == 1:
+                        view.note(f"round 1: asking {who} for a skeleton…")
+                        proposal = proposer.propose(ctx)
+                    else:
+                        view.note(f"round {r}: asking {who} to revise the skeleton…")
+                        last = done[-1]
+                        proposal = proposer.revise(ctx, last.skeleton, last.space_text, last.feedback)
+                except LLMBudgetExhausted as e:
+                    if r == 1:
+                        raise
+                    stopped = f"round {r} not run: {e}"
+                    break
+                if proposal is None:
+                    break  # a proposer that does not revise
+                rstore.path.mkdir(parents=True, exist_ok=True)
+                rstore.write_json("proposal.json", {**proposal.report, "error": proposal.error})
+                if proposal.skeleton is None:
+                    if r == 1:
+                        raise ProposerError(f"{proposal.error} (transcripts in {store.path / 'llm'}, "
+                                            f"verdicts in {rstore.path / 'proposal.json'})")
+                    stopped = f"round {r}: {proposal.error}"
+                    break
+                sk = proposal.skeleton
+                parent = done[-1].skeleton.hash if done else ""
+                sk = Skeleton(sk.template, sk.space, sk.language, sk.name, r, parent, sk.template_path)
+                (rstore.path / "records.jsonl").unlink(missing_ok=True)  # from a killed attempt
+                for rec in proposal.records:  # the checks already ran these configs
+                    rstore.append(rec)
+                rstore.write_text("skeleton/space.yaml", proposal.space_text)
+                create_run(settings, spec, backend, sk, meta.sampler, meta.seed + r, meta.storage,
+                           meta.command, path=rstore.path,
+                           extra={"round": r, "study_name": f"round-{r:02d}", "parent_run": store.path.name,
+                                  "patience": meta.patience})
+            sk = rstore.skeleton()
+            space_text = (rstore.path / "skeleton/space.yaml").read_text()
+            fb_json = rstore.read_json("feedback.json")
+            if fb_json is None:
+                view.note(f"round {r}: searching {sk.space.size} configs…")
+                execute(rstore, settings, budget, time_budget_s, parallel, view, seeds=_seeds(done),
+                        make_evaluator=make_evaluator)
+                fb = feedback_for_run(rstore)
+                rstore.write_text("feedback.txt", render(fb))
+                rstore.write_json("feedback.json", fb.to_json())
+            else:
+                fb = Feedback.from_json(fb_json)
+            done.append(RoundResult(r, sk, space_text, rstore.read_json("summary.json") or {}, fb))
+    finally:
+        proposer.close()
+    return _finish_rounds(store, done, stopped)
+
+
+def _seeds(done: list[RoundResult], k: int = 5) -> tuple[Config, ...]:
+    """The best configs of the earlier rounds, fastest first (execute keeps those that fit,
+    a param the revised space added taking its default)."""
+    best = []
+    for d in done:
+        for b in d.feedback.best:
+            best.append((b["median_s"], Config.of(b["config"])))
+    best.sort(key=lambda x: x[0])
+    return tuple(c for _, c in best[:k])
+
+
+def _finish_rounds(store: Store, done: list[RoundResult], stopped: str) -> dict:
+    import shutil
+
+    if not done:
+        raise RuntimeError(f"{store.path}: no round ran")
+    passed = [d for d in done if (d.summary.get("best") or {}).get("median_s")]
+    winner = min(passed, key=lambda d: d.summary["best"]["median_s"]) if passed else None
+    by_hash = {d.skeleton.hash: d for d in done}
+    lineage, cur = [], winner
+    while cur is not None:
+        lineage.insert(0, {"round": cur.round, "hash": cur.skeleton.hash, "parent": cur.skeleton.parent,
+                           "best_s": (cur.summary.get("best") or {}).get("median_s")})
+        cur = by_hash.get(cur.skeleton.parent) if cur.skeleton.parent else None
+    llm_dir = store.path / "llm"
+    rounds = []
+    for d in done:
+        proposal = Store(store.path / "rounds" / f"{d.round:02d}").read_json("proposal.json") or {}
+        best = d.summary.get("best") or {}
+        attempts = sum(len(c.get("attempts", [])) for c in proposal.get("candidates", []))
+        rounds.append({"round": d.round, "hash": d.skeleton.hash, "parent": d.skeleton.parent,
+                       "source": proposal.get("source") or proposal.get("kind", ""),
+                       "candidates": len(proposal.get("candidates", [])), "attempts": attempts,
+                       "space_size": d.skeleton.space.size, "evaluations": d.summary.get("evaluations"),
+                       "invalid": d.summary.get("invalid"), "best_s": best.get("median_s"),
+                       "best_config": best.get("config"),
+                       "tokens": transcript_usage(llm_dir, f"r{d.round:02d}-").to_json()})
+    base = dict((winner or done[-1]).summary)
+    base.update({"rounds": rounds, "winner_round": winner.round if winner else None, "lineage": lineage,
+                 "llm": transcript_usage(llm_dir).to_json(), "stopped": stopped,
+                 "wall_s": round(sum(d.summary.get("wall_s", 0.0) for d in done), 2)})
+    if winner is not None:
+        src = store.path / "rounds" / f"{winner.round:02d}" / "best"
+        shutil.rmtree(store.path / "best", ignore_errors=True)
+        shutil.copytree(src, store.path / "best")
+    store.write_json("summary.json", base)
+    return base

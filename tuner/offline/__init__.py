@@ -1,0 +1,1 @@
+"""Search strategies compared offline on recorded landscapes (replay)."""

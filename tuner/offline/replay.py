@@ -1,0 +1,230 @@
+"""Search strategies compared offline, answered from recorded landscapes (`tuner.core.landscape`).
+
+Two ways to replay one:
+
+* in process, fast (`replay_search`): the real `tune.run_search` loop and `Searcher` with an
+  in-memory store and an evaluator that looks configs up -- thousands of searches a minute,
+  which is what `bench/search_efficiency.py` and the efficiency tests use;
+* through the whole pipeline (`python -m tuner.offline.replay skeleton LANDSCAPE --out DIR`, then
+  `tuner tune matmul --shape 64x64x64 --backend replay --template DIR/replay.txt.j2 --space
+  DIR/replay.yaml`): the generated template renders a config into a small script naming the
+  landscape and the config; the `replay` backend looks it up and answers with the recorded
+  build status, failure message and time (see `tuner/backends/replay.py`).
+
+Also: generated landscapes (`synthetic`) for strategies' tests and benches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from tuner.core.landscape import (Landscape, LandscapeError, Outcome, load, load_cached, shapes,
+                                  skeleton_files)
+from tuner.core.space import Param, Space
+from tuner.core.values import Build, Config, Measurement, Record, Status
+# ---- in-process replay through run_search -------------------------------------------------
+
+class MemoryStore:
+    """The two Store methods run_search uses, in memory."""
+
+    def __init__(self) -> None:
+        self._records: list[Record] = []
+
+    def records(self) -> list[Record]:
+        return list(self._records)
+
+    def append(self, record: Record) -> None:
+        self._records.append(record)
+
+
+class ReplayEvaluator:
+    """The Evaluator's interface for run_search (`check`, `evaluate`), answered by lookup.
+    `context`/`limits` are what the space's formulas are checked against (default: the
+    landscape's own); a config that they reject is INVALID and never 'evaluated'."""
+
+    def __init__(self, landscape: Landscape, context: dict | None = None, limits: dict | None = None):
+        self.landscape = landscape
+        self.context = dict(landscape.context if context is None else context)
+        self.limits = dict(landscape.limits if limits is None else limits)
+
+    def check(self, config: Config) -> str | None:
+        return self.landscape.space.check(config, self.context, self.limits)
+
+    def evaluate(self, config: Config, best_s: float | None = None, trial: int = -1) -> Record:
+        why = self.check(config)
+        if why is not None:
+            return self._record(config, Build(Status.INVALID, error=why), Measurement(Status.INVALID), trial)
+        o = self.landscape.lookup(config)
+        if o is None:
+            return self._record(config, Build(Status.COMPILE_ERROR, error="replay: not in the landscape"),
+                                Measurement(Status.COMPILE_ERROR), trial)
+        if o.status in (Status.COMPILE_ERROR, Status.COMPILE_TIMEOUT, Status.INVALID):
+            return self._record(config, Build(o.status, error=o.detail), Measurement(o.status), trial)
+        build = Build(Status.OK, artifact=config.key, compile_s=o.compile_s, binary_hash=config.key)
+        if o.status is Status.OK:
+            return self._record(config, build, Measurement(Status.OK, (o.seconds,)), trial)
+        return self._record(config, build, Measurement(o.status, detail=o.detail), trial)
+
+    def _record(self, config: Config, build: Build, meas: Measurement, trial: int) -> Record:
+        return Record(self.landscape.shape, "replay", config, build, meas, self.landscape.device or "replay",
+                      time=time.time(), trial=trial)
+
+
+@dataclass
+class Trace:
+    """One replayed search: the evaluated configs' times in order (inf for a failure)."""
+
+    times: list[float]
+    best_s: float
+    asks: int = 0
+    wall_s: float = 0.0
+    configs: list[Config] = field(default_factory=list)  # row for row with `times`
+
+    def timings(self) -> dict[Config, float | None]:
+        """config -> seconds (None: failed), as `warm_timings` reads a run: a prior for another
+        search."""
+        return {c: (t if math.isfinite(t) else None) for c, t in zip(self.configs, self.times)}
+
+    def evaluations_to(self, tolerance: float) -> float:
+        """Evaluations spent until one config within `tolerance` of the optimum; inf if none."""
+        cut = self.best_s * (1 + tolerance)
+        for i, t in enumerate(self.times, 1):
+            if t <= cut:
+                return i
+        return math.inf
+
+
+def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, budget: int = 100,
+                  seeds: Iterable[Config] = (), stop_within: float | None = None,
+                  parallel: int = 1, **searcher_options) -> Trace:
+    """Run `tune.run_search` with a fresh Searcher against the landscape, as `tune.execute`
+    would (the space's default first, then `seeds`). `stop_within`: stop at the first config
+    within that fraction of the optimum (the budget still caps it)."""
+    from tuner.search.searcher import Searcher
+    from tuner.run.tune import run_search
+
+    t0 = time.monotonic()
+    ev = ReplayEvaluator(landscape)
+    space = landscape.space
+    if sampler == "guided":  # as tune.execute: the guided sampler repairs under the formulas
+        options = dict(searcher_options.get("sampler_options") or {})
+        options.setdefault("repair", lambda c, keep=(): space.repair(c, ev.context, ev.limits, 30, keep))
+        searcher_options = {**searcher_options, "sampler_options": options}
+    searcher = Searcher(space, sampler, seed, check=ev.check, **searcher_options)
+    for config in (*space.starts(ev.context, ev.limits), *seeds, *space.hunches(ev.context, ev.limits)):
+        if space.contains(config):
+            searcher.enqueue(config)
+    store = MemoryStore()
+    cut = None if stop_within is None else landscape.best_s * (1 + stop_within)
+    if cut is not None:
+        class _Stop(Exception):
+            pass
+
+        def watch(progress) -> None:
+            if progress.best_s is not None and progress.best_s <= cut:
+                raise _Stop
+        try:
+            run_search(store, ev, searcher, budget, None, parallel, watch)
+        except _Stop:
+            pass
+    else:
+        run_search(store, ev, searcher, budget, None, parallel)
+    done = [r for r in store.records() if r.status is not Status.INVALID]
+    return Trace([r.seconds for r in done], landscape.best_s, len(searcher.study.trials),
+                 time.monotonic() - t0, [r.config for r in done])
+
+
+# ---- synthetic landscapes (strategies are judged on more than one kernel) --------------------
+
+SYNTHETIC = ("smooth", "rugged", "cliffs", "flat")
+
+
+def synthetic(kind: str, seed: int = 0) -> Landscape:
+    """A generated landscape over a 2400-config space of six params (four ordered, one
+    unordered, one boolean), deterministic in (kind, seed):
+
+    * smooth: a tilted bowl in log-time with pairwise interactions, 1 % noise;
+    * rugged: the same plus 15 % per-config noise and interactions twice as strong;
+    * cliffs: a bowl whose optimum sits against a resource limit (configs past it fail, as
+      shared-memory overflows do) and a spill cliff (5x slower) where tiles outgrow the warps;
+    * flat: an easy landscape where about a fifth of the configs are within 3 % of the best.
+    """
+    import numpy as np
+    if kind not in SYNTHETIC:
+        raise LandscapeError(f"unknown synthetic landscape {kind!r}; one of {', '.join(SYNTHETIC)}")
+    rng = np.random.default_rng([SYNTHETIC.index(kind), seed])
+    params = (Param("TA", (16, 32, 64, 128, 256), True), Param("TB", (16, 32, 64, 128, 256), True),
+              Param("TK", (16, 32, 64, 128), True), Param("W", (1, 2, 4, 8), True),
+              Param("ORDER", ("row", "col", "tiled")), Param("VEC", (False, True)))
+    space = Space(params, source=f"synthetic:{kind}:{seed}", meta=(("language", "script"),))
+    n = [len(p.values) for p in params]
+    grid = np.stack(np.meshgrid(*[np.arange(k) for k in n], indexing="ij"), -1).reshape(-1, len(n))
+    u = grid[:, :4] / (np.array(n[:4]) - 1)
+    centre = rng.uniform(0.3, 0.9, 4)
+    curv = rng.uniform(0.3, 1.2, 4)
+    inter = rng.normal(0, 0.35 if kind != "rugged" else 0.7, (4, 4))
+    d = u - centre
+    logt = (curv * d * d).sum(1) + np.einsum("ni,ij,nj->n", d, np.triu(inter, 1), d)
+    logt += rng.normal(0, 0.12, 3)[grid[:, 4]] + rng.normal(0, 0.08, 2)[grid[:, 5]]
+    if kind == "flat":
+        logt *= 0.05
+    logt += rng.normal(0, 0.004 if kind != "rugged" else 0.06, len(grid))
+    fail = np.zeros(len(grid), dtype=bool)
+    if kind == "cliffs":
+        load = u[:, 0] + u[:, 1] + u[:, 2]
+        limit = np.quantile(load, 0.85)
+        fail = load > limit
+        logt -= 0.4 * load  # bigger is better, up to the limit
+        logt = np.where(u[:, 0] + u[:, 1] - u[:, 3] > 1.0, logt + math.log10(5.0), logt)
+    seconds = 1e-4 * 10.0 ** (logt - logt[~fail].min())
+    outcomes = {}
+    for row, s_, f in zip(grid, seconds, fail):
+        config = Config.of({p.name: p.values[int(i)] for p, i in zip(params, row)})
+        outcomes[config.key] = (Outcome(Status.RUNTIME_ERROR, detail="out of resource: shared memory")
+                                if f else Outcome(Status.OK, float(s_)))
+    return Landscape(space, outcomes, name=f"synthetic-{kind}-{seed}", shape=kind, device="synthetic")
+
+
+# ---- command line ---------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tuner.offline.replay", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("skeleton", help="write a space and a template that replay a landscape "
+                                        "through `tuner tune --backend replay`")
+    s.add_argument("landscape", help="a landscape JSON, or a run directory (e.g. of --sampler grid)")
+    s.add_argument("--shape", help="which shape of a multi-shape landscape, e.g. 4096x4096x4096")
+    s.add_argument("--out", required=True, help="folder for replay.yaml and replay.txt.j2")
+    i = sub.add_parser("info", help="what a landscape holds")
+    i.add_argument("landscape")
+    i.add_argument("--shape")
+    args = p.parse_args(argv)
+    try:
+        if args.command == "skeleton":
+            space, template = skeleton_files(args.landscape, args.shape, args.out)
+            print(f"wrote {space} and {template}\nreplay it: tuner tune <op> --shape <small shape> "
+                  f"--backend replay --template {template} --space {space}")
+            return 0
+        for shape in ([args.shape] if args.shape else shapes(args.landscape)):
+            land = load(args.landscape, shape or None)
+            n_ok = sum(o.status is Status.OK for o in land.outcomes.values())
+            print(f"{land.name}: {len(land.outcomes)} of {land.space.size} configs recorded, {n_ok} OK; "
+                  f"best {land.best_s * 1e3:.4g} ms; within 3 %: {len(land.within(0.03))}, "
+                  f"10 %: {len(land.within(0.10))}")
+        return 0
+    except LandscapeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["Landscape", "LandscapeError", "Outcome", "Trace", "any_passed", "load", "load_cached", "shapes",
+           "warm_starts", "warm_timings", "replay_search", "skeleton_files", "synthetic", "SYNTHETIC"]

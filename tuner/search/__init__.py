@@ -1,0 +1,1 @@
+"""Choosing the next config: the Searcher over Optuna's samplers (searcher) and the guided search (guided, with gp, encoding, prior)."""

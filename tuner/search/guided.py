@@ -1,0 +1,658 @@
+"""The default search strategy (`--sampler guided`): a model of the whole finite space.
+
+Kernel spaces are small and finite (hundreds to a few hundred thousand configs), and every
+evaluation costs a compile and a timed run, so the strategy spends CPU on a model to spend
+fewer evaluations. Each ask:
+
+* **Encoding** (`tuner.search.encoding`). A config is a point of [0, 1]^d: ordered params as their
+  value's index (pow2 ranges on a log scale), unordered choices one-hot, a 0 before a
+  geometric run an 'off' switch of its own.
+* **Objective model.** A GP (Matern 5/2, one length scale per dimension, fitted by MAP
+  marginal likelihood) on log10(seconds), so a 2x difference counts the same anywhere; times
+  more than 2x the best so far are clipped there, so that the model spends itself on the
+  fast region, not on explaining why the worst config is 50x slow.
+* **Failures and cliffs.** A failed config (resources exceeded, compile error, crash, wrong
+  answer) and a config past a *cliff* (more than 2.5x slower than an adjacent evaluated one:
+  spilled registers, collapsed occupancy -- a different regime, not a slope) feed a model of
+  where configs fail: a kernel smoother (failures make their neighbourhood suspect), a
+  logistic regression (a resource limit is nearly a linear boundary in log-sized params, and
+  the fit learns which params do not matter for it) and, for real failures, dominance (at
+  least as large in every ordered param probably fails too), trusted as far as the history
+  bears it out. The regression does not rule out a neighbour of a config that worked, unless
+  one that failed is next to it too (P(works) at least a half there): a boundary between two
+  adjacent configs is a guess one evaluation settles. Failures stay out of the objective
+  model: a config that did not fit or did not build says nothing about how fast its
+  neighbours run, and the fastest configs often sit right against a resource limit (the
+  largest tiles that fit).
+* **Completions and rescues.** A one-step move from the incumbent that the space's formulas
+  reject (a bigger tile that needs more warps) or that fell past a cliff (a bigger tile that
+  spilled at 4 warps) still says which way the time trends. The move fixed up by other
+  params -- the nearest config the formulas accept with the moved param at its new value (a
+  *completion*), or the cliff config with one other ordered param one step off (8 warps,
+  fewer stages, the other tile dimension down: a *rescue*; two at most per cliff, as some
+  moves no rescue saves) -- counts as one trust-region step and is worth at least what the
+  objective model expected from the move itself. The model alone rarely tries one: it is
+  stationary, and more warps measured slower on the small tiles it has seen.
+* **Acquisition.** Expected improvement x P(works) x decay^(steps from the best so far - 1),
+  over every config not yet seen (all of them when the space holds up to `ENUMERATE_MAX`;
+  else a random sample plus the one- and two-step neighbourhoods of the best few): a soft
+  trust region that walks outward from the incumbent and gives way when nothing near it
+  looks promising any more. Once `explore` timings in a row bring no new best, every
+  `explore_every`-th ask drops the trust region (the best EI x P(works) anywhere): real
+  landscapes have plateaus a few percent off the best with the optimum in another basin
+  (grid-recorded rope, attention), where a purely local walk did worse than random search.
+  Configs rejected by the space's own formulas (`check`) are never
+  proposed. A candidate more likely to fail than not has its expected improvement taken
+  from the objective model told the failures as 2x the best, when that is lower: past a
+  resource limit the timings' trend promises gains that no config there delivers, and even
+  a small P(works) times such a promise kept the search probing the limit.
+* **Prior.** Timings of the same space measured elsewhere (another shape, device, an
+  earlier run) become the model's mean, scaled to the timings so far: the model learns
+  where this landscape differs from the other, not the whole landscape again.
+* **Cost.** An ask is bounded whatever the space and the history: a few thousand candidates,
+  a model conditioned on at most `TRAIN_MAX` points whose hyperparameters are fitted on at
+  most `FIT_MAX` (the GP itself is in `tuner.search.gp`). Scoring every point of a 32k space with a
+  GP on 200 points cost ~0.8 s an ask; the search barely looks beyond a few steps of the
+  incumbent anyway.
+* **Start.** The caller enqueues the space's default and any warm starts or proposer picks;
+  they come first. With nothing timed yet, candidates spread out away from failures.
+
+The sampler keeps no state of its own (only caches): the history is re-read from the study
+on each ask, so a resumed run continues where its records say it is.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from tuner.search.encoding import Encoding
+from tuner.search.gp import CHUNK, GP, expected_improvement, matern, sqdist
+from tuner.search.prior import Prior
+from tuner.core.space import Space
+from tuner.core.values import Config
+
+ENUMERATE_MAX = 4096  # spaces up to this size are scored whole on every ask
+SAMPLE_CANDIDATES = 2048  # else this many random configs plus the best ones' neighbourhoods
+TRAIN_MAX = 256  # the objective model is conditioned on at most this many timings
+FIT_MAX = 64  # and its hyperparameters fitted on at most this many (bounded cost per ask)
+
+
+def _logistic(X: np.ndarray, label: np.ndarray, Xc: np.ndarray, l2: float) -> np.ndarray:
+    """P(failure) at Xc from an L2-regularised logistic regression on (X, label), by Newton steps.
+    Resource limits are roughly linear boundaries in log-sized params (bytes grow as a product
+    of tile sizes and stages), which is what this can learn from a few failures, and it learns
+    which params do not matter (warps, say, for shared memory)."""
+    A = np.hstack([X, np.ones((len(X), 1))])
+    w = np.zeros(A.shape[1])
+    w[-1] = math.log((label.sum() + 0.5) / (len(label) - label.sum() + 0.5))
+    reg = np.full(A.shape[1], l2)
+    reg[-1] = 1e-3
+    for _ in range(25):
+        p = 1.0 / (1.0 + np.exp(-np.clip(A @ w, -30, 30)))
+        g = A.T @ (p - label) + reg * w
+        H = (A * (p * (1 - p))[:, None]).T @ A + np.diag(reg)
+        step = np.linalg.solve(H, g)
+        w -= step
+        if np.abs(step).max() < 1e-6:
+            break
+    Ac = np.hstack([Xc, np.ones((len(Xc), 1))])
+    return 1.0 / (1.0 + np.exp(-np.clip(Ac @ w, -30, 30)))
+
+
+# ---- the proposer --------------------------------------------------------------------------------
+
+class Proposer:
+    """Chooses the next config from the history. Pure: same history and rng, same answer.
+
+    Options (the defaults are what bench/search_efficiency.py measured best across recorded
+    and generated landscapes):
+
+    * `n_startup`: timings needed before the model is used (the caller's enqueued default
+      config is the first); before that, candidates near the best so far, in random order.
+    * `clip`: timings more than this factor slower than the best are told to the model as
+      exactly that factor (the model's effort goes to the fast region).
+    * `cliff`: a config this factor slower than an adjacent evaluated one (one param one step
+      away) is past a cliff and counts as a failure; None: off.
+    * `decay`: the acquisition of a config k steps (index moves, one per changed choice) from
+      the best so far is weighted by decay**(k - 1): a soft trust region around the incumbent
+      that gives way when nothing near it looks promising any more.
+    * `classifier`: L2 weight of the logistic failure model (None: only the kernel smoother).
+      Weak (0.03), so that a boundary the history separates cleanly is learned sharply: at
+      1.0 a config across a resource limit still read P(fail) ~0.4 after a dozen failures
+      along it, about as much as the configs that worked. So sharp, it also wrote off every
+      neighbour of a config that worked (recorded softmax 4096x4096: 11 of 40 seeds over 100
+      evaluations); it says at most P(fail) 0.5 next to one with no failure next to it
+      (40 of 40 within 100).
+    * `dominance`: extend hard failures to every config at least as large (see `_feasibility`).
+    * `impute`: for candidates with P(works) < 0.5, expected improvement is also taken from
+      the objective model told the hard failures as this factor slower than the best, and
+      the lower figure counts (see `_improvement`); None: off. Failures are not told to the
+      model that scores the rest: told everywhere, they taught it that the params leading
+      to a resource limit make things slower, so it did not take the step along the limit
+      to the optimum (synthetic cliffs: median 24 evaluations, some seeds over 100).
+      Cliffs never enter the objective model: the fast configs often sit right next to one.
+    * `explore`, `explore_every`: after `explore` timings without a new best, every
+      `explore_every`-th ask scores the whole space without the trust region (None: never).
+    * `repair`: (config, keep=()) -> a valid config near it that leaves the params named in
+      `keep` as they are, or None (`Space.repair` under the run's sizes and limits). When no
+      candidate passes `check` (a space whose constraints leave a tiny valid share, as
+      model-written spaces can), the best few are repaired instead. And a one-step move
+      from the incumbent that the formulas reject is *completed*: the nearest valid config
+      with the moved param at its new value counts as one step away, however many other
+      params it had to change. Constraints couple params (a looped kernel needs BLOCK_N < N,
+      a whole-row one BLOCK_N >= N): without this, switching LOOPED took three trust-region
+      steps, and on a grid-recorded rmsnorm the search stayed on the looped plateau.
+    * `promise`: a completed or rescued move (see the module notes) is worth at least the
+      expected improvement of the move it fixes up (False: only its own). Medians of 20 seeds
+      to within 3 %: recorded attention 4x32x4096x128 19 -> 5 (BLOCK_M 128 needs 8 warps, and
+      8 warps had measured slow at BLOCK_M 64), matmul 4096^3 (rescues) 24 -> 19,
+      cross_entropy 4096x32000 55.5 -> 48 (but 17 of 20 seeds within 100, not 19: more probes
+      of completed ROWS and num_warps moves before PROGS_PER_SM 0).
+    * `prior`: timings of the same space measured elsewhere (another shape, device or
+      earlier run; `tuner tune --warm-start`, `tuner retune`): mappings config -> seconds
+      (None: failed), one per source. The objective model is then of the difference from
+      them (`tuner.search.prior`). `prior_weight` x the sources' coverage is where their weight
+      starts before the timings fit it: 0.5 and 0.25 were within a few evaluations of each
+      other on the recorded landscapes but for matmul 16x14336x4096 (18 and 13; the best
+      config of the other shapes alone: 14); near 1, shapes whose optimum moved lost
+      (rmsnorm 4096x1024 from 16384x2048: 5 -> 23).
+    * `rescue`: rescues tried at most per cliff next to the incumbent (see the module notes;
+      0: off). Recorded matmul at 4096^3: 25 -> 19 evaluations to within 3 % (median of 20
+      seeds). Without a cap (18), a move no rescue can save (BM 256 BN 256 spills even at 8
+      warps, the most this space has) took six more evaluations from a warm start; with 1,
+      a rescue that had to be the second one was never tried (21). Only ordered params
+      rescue (resources grow with sizes; rescues through an unordered choice were wasted
+      evaluations on the generated cliff landscapes), and only cliffs, not hard failures
+      (left to the failure model, which learns which way is feasible).
+    """
+
+    def __init__(self, space: Space, check: Callable[[Config], str | None] | None = None,
+                 n_startup: int = 1, clip: float = 2.0, cliff: float | None = 2.5,
+                 decay: float = 0.1, classifier: float | None = 0.03, dominance: bool | str = True,
+                 impute: float | None = 2.0, repair: Callable[..., Config | None] | None = None,
+                 explore: int | None = 3, explore_every: int = 3, rescue: int = 2,
+                 promise: bool = True, prior: Sequence[Mapping[Any, float | None]] = (),
+                 prior_weight: float = 0.25):
+        self.enc = Encoding(space)
+        self.check = check
+        self.repair = repair
+        self.n_startup = n_startup
+        self.clip = clip
+        self.cliff = cliff
+        self.decay = decay
+        self.classifier = classifier
+        self.dominance = dominance
+        self.impute = impute
+        self.explore = explore
+        self.explore_every = explore_every
+        self.rescue = rescue
+        self.promise = promise
+        self._invalid: set[int] = set()  # flat keys the space's own formulas reject
+        self._all: np.ndarray | None = None
+        self._theta: np.ndarray | None = None
+        self._ls: np.ndarray | None = None
+        self._completed: tuple[int, np.ndarray, np.ndarray] | None = None  # (incumbent, completions, the moves)
+        self.prior_weight = prior_weight
+        # None also when no source timed a config of this space (an empty Prior is falsy).
+        self._prior = (Prior(self.enc, prior, clip) if prior else None) or None
+
+    # -- candidates --
+
+    def _candidates(self, seen: np.ndarray, good: np.ndarray, completed: np.ndarray,
+                    rng: np.random.Generator) -> np.ndarray:
+        enc = self.enc
+        if enc.size <= ENUMERATE_MAX:
+            if self._all is None:
+                self._all = np.arange(enc.size, dtype=np.int64)
+            flat = self._all
+        else:
+            sample = rng.integers(0, enc.size, SAMPLE_CANDIDATES, dtype=np.int64)
+            # The configs a prior rates best are candidates too: a random sample would miss them.
+            top = self._prior.best(64) if self._prior is not None else sample[:0]
+            flat = np.unique(np.concatenate([sample, self._neighbours(good), completed, top]))
+        mask = ~np.isin(flat, seen)
+        if self._invalid:
+            mask &= ~np.isin(flat, np.fromiter(self._invalid, dtype=np.int64))
+        return flat[mask]
+
+    def _neighbours(self, good: np.ndarray) -> np.ndarray:
+        """Configs one or two steps of one param from each of `good` (best first), and two
+        params one step each from the best: where the trust region looks, so a sampled
+        candidate set must hold them."""
+        enc, out = self.enc, []
+        for k, idx in enumerate(enc.unflat(good) if len(good) else []):
+            for j, v in self._moves(idx, 2):
+                nb = idx.copy()
+                nb[j] = v
+                out.append(nb)
+            if k == 0:
+                near = self._moves(idx, 1)
+                for a, (j1, v1) in enumerate(near):
+                    for j2, v2 in near[a + 1:]:
+                        if j1 != j2:
+                            nb = idx.copy()
+                            nb[j1], nb[j2] = v1, v2
+                            out.append(nb)
+        return enc.flat(np.array(out)) if out else np.zeros(0, dtype=np.int64)
+
+    def _moves(self, idx: np.ndarray, most: int) -> list[tuple[int, int]]:
+        """(param, new value) of every move of one param by 1 to `most` steps from `idx`."""
+        out = []
+        for j, n in enumerate(self.enc.n_values):
+            values = np.arange(n)
+            far = self.enc.step(j, values, int(idx[j]))
+            out += [(j, int(v)) for v in values[(far >= 1) & (far <= most)]]
+        return out
+
+    def _rescues(self, incumbent: Sequence[int], done: list, hard: list) -> tuple[np.ndarray, np.ndarray]:
+        """The rescue moves of the incumbent (see `rescue` in the class notes): for each
+        one-step move from it that fell past a cliff, that config with one other ordered
+        param moved one step. Returns their flat keys and, row for row, the cliff each rescues."""
+        enc = self.enc
+        inc = np.array(incumbent, dtype=np.int64)
+        real = {tuple(h) for h in hard}
+        past = [i for i, y in done if y is None and tuple(i) not in real]
+        out, src = [], []
+        if past:
+            A = np.array(past, dtype=np.int64)
+            steps = np.stack([enc.step(j, A[:, j], inc[j]) for j in range(len(inc))], 1)
+            D = np.array([i for i, _ in done], dtype=np.int64)
+            for cliff, row in zip(A, steps):
+                if row.sum() != 1:  # not a one-step move from the incumbent
+                    continue
+                moved = int(np.argmax(row))
+                # Its rescues evaluated so far: configs one step of another ordered param from it.
+                d = np.stack([enc.step(j, D[:, j], cliff[j]) for j in range(len(inc))], 1)
+                if ((d.sum(1) == 1) & (d[:, moved] == 0) & enc.ordered[np.argmax(d, 1)]).sum() >= self.rescue:
+                    continue
+                for k, v in self._moves(cliff, 1):
+                    if k != moved and enc.ordered[k]:
+                        nb = cliff.copy()
+                        nb[k] = v
+                        out.append(nb)
+                        src.append(cliff)
+        if not out:
+            return np.zeros(0, np.int64), np.zeros((0, len(inc)), np.int64)
+        return enc.flat(np.array(out)), np.array(src)
+
+    def _valid(self, flat: int) -> bool:
+        if flat in self._invalid:
+            return False
+        if self.check is None or self.check(self.enc.config(self.enc.unflat(np.array([flat]))[0])) is None:
+            return True
+        self._invalid.add(int(flat))
+        return False
+
+    def _completions(self, incumbent: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The completed one-step moves from `incumbent` (see `repair` in the class notes): for
+        each move the formulas reject, the nearest valid config that keeps the moved param's
+        new value. Returns their flat keys and, row for row, the rejected move each completes.
+        Cached per incumbent."""
+        enc = self.enc
+        inc = np.array(incumbent, dtype=np.int64)
+        key = int(enc.flat(inc[None])[0])
+        if self._completed is not None and self._completed[0] == key:
+            return self._completed[1], self._completed[2]
+        out, src = [], []
+        for j, v in self._moves(inc, 1) if self.repair is not None else []:
+            moved = inc.copy()
+            moved[j] = v
+            if self._valid(int(enc.flat(moved[None])[0])):
+                continue
+            fixed = self.repair(enc.config(moved), keep=(enc.params[j].name,))
+            idx = enc.index(fixed) if fixed is not None else None
+            if idx is not None and idx[j] == v:
+                out.append(int(enc.flat(np.array([idx]))[0]))
+                src.append(moved)
+        self._completed = (key, np.array(out, dtype=np.int64),
+                           np.array(src, dtype=np.int64).reshape(len(src), len(inc)))
+        return self._completed[1], self._completed[2]
+
+    def _pick(self, flat: np.ndarray, score: np.ndarray, rng: np.random.Generator,
+              seen: np.ndarray | None = None) -> int | None:
+        """The best-scoring candidate that the space's formulas accept (ties at random); when
+        none does, the nearest valid config to one of the best few (`repair`) not yet seen."""
+        # Scores equal to float32 precision are ties, broken by the rng: in exact arithmetic
+        # symmetric moves (BM up or BN up from a square tile) score the same, and the last
+        # bits, which differ between BLAS kernels and CPUs, must not pick among them. (Scaled
+        # to the best first: tiny scores keep their order instead of underflowing to ties.)
+        top = float(score.max()) if len(score) else 0.0
+        key = (score / top if top > 0 else score).astype(np.float32)
+        order = np.lexsort((rng.random(len(flat)), -key))
+        for i in order[:5000]:
+            if self._valid(int(flat[i])):
+                return int(flat[i])
+        if self.repair is not None:
+            taken = set() if seen is None else set(int(f) for f in seen)
+            for i in order[:8]:
+                fixed = self.repair(self.enc.config(self.enc.unflat(flat[i:i + 1])[0]))
+                idx = self.enc.index(fixed) if fixed is not None else None
+                if idx is not None:
+                    f = int(self.enc.flat(np.array([idx]))[0])
+                    if f not in taken and self._valid(f):
+                        return f
+        return None
+
+    # -- the step --
+
+    def propose(self, done: list[tuple[tuple[int, ...], float | None]], pending: list[tuple[int, ...]],
+                rng: np.random.Generator) -> tuple[int, ...] | None:
+        """`done`: (index vector, log10 seconds or None for a failure), oldest first;
+        `pending`: in flight. None when every config has been seen."""
+        enc = self.enc
+        hard = [i for i, y in done if y is None]
+        if self.cliff:
+            done = self._cliffs_as_failures(done)
+        seen_idx = [d[0] for d in done] + list(pending)
+        seen = enc.flat(np.array(seen_idx)) if seen_idx else np.zeros(0, dtype=np.int64)
+        ok = [(i, y) for i, y in done if y is not None]
+        ranked = sorted(ok, key=lambda t: t[1])
+        good = enc.flat(np.array([i for i, _ in ranked[:3]])) if ok else np.zeros(0, np.int64)
+        # Moves the formulas (completions) or the hardware (rescues) rejected, each fixed up by
+        # changing another param: one trust-region step, and worth what the move promised.
+        fixed, moves = self._completions(ranked[0][0]) if ok else \
+            (np.zeros(0, np.int64), np.zeros((0, len(enc.params)), np.int64))
+        if ok and self.rescue:
+            rescues, cliffs = self._rescues(ranked[0][0], done, hard)
+            fixed, moves = np.concatenate([fixed, rescues]), np.concatenate([moves, cliffs])
+        completed = np.unique(fixed)
+        flat = self._candidates(seen, good, completed, rng)
+        if len(flat) == 0:
+            return None
+        cidx = enc.unflat(flat)
+        if enc.dim == 0:
+            pick = self._pick(flat, np.zeros(len(flat)), rng, seen)
+            return None if pick is None else tuple(int(v) for v in enc.unflat(np.array([pick]))[0])
+        Xc = enc.features(cidx)
+        p_ok = self._feasibility(cidx, Xc, done, hard)
+        if not ok:  # nothing timed yet: spread out, away from what failed
+            score = self._spread(Xc, enc.features(np.array(seen_idx)) if seen_idx else None, rng) * p_ok
+        elif len(ok) < self.n_startup:
+            score = self._near(cidx, ranked[0][0], np.isin(flat, completed)) * (0.5 + rng.random(len(cidx))) * p_ok
+        else:
+            incumbent = ranked[0][0]
+            # The model's rows: at most TRAIN_MAX timings (see `_keep`); failures are not told
+            # to it (see `_improvement`).
+            rows = [ok[k] for k in self._keep(ok, incumbent, TRAIN_MAX)]
+            X = enc.features(np.array([i for i, _ in rows]))
+            y = np.array([v for _, v in rows])
+            y = np.minimum(y, y.min() + math.log10(self.clip)) if self.clip else y
+            # With timings of related runs (`prior`), the model is of the difference from them.
+            row_keys = enc.flat(np.array([i for i, _ in rows]))
+            if self._prior is not None:
+                prior = self._prior.mean(row_keys, y, self.prior_weight * self._prior.coverage(self._valid))
+            else:
+                prior = lambda flat: np.zeros(len(flat))  # noqa: E731
+            y_min = float(y.min())
+            y = y - prior(row_keys)
+            # Hyperparameters: refitted on every ask early on, then every 4th; on at most
+            # FIT_MAX rows (the fit is O(n^3) per step), the model then conditioned on all rows.
+            theta = self._theta
+            if theta is None or len(ok) <= 30 or len(ok) % 4 == 0:
+                fit = self._keep(rows, incumbent, FIT_MAX)
+                theta = GP(X[fit], y[fit], theta).theta
+            gp = GP(X, y, theta, fit=False)
+            self._theta, self._ls = gp.theta, gp.ls
+            Xp = enc.features(np.array(pending)) if pending else None
+            if Xp is not None:  # in flight: believe the model's mean there (keeps parallel asks apart)
+                gp = gp.with_points(Xp, gp.predict(Xp)[0])
+            score = self._improvement(gp, Xc, prior(flat), p_ok, X, y, y_min, prior, hard, incumbent, Xp) * p_ok
+            if len(fixed) and self.promise:  # a fixed-up move is worth what the move promised
+                mean, sd = gp.predict(enc.features(moves))
+                promised = np.zeros(len(flat))
+                at = np.searchsorted(flat, fixed)  # `flat` is sorted, and holds every one not yet seen
+                hit = (at < len(flat)) & (flat[np.minimum(at, len(flat) - 1)] == fixed)
+                best = (y_min - prior(enc.flat(moves)) - gp.mean) / gp.scale
+                np.maximum.at(promised, at[hit], (expected_improvement(mean, sd, best) * gp.scale)[hit])
+                score = np.maximum(score, promised * p_ok)
+            if not self._stalled(ok, len(pending)):
+                score = score * self._near(cidx, incumbent, np.isin(flat, completed))
+        pick = self._pick(flat, score, rng, seen)
+        return None if pick is None else tuple(int(v) for v in enc.unflat(np.array([pick]))[0])
+
+    def _stalled(self, ok: list, in_flight: int = 0) -> bool:
+        """Whether this ask looks beyond the trust region: every `explore_every`-th ask once
+        `explore` timings in a row brought no new best. Asks in flight count as asks, so that
+        parallel asks made on the same history do not all go global or all stay local."""
+        if not self.explore:
+            return False
+        stall = len(ok) + in_flight - 1 - int(np.argmin([y for _, y in ok]))
+        return stall >= self.explore and (stall - self.explore) % self.explore_every == 0
+
+    def _improvement(self, gp: GP, Xc: np.ndarray, m_c: np.ndarray, p_ok: np.ndarray, X: np.ndarray,
+                     y: np.ndarray, y_min: float, prior: Callable[[np.ndarray], np.ndarray], hard: list,
+                     incumbent: Sequence[int], Xp: np.ndarray | None) -> np.ndarray:
+        """Expected improvement (log10 seconds) at Xc. Where P(works) < 0.5, also from the same
+        model told the hard failures (the TRAIN_MAX / 4 nearest the incumbent) as `impute` x
+        the best, and the lower figure counts: the timings' trend runs on past a resource limit,
+        and near a failure nothing better than the best is to be expected. The model is of the
+        difference from the prior (`prior`, flat keys -> log10 seconds; `m_c` its value at Xc),
+        so a candidate improves on `y_min`, the best timing, by more than its model mean says
+        where the prior expects it faster."""
+        mean, sd = gp.predict(Xc)
+        ei = expected_improvement(mean, sd, (y_min - m_c - gp.mean) / gp.scale) * gp.scale
+        doubtful = p_ok < 0.5
+        if self.impute and hard and doubtful.any():
+            failed = [(h, None) for h in hard]
+            fidx = np.array([failed[k][0] for k in self._keep(failed, incumbent, TRAIN_MAX // 4)])
+            Xf = self.enc.features(fidx)
+            told_y = y_min + math.log10(self.impute) - prior(self.enc.flat(fidx))
+            told = GP(np.vstack([X, Xf]), np.concatenate([y, told_y]), gp.theta, fit=False)
+            if Xp is not None:  # in flight, as for the main model
+                told = told.with_points(Xp, told.predict(Xp)[0])
+            m2, s2 = told.predict(Xc[doubtful])
+            told_ei = expected_improvement(m2, s2, (y_min - m_c[doubtful] - told.mean) / told.scale)
+            ei[doubtful] = np.minimum(ei[doubtful], told_ei * told.scale)
+        return ei
+
+    def _steps(self, idx: np.ndarray, incumbent: Sequence[int]) -> np.ndarray:
+        """Steps from the incumbent, summed over params (`Encoding.step`)."""
+        return sum(self.enc.step(j, idx[:, j], int(incumbent[j])) for j in range(idx.shape[1]))
+
+    def _keep(self, rows: list, incumbent: Sequence[int], cap: int) -> list[int]:
+        """Positions of at most `cap` of `rows` ((index, log seconds or None)), in order: the
+        fastest half, then the nearest to the incumbent (failures, None, count as slowest).
+        Past a few dozen points, far and slow ones no longer change where the next config is
+        picked, and every point costs: O(n^3) to fit, O(candidates x n^2) to ask."""
+        if len(rows) <= cap:
+            return list(range(len(rows)))
+        order = sorted(range(len(rows)), key=lambda k: math.inf if rows[k][1] is None else rows[k][1])
+        keep = order[:cap // 2]
+        rest = np.array(order[cap // 2:])
+        dist = self._steps(np.array([rows[k][0] for k in rest]), incumbent)
+        keep += [int(k) for k in rest[np.argsort(dist, kind="stable")[:cap - len(keep)]]]
+        return sorted(keep)
+
+    def _near(self, cidx: np.ndarray, incumbent: tuple[int, ...], completed: np.ndarray) -> np.ndarray:
+        """decay ** (steps from the incumbent - 1); a completed move (`completed`: a mask) is one step."""
+        steps = np.where(completed, 1, self._steps(cidx, incumbent))
+        return self.decay ** np.maximum(steps - 1, 0)
+
+    def _cliffs_as_failures(self, done):
+        """A config far slower than an adjacent one (one param, one step apart) sits past a
+        cliff (spilled registers, collapsed occupancy): a different regime that a smooth model
+        should not average in. It is modelled as a failure instead."""
+        ok = [(k, np.array(i), y) for k, (i, y) in enumerate(done) if y is not None]
+        if len(ok) < 2:
+            return done
+        A = np.array([i for _, i, _ in ok])
+        y = np.array([v for _, _, v in ok])
+        diff = np.zeros((len(A), len(A)), dtype=np.int64)
+        step = np.zeros((len(A), len(A)), dtype=np.int64)
+        for j in range(A.shape[1]):
+            d = self.enc.step(j, A[:, None, j], A[None, :, j])
+            diff += d > 0
+            step = np.maximum(step, d)
+        adjacent = (diff == 1) & (step == 1)
+        lowest = np.where(adjacent, y[None, :], np.inf).min(1)
+        cut = math.log10(self.cliff)
+        out = list(done)
+        for n, (k, _, v) in enumerate(ok):
+            if v - lowest[n] > cut:
+                out[k] = (done[k][0], None)
+        return out
+
+    def _spread(self, Xc: np.ndarray, Xs: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
+        """Far from what was seen, but not pinned to the corners (maximin in a random subset)."""
+        noise = rng.random(len(Xc))
+        if Xs is None or len(Xs) == 0:
+            return noise
+        d = np.sqrt(sqdist(Xc, Xs, np.ones(Xc.shape[1]))).min(1)
+        keep = noise < min(1.0, 64.0 / len(Xc))
+        return np.where(keep, 1.0 + d, noise * 1e-3)
+
+    def _feasibility(self, cidx: np.ndarray, Xc: np.ndarray,
+                     done: list[tuple[tuple[int, ...], float | None]], hard: list) -> np.ndarray:
+        """P(a candidate works), from everything that failed (cliffs included):
+
+        * a kernel smoother over failures and successes, with the objective model's length
+          scales (capped) -- failures make their neighbourhood suspect;
+        * a logistic regression on the features (`classifier`) -- a resource limit is close to
+          a linear boundary in log-sized params, and the fit learns which params do not matter;
+          at most P(fail) 0.5 next to a config that worked with no failure next to it;
+        * dominance (`dominance`, real failures only, not cliffs): a config at least as large
+          as a failed one in every ordered param, with the same choices, probably fails too
+          (bytes and registers grow with sizes); trusted as far as the history bears it out.
+        """
+        label = np.array([1.0 if y is None else 0.0 for _, y in done])
+        if not label.any():
+            return np.ones(len(cidx))
+        X_all = self.enc.features(np.array([i for i, _ in done]))
+        ls = self._ls if self._ls is not None and len(self._ls) == self.enc.dim else np.full(self.enc.dim, 0.3)
+        prior = (label.sum() + 1.0) / (len(label) + 2.0)
+        p_fail = np.empty(len(Xc))
+        for lo in range(0, len(Xc), CHUNK):
+            w = matern(np.sqrt(sqdist(Xc[lo:lo + CHUNK], X_all, np.minimum(ls, 0.5))))
+            p_fail[lo:lo + CHUNK] = (w @ label + 0.5 * prior) / (w.sum(1) + 0.5)
+        if self.classifier:
+            p_log = _logistic(X_all, label, Xc, self.classifier)
+            # A boundary that the fit draws between a config that worked and its neighbour is
+            # a guess one evaluation settles, not a near-certain failure: a nearly separable
+            # history makes the fit sharp (recorded softmax: ONLINE=False failed at BLOCK_N
+            # 1024, worked at 4096, and the fit put every neighbour of the 4096 one, the
+            # optimum's region, at P(works) ~0; 11 of 40 seeds took over 100 evaluations).
+            # Unless a failure is next to it as well: along a wall that the history has found,
+            # every config that worked has a neighbour across it.
+            worked = np.array([i for i, y in done if y is not None])
+            failed = np.array([i for i, y in done if y is None])
+            sure = np.flatnonzero(p_log > 0.5)
+            if len(sure) and len(worked):
+                guess = self._adjacent(cidx[sure], worked)
+                if len(failed):
+                    guess &= ~self._adjacent(cidx[sure], failed)
+                p_log[sure[guess]] = 0.5
+            p_fail = np.maximum(p_fail, p_log)
+        if self.dominance and hard:
+            dom = self._dominates(cidx, np.array(hard))
+            if dom.any():
+                p_fail = np.where(dom, np.maximum(p_fail, self._dominance_trust(done, hard)), p_fail)
+        return np.clip(1.0 - p_fail, 0.0, 1.0)
+
+    def _adjacent(self, cidx: np.ndarray, others: np.ndarray) -> np.ndarray:
+        """Whether each of `cidx` is at most one step (`Encoding.step`) from one of `others`."""
+        steps = sum(self.enc.step(j, cidx[:, None, j], others[None, :, j]) for j in range(cidx.shape[1]))
+        return (steps <= 1).any(1)
+
+    def _dominates(self, cidx: np.ndarray, fails: np.ndarray) -> np.ndarray:
+        o = self.enc.ordered
+        out = np.zeros(len(cidx), dtype=bool)
+        for f in fails:
+            ge = (cidx[:, o] >= f[o]).all(1)
+            if self.dominance == "same-choices" and (~o).any():
+                ge &= (cidx[:, ~o] == f[~o]).all(1)
+            out |= ge
+        return out
+
+    def _dominance_trust(self, done, hard: list) -> float:
+        """How often a config that dominated an earlier failure failed too (smoothed)."""
+        A = np.array([i for i, _ in done])
+        hard_keys = {tuple(h) for h in hard}
+        failed = np.array([tuple(i) in hard_keys for i, _ in done])
+        o = self.enc.ordered
+        ge = (A[:, None, o] >= A[None, :, o]).all(-1)
+        if self.dominance == "same-choices" and (~o).any():
+            ge &= (A[:, None, ~o] == A[None, :, ~o]).all(-1)
+        earlier = np.tril(np.ones((len(A), len(A)), dtype=bool), -1)
+        dom = (ge & earlier & failed[None, :]).any(1)
+        hits, total = int((dom & failed).sum()), int(dom.sum())
+        return (hits + 4.0) / (total + 5.0)  # a prior of 4 in 5 before any evidence
+
+
+# ---- the Optuna sampler ----------------------------------------------------------------------
+
+def _optuna_sampler_base():
+    import optuna
+    return optuna.samplers.BaseSampler
+
+
+class GuidedSampler(_optuna_sampler_base()):
+    """`Proposer` behind Optuna's sampler interface, for the Searcher's ask/tell loop.
+
+    Reads the whole history from the study on every ask (so a resumed study continues where
+    it stood): COMPLETE trials with all constraints <= 0 are timings (their value is
+    log10 seconds), other COMPLETE trials are failures, RUNNING and WAITING ones are in
+    flight. Enqueued trials are left to Optuna. When every config has been seen it returns
+    nothing and Optuna falls back to random values, which the caller answers from its cache.
+    """
+
+    def __init__(self, space: Space, distributions: dict, encode: Callable, decode: Callable,
+                 seed: int | None = None, check: Callable[[Config], str | None] | None = None,
+                 **options: Any):
+        import optuna
+        self.space = space
+        self.proposer = Proposer(space, check, **options)
+        self._dists = distributions
+        self._encode, self._decode = encode, decode
+        self._seed = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+        self._fallback = optuna.samplers.RandomSampler(seed=self._seed)
+        self._complete: dict[int, tuple | None] = {}  # trial number -> (index, value) or None
+
+    def reseed_rng(self) -> None:
+        self._fallback.reseed_rng()
+
+    def infer_relative_search_space(self, study, trial) -> dict:
+        return dict(self._dists)
+
+    def sample_relative(self, study, trial, search_space: dict) -> dict:
+        import optuna
+        if not search_space or trial.system_attrs.get("fixed_params"):
+            return {}
+        TS = optuna.trial.TrialState
+        done: list[tuple[tuple[int, ...], float | None]] = []
+        pending: list[tuple[int, ...]] = []
+        for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+            if t.number == trial.number:
+                continue
+            if t.number in self._complete:  # a finished trial never changes: decoded once
+                if self._complete[t.number] is not None:
+                    done.append(self._complete[t.number])
+                continue
+            if t.state == TS.WAITING:
+                params = t.system_attrs.get("fixed_params") or {}
+            elif t.state in (TS.COMPLETE, TS.RUNNING):
+                params = t.params
+            else:
+                continue
+            try:
+                idx = self.proposer.enc.index(self._decode(self.space, params))
+            except (KeyError, IndexError, ValueError, TypeError):
+                idx = None
+            if t.state == TS.COMPLETE:
+                feasible = all(v <= 0.0 for v in t.constraints.values()) and t.value is not None
+                self._complete[t.number] = None if idx is None else (idx, float(t.value) if feasible else None)
+                if idx is not None:
+                    done.append(self._complete[t.number])
+            elif idx is not None:
+                pending.append(idx)
+        rng = np.random.default_rng([self._seed, trial.number])
+        idx = self.proposer.propose(done, pending, rng)
+        if idx is None:
+            return {}
+        return {k: v for k, v in self._encode(self.space, self.proposer.enc.config(idx)).items()
+                if k in search_space}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return self._fallback.sample_independent(study, trial, param_name, param_distribution)
