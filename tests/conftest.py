@@ -31,16 +31,16 @@ def fast_settings(tmp_path, cache_dir):
 
 @pytest.fixture
 def priors_given(monkeypatch) -> list:
-    """The `prior` each guided Proposer made from now on was given (one entry per Proposer)."""
+    """The `prior` each guided GuidedSearch made from now on was given (one entry per GuidedSearch)."""
     from tuner.search import guided as strategy
     given: list = []
-    init = strategy.Proposer.__init__
+    init = strategy.GuidedSearch.__init__
 
     def spy(self, *args, **kw):
         given.append(kw.get("prior", ()))
         init(self, *args, **kw)
 
-    monkeypatch.setattr(strategy.Proposer, "__init__", spy)
+    monkeypatch.setattr(strategy.GuidedSearch, "__init__", spy)
     return given
 
 

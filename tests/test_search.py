@@ -22,7 +22,7 @@ from tuner.search import guided as strategy
 from tuner.search.encoding import Encoding
 from tuner.search.searcher import PENALTY, SAMPLERS, Searcher, decode, distributions, encode
 from tuner.core.space import Rule, parse_space
-from tuner.search.guided import ENUMERATE_MAX, FIT_MAX, Proposer
+from tuner.search.guided import ENUMERATE_MAX, FIT_MAX, GuidedSearch
 from tuner.run.tune import run_search
 from tuner.core.values import Build, Config, Measurement, Record, Status
 from tests.conftest import FIXTURES
@@ -70,7 +70,7 @@ def test_encoding_reads_a_0_before_a_geometric_run_as_an_off_switch():
     assert feats(0)[1] > 0 and feats(1)[1] == feats(8)[1] == 0
     assert feats(2)[0] - feats(1)[0] == pytest.approx(feats(4)[0] - feats(2)[0])
     # Switching it off is one step from anywhere (the trust region's distance).
-    prop = Proposer(space)
+    prop = GuidedSearch(space)
     at8 = enc.index(Config.of({"P": 8, "Q": 2, "R": 2}))
     to = np.array([enc.index(Config.of({"P": p, "Q": 2, "R": 2})) for p in (0, 1, 4)])
     assert list(prop._steps(to, at8)) == [1, 3, 1]
@@ -250,7 +250,7 @@ def test_a_space_too_large_to_score_whole_is_searched_at_a_bounded_cost(monkeypa
     neighbourhoods, and the GP is fitted on at most FIT_MAX points: the ask stays cheap, and
     the local search still walks down a bowl in a 262k-config space."""
     space = parse_space("params:\n" + "".join(f"  {p}: {{range: [0, 7]}}\n" for p in "ABCDEF"))
-    prop = Proposer(space)
+    prop = GuidedSearch(space)
     assert prop.enc.size > ENUMERATE_MAX
     target = np.array([3, 4, 2, 5, 1, 6])
 
@@ -349,7 +349,7 @@ def test_a_prior_from_a_short_guided_run_starts_with_its_coverage_as_weight():
                                      sampler_options={"prior": [source]})
         e3.append(trace.evaluations_to(0.03))
     assert statistics.median(e3) <= 7, e3
-    p = Proposer(land.space, replay.ReplayEvaluator(land).check, prior=[source])
+    p = GuidedSearch(land.space, replay.ReplayEvaluator(land).check, prior=[source])
     assert p._prior.coverage(p._valid) < 0.01
 
 
@@ -361,7 +361,7 @@ def test_a_config_no_source_measured_takes_its_nearest_measured_neighbours_value
               for (b, w), t in {(1, 1): 4.0, (2, 1): 2.0, (4, 1): 1.0, (8, 1): 1.0,
                                 (1, 2): 4.0, (2, 2): 2.0, (4, 2): 2.0, (8, 2): 1.25}.items()}
     source[Config.of({"BLOCK": 1, "W": 4})] = None  # failed: as slow as the clip
-    p = Proposer(space, prior=[source])
+    p = GuidedSearch(space, prior=[source])
     enc = p.enc
 
     def at(block, w):
@@ -372,7 +372,7 @@ def test_a_config_no_source_measured_takes_its_nearest_measured_neighbours_value
     assert at(32, 1) == at(8, 1) and at(16, 2) == at(8, 2)  # nearest along BLOCK
     assert at(2, 4) == pytest.approx(math.log10(2.0))  # W 4 measured only at BLOCK 1: nearest along W
     assert p._prior.coverage(p._valid) == pytest.approx(9 / 18)
-    full = Proposer(space, prior=[{Config.of({"BLOCK": b, "W": w}): 1.0 for b in (1, 2, 4, 8, 16, 32)
+    full = GuidedSearch(space, prior=[{Config.of({"BLOCK": b, "W": w}): 1.0 for b in (1, 2, 4, 8, 16, 32)
                                    for w in (1, 2, 4)}])
     assert full._prior.coverage(full._valid) == 1.0
 
@@ -445,7 +445,7 @@ def test_a_move_past_a_spill_cliff_is_rescued_by_one_more_step():
             dict(BM=128, BN=256, BK=64, GM=1, num_stages=3, num_warps=4)]
     asked = {}
     for rescue in (2, 0):
-        p = Proposer(land.space, rescue=rescue)
+        p = GuidedSearch(land.space, rescue=rescue)
         done = [(p.enc.index(c), math.log10(land.lookup(Config.of(c)).seconds)) for c in path]
         asked[rescue] = []
         for k in range(2):
@@ -472,7 +472,7 @@ def test_a_completed_move_is_worth_what_the_move_promised():
     target = dict(path[1], BLOCK_M=128, num_warps=8)
     asked = {}
     for promise in (True, False):
-        p = Proposer(space, ev.check, promise=promise,
+        p = GuidedSearch(space, ev.check, promise=promise,
                      repair=lambda c, keep=(): space.repair(c, ev.context, ev.limits, 30, keep))
         done = [(p.enc.index(c), math.log10(land.lookup(Config.of(c)).seconds)) for c in path]
         asked[promise] = [p.enc.config(p.propose(done, [], np.random.default_rng(k))).as_dict()
@@ -502,7 +502,7 @@ def test_the_neighbours_of_a_config_that_worked_are_not_written_off():
     kernels instead (seed 1: 167 evaluations to within 3 %; 11 of 40 seeds over 100)."""
     land = landscapes.load_cached(ROOT / "bench" / "landscapes" / "softmax-4096x4096-bf16-h200")
     names = ("ONLINE", "BLOCK_N", "ROWS", "num_warps", "num_stages", "PROGS_PER_SM", "LOOP_STAGES", "EVICT_FIRST")
-    p = Proposer(land.space)
+    p = GuidedSearch(land.space)
     path = [{n: bool(v) if n in ("ONLINE", "EVICT_FIRST") else v for n, v in zip(names, row)} for row in SOFTMAX_PATH]
     done = []
     for c in path:
@@ -519,7 +519,7 @@ def test_the_neighbours_of_a_config_that_worked_are_not_written_off():
 
 
 def test_rescues_are_of_cliffs_through_ordered_params_two_at_most():
-    p = Proposer(replay.synthetic("smooth", 0).space)  # TA TB TK W ordered, ORDER VEC not
+    p = GuidedSearch(replay.synthetic("smooth", 0).space)  # TA TB TK W ordered, ORDER VEC not
     names = [q.name for q in p.enc.params]
     inc = np.array([2, 2, 1, 1, 0, 0])
     cliff = inc.copy()
@@ -535,7 +535,7 @@ def test_rescues_are_of_cliffs_through_ordered_params_two_at_most():
 
 
 def test_parallel_asks_on_one_history_take_turns_leaving_the_trust_region():
-    p = Proposer(replay.synthetic("smooth", 0).space)
+    p = GuidedSearch(replay.synthetic("smooth", 0).space)
     ok = [((0,) * 6, -5.0)] + [((0,) * 6, -4.0)] * 3  # three timings since the best
     assert [p._stalled(ok, k) for k in range(4)] == [True, False, False, True]
 
@@ -544,7 +544,7 @@ def test_scores_equal_but_for_rounding_are_ties_that_the_rng_breaks():
     """Symmetric moves score the same in exact arithmetic; which BLAS kernel computed them
     (CPU, library version) decides their last bits. Before the tie-break, the recorded matmul
     2048x8192x1024's median went 8.5 -> 42 evaluations between two OpenBLAS kernels."""
-    p = Proposer(replay.synthetic("smooth", 0).space)
+    p = GuidedSearch(replay.synthetic("smooth", 0).space)
     flat = np.array([3, 7])
     picks = {p._pick(flat, np.array([1.0, 1.0 + 4e-16]), np.random.default_rng(s)) for s in range(20)}
     assert picks == {3, 7}

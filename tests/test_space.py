@@ -158,13 +158,13 @@ def test_promising_configs_are_completed_repaired_at_this_shape_and_kept_in_the_
                            "  - {BLOCK: 256, ROWS: 2}\n", "good.yaml")
     ctx = {"M": 8, "N": 100, "DTYPE_BYTES": 4, "CORES": 2}
     notes: list[str] = []
-    hunches = s.hunches(ctx, notes=notes)
+    promising = s.promising_configs(ctx, notes=notes)
     assert notes == [f"promising config 2 (BLOCK=16 ONLINE=False) is rejected at this shape (constraint "
-                     f"failed: ONLINE or BLOCK >= N): trying the nearest valid config, {hunches[1]}"]
-    assert hunches[0] == Config.of({**s.default_config().as_dict(), "BLOCK": 256})
+                     f"failed: ONLINE or BLOCK >= N): trying the nearest valid config, {promising[1]}"]
+    assert promising[0] == Config.of({**s.default_config().as_dict(), "BLOCK": 256})
     # BLOCK 16 not online breaks `ONLINE or BLOCK >= N`: repaired by one param, the smallest move
-    assert len(hunches) == 2 and s.check(hunches[1], ctx) is None
-    assert hunches[1] != Config.of({**s.default_config().as_dict(), "BLOCK": 16, "ONLINE": False})
+    assert len(promising) == 2 and s.check(promising[1], ctx) is None
+    assert promising[1] != Config.of({**s.default_config().as_dict(), "BLOCK": 16, "ONLINE": False})
     from tuner.core.space import Space
-    assert Space.from_json(s.to_json()).hunches(ctx) == hunches
-    assert parse_space(GOOD).hunches(ctx) == []
+    assert Space.from_json(s.to_json()).promising_configs(ctx) == promising
+    assert parse_space(GOOD).promising_configs(ctx) == []

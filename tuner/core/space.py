@@ -180,8 +180,8 @@ class Space:
         near = self.repair(default, context, limits)
         return [default] + ([near] if near is not None else [])
 
-    def hunches(self, context: dict[str, Any], limits: dict[str, float] | None = None,
-                notes: list[str] | None = None) -> list[Config]:
+    def promising_configs(self, context: dict[str, Any], limits: dict[str, float] | None = None,
+                          notes: list[str] | None = None) -> list[Config]:
         """The `promising` configs at this shape: each one the formulas reject replaced by the
         nearest config they accept (`repair`), and dropped when there is none; `notes` gets a
         line for each one replaced or dropped, and why."""
@@ -206,7 +206,7 @@ class Space:
         move helps. For a default that the constraints reject at this shape, so the search
         starts next to what the space's author meant, not at random in a space that may be
         mostly invalid; with `keep`, to complete a move the constraints reject (see
-        `strategy.Proposer`)."""
+        `guided.GuidedSearch`)."""
         current = config.as_dict()
         v = self.violation(config, context, limits)
         for _ in range(max_steps):

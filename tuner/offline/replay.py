@@ -26,6 +26,8 @@ from typing import Iterable
 from tuner.core.landscape import (Landscape, LandscapeError, Outcome, load, load_cached, shapes,
                                   skeleton_files)
 from tuner.core.space import Param, Space
+from tuner.run.tune import run_search
+from tuner.search.searcher import prepare_searcher
 from tuner.core.values import Build, Config, Measurement, Record, Status
 # ---- in-process replay through run_search -------------------------------------------------
 
@@ -105,20 +107,10 @@ def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, 
     """Run `tune.run_search` with a fresh Searcher against the landscape, as `tune.execute`
     would (the space's default first, then `seeds`). `stop_within`: stop at the first config
     within that fraction of the optimum (the budget still caps it)."""
-    from tuner.search.searcher import Searcher
-    from tuner.run.tune import run_search
-
     t0 = time.monotonic()
     ev = ReplayEvaluator(landscape)
-    space = landscape.space
-    if sampler == "guided":  # as tune.execute: the guided sampler repairs under the formulas
-        options = dict(searcher_options.get("sampler_options") or {})
-        options.setdefault("repair", lambda c, keep=(): space.repair(c, ev.context, ev.limits, 30, keep))
-        searcher_options = {**searcher_options, "sampler_options": options}
-    searcher = Searcher(space, sampler, seed, check=ev.check, **searcher_options)
-    for config in (*space.starts(ev.context, ev.limits), *seeds, *space.hunches(ev.context, ev.limits)):
-        if space.contains(config):
-            searcher.enqueue(config)
+    searcher = prepare_searcher(landscape.space, sampler, seed, ev.check, ev.context, ev.limits, seeds,
+                                **searcher_options)
     store = MemoryStore()
     cut = None if stop_within is None else landscape.best_s * (1 + stop_within)
     if cut is not None:

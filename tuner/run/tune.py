@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from tuner.exec.evaluate import Evaluator
 from tuner.core.ops import ceiling, load_op
-from tuner.search.searcher import STALL_GAIN, Searcher
+from tuner.search.searcher import STALL_GAIN, Searcher, prepare_searcher
 from tuner.core.settings import Settings
 from tuner.core.skeleton import Skeleton
 from tuner.run.report import Progress
@@ -392,25 +392,13 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         # Run dirs / landscapes of the same space measured elsewhere: their best first, and
         # for the guided sampler their timings as its prior.
         warm, prior = _related(meta, skeleton.space, view)
-        options = None
-        if meta.sampler == "guided":
-            # It repairs candidates when a space's constraints reject nearly all, and
-            # completes a one-step move they reject (keeping the moved param).
-            options = {"repair": lambda c, keep=(): skeleton.space.repair(c, evaluator.context, evaluator.limits,
-                                                                          30, keep),
-                       "prior": prior}
-        searcher = Searcher(skeleton.space, meta.sampler, meta.seed, meta.storage,
-                            study_name=meta.study_name, check=evaluator.check,
-                            patience=meta.patience, sampler_options=options)
-        starts = skeleton.space.starts(evaluator.context, evaluator.limits)
         notes: list[str] = []
-        hunches = skeleton.space.hunches(evaluator.context, evaluator.limits, notes)
+        searcher = prepare_searcher(skeleton.space, meta.sampler, meta.seed, evaluator.check,
+                                    evaluator.context, evaluator.limits, (*seeds, *warm), notes,
+                                    {"prior": prior} if meta.sampler == "guided" else None,
+                                    storage=meta.storage, study_name=meta.study_name, patience=meta.patience)
         for line in notes if not store.records() else ():  # said once, not again on a resume
             view.note(line)
-        for config in (*starts, *seeds, *warm, *hunches):
-            config = skeleton.space.complete(config)  # a param added since: its default
-            if config is not None:
-                searcher.enqueue(config)
         if not store.records():
             refuse_empty_space(skeleton, evaluator.check)
         view.note(f"measuring the device and the reference on {meta.backend}…")

@@ -56,7 +56,7 @@ def any_passed(sources: Iterable[str]) -> bool:
 
 
 def warm_timings(sources: Iterable[str], space: Space) -> tuple[dict[Config, float | None], ...]:
-    """What each warm-start source measured, for the guided searcher's prior (`Proposer`'s
+    """What each warm-start source measured, for the guided searcher's prior (`GuidedSearch`'s
     `prior`): config (a point of `space`) -> seconds, None where it failed. Configs a source's
     formulas rejected (never run) are left out; a JSON list of configs has no timings and
     gives nothing."""

@@ -102,13 +102,14 @@ def _logistic(X: np.ndarray, label: np.ndarray, Xc: np.ndarray, l2: float) -> np
     return 1.0 / (1.0 + np.exp(-np.clip(Ac @ w, -30, 30)))
 
 
-# ---- the proposer --------------------------------------------------------------------------------
+# ---- the search --------------------------------------------------------------------------------
 
-class Proposer:
+class GuidedSearch:
     """Chooses the next config from the history. Pure: same history and rng, same answer.
 
     Options (the defaults are what bench/search_efficiency.py measured best across recorded
-    and generated landscapes):
+    and generated landscapes; the measurements behind each are in bench/RESULTS.md, "The
+    guided search's options"):
 
     * `n_startup`: timings needed before the model is used (the caller's enqueued default
       config is the first); before that, candidates near the best so far, in random order.
@@ -119,54 +120,33 @@ class Proposer:
     * `decay`: the acquisition of a config k steps (index moves, one per changed choice) from
       the best so far is weighted by decay**(k - 1): a soft trust region around the incumbent
       that gives way when nothing near it looks promising any more.
-    * `classifier`: L2 weight of the logistic failure model (None: only the kernel smoother).
-      Weak (0.03), so that a boundary the history separates cleanly is learned sharply: at
-      1.0 a config across a resource limit still read P(fail) ~0.4 after a dozen failures
-      along it, about as much as the configs that worked. So sharp, it also wrote off every
-      neighbour of a config that worked (recorded softmax 4096x4096: 11 of 40 seeds over 100
-      evaluations); it says at most P(fail) 0.5 next to one with no failure next to it
-      (40 of 40 within 100).
+    * `classifier`: L2 weight of the logistic failure model (None: only the kernel smoother);
+      weak, so that a boundary the history separates cleanly is learned sharply. It says at
+      most P(fail) 0.5 next to a config that worked with no failure next to it.
     * `dominance`: extend hard failures to every config at least as large (see `_feasibility`).
     * `impute`: for candidates with P(works) < 0.5, expected improvement is also taken from
       the objective model told the hard failures as this factor slower than the best, and
       the lower figure counts (see `_improvement`); None: off. Failures are not told to the
-      model that scores the rest: told everywhere, they taught it that the params leading
-      to a resource limit make things slower, so it did not take the step along the limit
-      to the optimum (synthetic cliffs: median 24 evaluations, some seeds over 100).
-      Cliffs never enter the objective model: the fast configs often sit right next to one.
+      model that scores the rest, and cliffs never enter the objective model: the fast
+      configs often sit right next to one.
     * `explore`, `explore_every`: after `explore` timings without a new best, every
       `explore_every`-th ask scores the whole space without the trust region (None: never).
     * `repair`: (config, keep=()) -> a valid config near it that leaves the params named in
       `keep` as they are, or None (`Space.repair` under the run's sizes and limits). When no
-      candidate passes `check` (a space whose constraints leave a tiny valid share, as
-      model-written spaces can), the best few are repaired instead. And a one-step move
-      from the incumbent that the formulas reject is *completed*: the nearest valid config
-      with the moved param at its new value counts as one step away, however many other
-      params it had to change. Constraints couple params (a looped kernel needs BLOCK_N < N,
-      a whole-row one BLOCK_N >= N): without this, switching LOOPED took three trust-region
-      steps, and on a grid-recorded rmsnorm the search stayed on the looped plateau.
+      candidate passes `check`, the best few are repaired instead; and a one-step move from
+      the incumbent that the formulas reject is *completed*: the nearest valid config with
+      the moved param at its new value counts as one step away, however many other params it
+      had to change (constraints couple params).
     * `promise`: a completed or rescued move (see the module notes) is worth at least the
-      expected improvement of the move it fixes up (False: only its own). Medians of 20 seeds
-      to within 3 %: recorded attention 4x32x4096x128 19 -> 5 (BLOCK_M 128 needs 8 warps, and
-      8 warps had measured slow at BLOCK_M 64), matmul 4096^3 (rescues) 24 -> 19,
-      cross_entropy 4096x32000 55.5 -> 48 (but 17 of 20 seeds within 100, not 19: more probes
-      of completed ROWS and num_warps moves before PROGS_PER_SM 0).
+      expected improvement of the move it fixes up (False: only its own).
     * `prior`: timings of the same space measured elsewhere (another shape, device or
       earlier run; `tuner tune --warm-start`, `tuner retune`): mappings config -> seconds
       (None: failed), one per source. The objective model is then of the difference from
-      them (`tuner.search.prior`). `prior_weight` x the sources' coverage is where their weight
-      starts before the timings fit it: 0.5 and 0.25 were within a few evaluations of each
-      other on the recorded landscapes but for matmul 16x14336x4096 (18 and 13; the best
-      config of the other shapes alone: 14); near 1, shapes whose optimum moved lost
-      (rmsnorm 4096x1024 from 16384x2048: 5 -> 23).
+      them (`tuner.search.prior`); `prior_weight` x the sources' coverage is where their
+      weight starts before the timings fit it.
     * `rescue`: rescues tried at most per cliff next to the incumbent (see the module notes;
-      0: off). Recorded matmul at 4096^3: 25 -> 19 evaluations to within 3 % (median of 20
-      seeds). Without a cap (18), a move no rescue can save (BM 256 BN 256 spills even at 8
-      warps, the most this space has) took six more evaluations from a warm start; with 1,
-      a rescue that had to be the second one was never tried (21). Only ordered params
-      rescue (resources grow with sizes; rescues through an unordered choice were wasted
-      evaluations on the generated cliff landscapes), and only cliffs, not hard failures
-      (left to the failure model, which learns which way is feasible).
+      0: off). Only ordered params rescue, and only cliffs, not hard failures (left to the
+      failure model, which learns which way is feasible).
     """
 
     def __init__(self, space: Space, check: Callable[[Config], str | None] | None = None,
@@ -589,7 +569,7 @@ def _optuna_sampler_base():
 
 
 class GuidedSampler(_optuna_sampler_base()):
-    """`Proposer` behind Optuna's sampler interface, for the Searcher's ask/tell loop.
+    """`GuidedSearch` behind Optuna's sampler interface, for the Searcher's ask/tell loop.
 
     Reads the whole history from the study on every ask (so a resumed study continues where
     it stood): COMPLETE trials with all constraints <= 0 are timings (their value is
@@ -603,7 +583,7 @@ class GuidedSampler(_optuna_sampler_base()):
                  **options: Any):
         import optuna
         self.space = space
-        self.proposer = Proposer(space, check, **options)
+        self.search = GuidedSearch(space, check, **options)
         self._dists = distributions
         self._encode, self._decode = encode, decode
         self._seed = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**31)
@@ -637,7 +617,7 @@ class GuidedSampler(_optuna_sampler_base()):
             else:
                 continue
             try:
-                idx = self.proposer.enc.index(self._decode(self.space, params))
+                idx = self.search.enc.index(self._decode(self.space, params))
             except (KeyError, IndexError, ValueError, TypeError):
                 idx = None
             if t.state == TS.COMPLETE:
@@ -648,10 +628,10 @@ class GuidedSampler(_optuna_sampler_base()):
             elif idx is not None:
                 pending.append(idx)
         rng = np.random.default_rng([self._seed, trial.number])
-        idx = self.proposer.propose(done, pending, rng)
+        idx = self.search.propose(done, pending, rng)
         if idx is None:
             return {}
-        return {k: v for k, v in self._encode(self.space, self.proposer.enc.config(idx)).items()
+        return {k: v for k, v in self._encode(self.space, self.search.enc.config(idx)).items()
                 if k in search_space}
 
     def sample_independent(self, study, trial, param_name, param_distribution):

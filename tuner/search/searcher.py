@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
+from typing import Any, Iterable
 
 import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
@@ -162,7 +162,7 @@ class Searcher:
         """`check(config) -> reason or None`: the space's formulas under the run's sizes and
         limits (what the evaluator rejects as INVALID). `patience`: see `stalled`.
         `encoding`: "ordinal" (the default) or "categorical" (for benchmarks).
-        `sampler_options`: keyword options of the guided sampler (`strategy.Proposer`)."""
+        `sampler_options`: keyword options of the guided sampler (`guided.GuidedSearch`)."""
         self.space = space
         self.encoding = encoding
         self.dists = distributions(space, encoding)
@@ -263,3 +263,30 @@ class Searcher:
             except (KeyError, IndexError, ValueError):
                 out.append((t.number, Config.of({})))
         return out
+
+
+def prepare_searcher(space: Space, sampler: str, seed: int | None, check, context: dict[str, Any],
+                     limits: dict[str, float] | None, first: Iterable[Config] = (),
+                     notes: list[str] | None = None, sampler_options: dict | None = None,
+                     **searcher_options: Any) -> Searcher:
+    """The Searcher a search starts from, the same for a run (`tune.execute`) and an offline
+    replay (`offline.replay.replay_search`), so that replayed figures are what a run would do.
+
+    Configs are queued to be tried first, in this order: where the space starts (its default,
+    or the nearest config the formulas accept at this shape), `first` (a resume's seeds, warm
+    starts, a proposer's picks), then the space's `promising:` configs (`notes` gets a line for
+    each one the formulas reject here). Each is completed with the space's defaults for params
+    it lacks; one that is not a point of the space is left out. The guided sampler repairs its
+    candidates under the formulas at this shape (`Space.repair`) unless `sampler_options`
+    brings its own `repair`."""
+    if sampler == "guided":
+        options = dict(sampler_options or {})
+        options.setdefault("repair", lambda c, keep=(): space.repair(c, context, limits, 30, keep))
+        sampler_options = options
+    searcher = Searcher(space, sampler, seed, check=check, sampler_options=sampler_options,
+                        **searcher_options)
+    for config in (*space.starts(context, limits), *first, *space.promising_configs(context, limits, notes)):
+        config = space.complete(config)
+        if config is not None:
+            searcher.enqueue(config)
+    return searcher
