@@ -32,12 +32,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_bench import matmul202  # noqa: E402
 from tuner.core.settings import Settings  # noqa: E402
+from tuner.core.values import OpSpec  # noqa: E402
 
 
 def _compile(job):
     from tuner.backends.cuda import CudaBackend
     source, workdir, cache_dir, op_json = job
-    return CudaBackend(0, cache_dir=cache_dir, op=op_json).compile(source, workdir, 300)
+    return CudaBackend(0, cache_dir=cache_dir, op=op_json).compile(source, OpSpec.from_json(op_json), workdir, 300)
 
 
 def _hog():

@@ -13,7 +13,10 @@ import pytest
 
 from tuner.backends.cuda import CudaBackend
 from tuner.codecheck import Forbidden, require_clean
+from tuner.core.ops import builtin_spec
 from tuner.core.values import Status
+
+SPEC = builtin_spec("softmax", "8x64")  # what the compiles below are for
 
 GOOD = '''
 import math
@@ -78,10 +81,10 @@ def test_forbidden_modules_are_rejected(change, words):
 def test_a_forbidden_module_is_a_compile_error_and_never_runs(tmp_path):
     marker = tmp_path / "ran"
     source = GOOD.replace("SCALE = 2.0", f"SCALE = open({str(marker)!r}, 'w')")
-    build = CudaBackend(0, interpret=True).compile(source, str(tmp_path / "b" / "k"), 30)
+    build = CudaBackend(0, interpret=True).compile(source, SPEC, str(tmp_path / "b" / "k"), 30)
     assert build.status is Status.COMPILE_ERROR and build.error.startswith("forbidden:")
     assert not marker.exists()
-    garbage = CudaBackend(0, interpret=True).compile("def launch(:", str(tmp_path / "c" / "k"), 30)
+    garbage = CudaBackend(0, interpret=True).compile("def launch(:", SPEC, str(tmp_path / "c" / "k"), 30)
     assert garbage.status is Status.COMPILE_ERROR and "SyntaxError" in garbage.error
 
 
@@ -276,7 +279,7 @@ def stray_store_verdicts(workdir: str, interpret: bool) -> dict[bool, str | None
     op = load_op(spec)
     verdicts = {}
     for masked in (True, False):
-        build = backend.compile(f"MASKED = {masked}\n" + STRAY_STORE, f"{workdir}/{masked}/k", 120)
+        build = backend.compile(f"MASKED = {masked}\n" + STRAY_STORE, spec, f"{workdir}/{masked}/k", 120)
         assert build.status is Status.OK, build.error
         ref = _reference(op, 7, backend.data_device())
         why, _, _ = check(backend, backend.load(build.artifact, op), op, 7, ref)

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from tuner.cli.main import main
+from tuner.core.ops import builtin_spec
 from tuner.core.space import SpaceError, parse_space
 from tuner.run.store import Store, StoreError
 from tests.conftest import FIXTURES
@@ -125,8 +126,8 @@ def test_null_script_with_a_zero_time_is_a_compile_error(tmp_path):
     from tuner.backends.null import NullBackend
     from tuner.core.values import Status
     b = NullBackend()
-    assert b.compile("time: 0\n", str(tmp_path), 1.0).status is Status.COMPILE_ERROR
-    assert b.compile("time: nan\n", str(tmp_path), 1.0).status is Status.COMPILE_ERROR
+    assert b.compile("time: 0\n", builtin_spec("softmax", "8x16"), str(tmp_path), 1.0).status is Status.COMPILE_ERROR
+    assert b.compile("time: nan\n", builtin_spec("softmax", "8x16"), str(tmp_path), 1.0).status is Status.COMPILE_ERROR
 
 
 # ---- damaged run directories --------------------------------------------------------------

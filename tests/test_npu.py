@@ -255,7 +255,7 @@ def interpret_all(workdir: str) -> None:
             configs, missing = sample_configs(skeleton, ctx, backend.limits(), extra=0, tries=3000)
             assert not missing, f"{op_name}: no valid config takes {missing}"
             for i, config in enumerate(configs):
-                build = backend.compile(skeleton.render(config, ctx), f"{workdir}/{op_name}-{dtype}-{i}/k", 60)
+                build = backend.compile(skeleton.render(config, ctx), spec, f"{workdir}/{op_name}-{dtype}-{i}/k", 60)
                 assert build.status is Status.OK, (op_name, str(config), build.error)
                 assert "multibuffer" not in Path(build.artifact).read_text()
                 kernel = backend.load(build.artifact, op)
@@ -281,10 +281,10 @@ def test_artifacts_keep_what_an_npu_would_compile(tmp_path):
     sk = library_skeleton("swiglu", "triton_ascend")
     op = load_op(spec)
     source = sk.render(sk.space.default_config(), {**render_context(op), **b.render_context(op)})
-    build = b.compile(source, str(tmp_path / "k"), 10)
+    build = b.compile(source, spec, str(tmp_path / "k"), 10)
     assert build.status is Status.OK
     assert (tmp_path / "k" / "kernel.ascend.py").read_text() == source
-    bad = b.compile(source.replace("multibuffer=", "multibufer="), str(tmp_path / "k2"), 10)
+    bad = b.compile(source.replace("multibuffer=", "multibufer="), spec, str(tmp_path / "k2"), 10)
     assert bad.status is Status.COMPILE_ERROR and "KeyError" in bad.error
     assert json.loads(json.dumps(build.to_json()))["status"] == "OK"
 

@@ -16,8 +16,11 @@ from tuner.offline import replay
 from tuner.backends import get_backend
 from tuner.cli.main import main
 from tuner.run.store import Store
+from tuner.core.ops import builtin_spec
 from tuner.core.values import Config, Status
 from tests.conftest import FIXTURES
+
+SPEC = builtin_spec("matmul", "2048x8192x1024")  # the op the replayed compiles are for
 
 LAND = FIXTURES / "landscapes"
 MATMUL = LAND / "matmul_h200.json"
@@ -65,17 +68,17 @@ def test_replay_backend_answers_from_the_landscape(tmp_path):
     def script(config):
         return f"landscape: {MATMUL}\nshape: 2048x8192x1024\nconfig: {json.dumps(config.as_dict())}\n"
 
-    build = b.compile(script(best), str(tmp_path / "a"), 10)
+    build = b.compile(script(best), SPEC, str(tmp_path / "a"), 10)
     assert build.status is Status.OK and build.binary_hash
     kernel = b.load(build.artifact, _op())
     assert kernel.seconds == pytest.approx(land.best_s)
-    build = b.compile(script(overflow), str(tmp_path / "b"), 10)
+    build = b.compile(script(overflow), SPEC, str(tmp_path / "b"), 10)
     kernel = b.load(build.artifact, _op())
     with pytest.raises(RuntimeError, match="shared memory"):
         kernel([])
-    missing = b.compile(script(Config.of({**best.as_dict(), "GM": 4})), str(tmp_path / "c"), 10)
+    missing = b.compile(script(Config.of({**best.as_dict(), "GM": 4})), SPEC, str(tmp_path / "c"), 10)
     assert missing.status is Status.COMPILE_ERROR and "no record" in missing.error
-    assert b.compile("garbage", str(tmp_path / "d"), 10).status is Status.COMPILE_ERROR
+    assert b.compile("garbage", SPEC, str(tmp_path / "d"), 10).status is Status.COMPILE_ERROR
 
 
 def _op():

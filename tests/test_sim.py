@@ -131,38 +131,41 @@ def _ctx(op_name, shape, dtype, chip="910B2"):
 
 def test_compile_fails_like_the_compiler_on_ub_overflow(tmp_path):
     sim, sk, ctx = _ctx("swiglu", "8192x8192", "bf16")
+    spec = builtin_spec("swiglu", "8192x8192", "bf16")
     cfg = Config.of({"BLOCK": 8192, "PROGS_PER_CORE": 1, "multibuffer": True})
     res = sk.space.evaluate_resources(cfg, ctx)
     assert "ub_bytes" in (sk.space.check(cfg, ctx, sim.limits()) or "")  # never reaches a compiler
-    build = sim.compile(sk.render(cfg, ctx), str(tmp_path / "a"), 10)  # ... unless forced
+    build = sim.compile(sk.render(cfg, ctx), spec, str(tmp_path / "a"), 10)  # ... unless forced
     assert build.status is Status.COMPILE_ERROR
     ub = parse_ub_overflow(build.error)
     assert ub.required_bits == res["ub_bytes"] * 8 and ub.available_bits == 1572864
-    single = sim.compile(sk.render(cfg.__class__.of({**cfg.as_dict(), "multibuffer": False}), ctx),
+    single = sim.compile(sk.render(cfg.__class__.of({**cfg.as_dict(), "multibuffer": False}), ctx), spec,
                          str(tmp_path / "b"), 10)
     assert single.status is Status.OK  # multibuffer doubled the buffers past UB
 
 
 def test_compile_checks_the_description(tmp_path):
     sim, sk, ctx = _ctx("swiglu", "1024x1024", "fp32")
+    spec = builtin_spec("swiglu", "1024x1024", "fp32")
     src = sk.render(sk.space.default_config(), ctx)
-    assert sim.compile(src, str(tmp_path / "ok"), 10).status is Status.OK
+    assert sim.compile(src, spec, str(tmp_path / "ok"), 10).status is Status.OK
     cases = {"no ASCEND_COST": src.replace("ASCEND_COST", "OTHER_NAME"),
              "unknown key": src.replace('("tiles"', '("tilez"'),
              "programs=": re.sub(r'\("programs", (\d+)\)', lambda m: f'("programs", {int(m.group(1)) + 1})', src),
              "must be a literal": src.replace('("programs", ', '("programs", 1 + '),
              "KeyError": src.replace("multibuffer=", "multi_buffer=")}
     for words, bad in cases.items():
-        b = sim.compile(bad, str(tmp_path / words.replace(" ", "_")), 10)
+        b = sim.compile(bad, spec, str(tmp_path / words.replace(" ", "_")), 10)
         assert b.status is Status.COMPILE_ERROR and words in b.error, (words, b.error)
     assert set(COST_KEYS) >= {"kind", "programs", "tiles", "ub_bytes", "unique_bytes"}
 
 
 def test_matmul_capacity_checks_l1_and_l0(tmp_path):
     sim, sk, ctx = _ctx("matmul", "4096x4096x4096", "fp16")
+    spec = builtin_spec("matmul", "4096x4096x4096", "fp16")
     cfg = Config.of({**sk.space.default_config().as_dict(), "BK": 128})  # L0B: 128 x 256 x 2 x 2 > 64 KB
     assert "l0b_bytes" in sk.space.check(cfg, ctx, sim.limits())
-    build = sim.compile(sk.render(cfg, ctx), str(tmp_path / "m"), 10)
+    build = sim.compile(sk.render(cfg, ctx), spec, str(tmp_path / "m"), 10)
     assert build.status is Status.COMPILE_ERROR and "L0B overflow" in build.error
 
 

@@ -100,7 +100,7 @@ def interpret_op(op_name: str, workdir: str) -> None:
         never = missing if never is None else never & missing
         for i, config in enumerate(configs):
             source = skeleton.render(config, context)
-            build = backend.compile(source, f"{workdir}/{dtype}-{i}/k", 60)
+            build = backend.compile(source, spec, f"{workdir}/{dtype}-{i}/k", 60)
             assert build.status is Status.OK, (str(config), build.error)
             kernel = backend.load(build.artifact, op)
             why, _, _ = check(backend, kernel, op, 7 + i, _reference(op, 7 + i))
@@ -126,7 +126,7 @@ def test_compiles_ahead_for_sm90(op_name, tmp_path):
     skeleton = library_skeleton(op_name, "triton")
     context = _context(backend, op)
     configs, _ = sample_configs(skeleton, context, backend.limits(), seed=1)
-    build = backend.compile(skeleton.render(configs[0], context), str(tmp_path / "b" / "k"), 300)
+    build = backend.compile(skeleton.render(configs[0], context), spec, str(tmp_path / "b" / "k"), 300)
     assert build.status is Status.OK, (configs[0], build.error)
     assert build.binary_hash
 

@@ -69,7 +69,7 @@ def test_device_info(backend, fast_settings):
 
 def test_compile_never_raises_on_garbage(backend, tmp_path):
     b = get_backend(backend)
-    build = b.compile("this is not a kernel {{{ ; fault: compile_error", str(tmp_path), 30)
+    build = b.compile("this is not a kernel {{{ ; fault: compile_error", builtin_spec(*CASES[backend]["op"]), str(tmp_path), 30)
     assert build.status is Status.COMPILE_ERROR and build.error
 
 

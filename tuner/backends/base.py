@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.core.values import Build, DeviceInfo
+from tuner.core.values import Build, DeviceInfo, OpSpec
 
 
 class BackendUnavailable(RuntimeError):
@@ -48,29 +48,6 @@ class Backend(abc.ABC):
     def __init__(self, device: int = 0, **options: Any) -> None:
         self.device = device
         self.options = options
-        self._arg_specs = None  # the op's argument shapes and dtypes, once asked for
-
-    def for_op(self, op_json: str) -> None:
-        """Point this backend at another op (what its ahead-of-time compile prepares for): a
-        compile worker serves every op of a sweep instead of one worker process per op."""
-        if self.options.get("op") != op_json:
-            self.options["op"] = op_json
-            self._arg_specs = None
-
-    def meta_args(self):
-        """Meta tensors with the shapes and dtypes the harness passes the op's kernel (inputs,
-        then outputs): what a backend that compiles ahead launches `launch` on."""
-        if self._arg_specs is None:
-            from tuner.core.ops import arg_specs, load_op
-            from tuner.core.values import OpSpec
-            if "op" not in self.options:
-                raise BackendUnavailable(f"the {self.name} backend compiles ahead for one op: create "
-                                         f"it with options op=<OpSpec JSON> (the Evaluator does)")
-            self._arg_specs = arg_specs(load_op(OpSpec.from_json(self.options["op"])))
-        import torch
-        ins, outs = self._arg_specs
-        return ([torch.empty(s, dtype=d, device="meta") for s, d in ins],
-                [torch.empty(s, dtype=d, device="meta") for s, d in outs])
 
     @classmethod
     def check_available(cls) -> None:
@@ -91,7 +68,8 @@ class Backend(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def compile(self, source: str, workdir: str, timeout_s: float) -> Build: ...
+    def compile(self, source: str, op: OpSpec, workdir: str, timeout_s: float) -> Build:
+        """Build `source` (a rendered kernel of `op`) under `workdir`. Never touches a device."""
 
     @abc.abstractmethod
     def device_info(self, peaks: bool = True) -> DeviceInfo:
@@ -123,11 +101,28 @@ class Backend(abc.ABC):
     def sync(self) -> None:
         pass
 
+    def context_lost(self) -> bool:
+        """Whether a kernel fault has poisoned this process's device context (an illegal
+        address on a GPU): the worker then answers its last request and exits, and a fresh one
+        takes its place. Asked after every request, so it must be cheap."""
+        return False
+
     @abc.abstractmethod
     def time_call(self, fn: Callable[[], None]) -> float: ...
 
     def time_calls(self, fn: Callable[[], None], n: int) -> list[float]:
         return [self.time_call(fn) for _ in range(n)]
+
+
+def meta_args(op: OpSpec):
+    """Meta tensors with the shapes and dtypes the harness passes `op`'s kernel (inputs, then
+    outputs): what a backend that compiles ahead launches `launch` on, without a device."""
+    import torch
+
+    from tuner.core.ops import arg_specs, load_op
+    ins, outs = arg_specs(load_op(op))
+    return ([torch.empty(s, dtype=d, device="meta") for s, d in ins],
+            [torch.empty(s, dtype=d, device="meta") for s, d in outs])
 
 
 _DISK_FULL = ("No space left on device", "Disk quota exceeded")

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.core.values import Build, DeviceInfo, Status
+from tuner.core.values import Build, DeviceInfo, OpSpec, Status
 from tuner.backends.base import Backend, BackendUnavailable, measured_peaks, raise_if_disk_full
 
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC"]
@@ -74,7 +74,7 @@ class CpuBackend(Backend):
                                      f"not {op.spec.dtype}; pass --dtype fp32 (in a sweep file: dtypes: [fp32])")
         return {"ctype": CTYPES[op.spec.dtype], "CORES": os.cpu_count() or 1}
 
-    def compile(self, source: str, workdir: str, timeout_s: float) -> Build:
+    def compile(self, source: str, op: OpSpec, workdir: str, timeout_s: float) -> Build:
         cc = compiler()
         if cc is None:
             raise BackendUnavailable("no C compiler found; install gcc or set CC")

@@ -40,8 +40,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.core.values import Build, DeviceInfo, Status
-from tuner.backends.base import Backend, BackendUnavailable, measured_peaks, raise_if_disk_full
+from tuner.core.values import Build, DeviceInfo, OpSpec, Status
+from tuner.backends.base import Backend, BackendUnavailable, measured_peaks, meta_args, raise_if_disk_full
 from tuner.codecheck import Forbidden, require_clean
 from tuner.backends.triton_source import load_module, warm_launch
 
@@ -141,7 +141,7 @@ class CudaBackend(Backend):
 
     # ---- compile ------------------------------------------------------------------------
 
-    def compile(self, source: str, workdir: str, timeout_s: float) -> Build:
+    def compile(self, source: str, op: OpSpec, workdir: str, timeout_s: float) -> Build:
         t0 = time.monotonic()
         try:
             require_clean("triton", source)
@@ -161,7 +161,7 @@ class CudaBackend(Backend):
         _use_cache(path)
         try:
             module = load_module(path, f"tuner_triton_{digest}")
-            kernels = self._warm(module)
+            kernels = self._warm(module, op)
         except Exception as e:
             raise_if_disk_full(e, "Triton's compile and cache")  # the disk, not the config
             return Build(Status.COMPILE_ERROR, error=_excerpt(e), compile_s=time.monotonic() - t0)
@@ -181,10 +181,10 @@ class CudaBackend(Backend):
                      else str(k.asm.get("ptx", "")).encode())
         return Build(Status.OK, artifact=str(path), compile_s=dt, binary_hash=h.hexdigest()[:16])
 
-    def _warm(self, module) -> list:
+    def _warm(self, module, op: OpSpec) -> list:
         """Compile-only launches on meta tensors, for this device's architecture."""
         with _compile_only(self._arch()):
-            return warm_launch(module, *self.meta_args())
+            return warm_launch(module, *meta_args(op))
 
     # ---- run ----------------------------------------------------------------------------
 

@@ -53,8 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.core.values import Build, DeviceInfo, Status
-from tuner.backends.base import Backend, BackendUnavailable, measured_peaks, raise_if_disk_full
+from tuner.core.values import Build, DeviceInfo, OpSpec, Status
+from tuner.backends.base import Backend, BackendUnavailable, measured_peaks, meta_args, raise_if_disk_full
 from tuner.codecheck import Forbidden, require_clean
 from tuner.backends.triton_source import load_module, warm_launch
 
@@ -439,7 +439,7 @@ class NpuBackend(Backend):
 
     # ---- compile ------------------------------------------------------------------------
 
-    def compile(self, source: str, workdir: str, timeout_s: float) -> Build:
+    def compile(self, source: str, op: OpSpec, workdir: str, timeout_s: float) -> Build:
         t0 = time.monotonic()
         try:
             require_clean("triton_ascend", source)
@@ -466,7 +466,7 @@ class NpuBackend(Backend):
         os.environ.setdefault("ENABLE_PRINT_UB_BITS", "1")  # the backend records metadata["required_ub_bits"]
         try:
             module = load_module(path, f"tuner_ascend_{digest}", "triton_ascend")
-            kernels = self._warm(module)
+            kernels = self._warm(module, op)
         except Exception as e:  # MLIRCompilationError and any other compile failure
             raise_if_disk_full(e, "Triton's compile and cache")  # the disk, not the config
             return Build(Status.COMPILE_ERROR, error=compile_excerpt(_exc_text(e)),
@@ -486,9 +486,9 @@ class NpuBackend(Backend):
         (wd / "kernel.meta.json").write_text(json.dumps(meta))
         return Build(Status.OK, artifact=str(path), compile_s=dt, binary_hash=h.hexdigest()[:16] or digest)
 
-    def _warm(self, module) -> list:
+    def _warm(self, module, op: OpSpec) -> list:
         """Compile-only launches on meta tensors: the bishengir compile happens here."""
-        return warm_launch(module, *self.meta_args())
+        return warm_launch(module, *meta_args(op))
 
     # ---- run ----------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.core.values import Build, DeviceInfo, Status
+from tuner.core.values import Build, DeviceInfo, OpSpec, Status
 from tuner.backends.base import Backend
 
 FAULTS = {"compile_error", "compile_hang", "crash", "hang", "wrong", "nan", "none"}
@@ -57,7 +57,7 @@ class NullBackend(Backend):
     def limits(self) -> dict[str, float]:
         return {"smem_bytes": 49152}
 
-    def compile(self, source: str, workdir: str, timeout_s: float) -> Build:
+    def compile(self, source: str, op: OpSpec, workdir: str, timeout_s: float) -> Build:
         try:
             script = parse_script(source)
         except ValueError as e:

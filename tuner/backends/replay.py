@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tuner.core import landscape
-from tuner.core.values import Build, Config, DeviceInfo, Status
+from tuner.core.values import Build, Config, DeviceInfo, OpSpec, Status
 from tuner.backends.base import Backend
 
 
@@ -39,7 +39,7 @@ class ReplayBackend(Backend):
         super().__init__(device, **options)
         self._time: float | None = None
 
-    def compile(self, source: str, workdir: str, timeout_s: float) -> Build:
+    def compile(self, source: str, op: OpSpec, workdir: str, timeout_s: float) -> Build:
         try:
             script = landscape.parse_script(source)
             config = Config.of(script["config"])

@@ -384,9 +384,6 @@ class SimBackend(Backend):
         self._mode: str | None = None
         self._spec = OpSpec.from_json(options["op"]) if options.get("op") else None
 
-    def for_op(self, op_json: str) -> None:
-        super().for_op(op_json)
-        self._spec = OpSpec.from_json(op_json)
 
     # ---- facts ----------------------------------------------------------------------------
 
@@ -432,8 +429,10 @@ class SimBackend(Backend):
 
     # ---- 'compile': static checks and analysis ---------------------------------------------
 
-    def compile(self, source: str, workdir: str, timeout_s: float) -> Build:
+    def compile(self, source: str, op: OpSpec, workdir: str, timeout_s: float) -> Build:
         t0 = time.monotonic()
+        if op != self._spec:  # the op this compile models (a compile worker serves every op of a sweep)
+            self._spec, self._mode = op, None
 
         def fail(error: str) -> Build:
             return Build(Status.COMPILE_ERROR, error=error, compile_s=time.monotonic() - t0)

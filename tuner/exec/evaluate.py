@@ -69,7 +69,8 @@ class Evaluator:
         self.backend_name, self.spec, self.skeleton, self.settings = backend, spec, skeleton, settings
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        # The op goes to every worker: a backend that compiles ahead needs its argument shapes.
+        # The op goes with every compile request (`Backend.compile`); the benchmark workers are
+        # also told it (the sim models the reference's time from it).
         self.options = {"cache_dir": settings.cache_dir, "op": spec.to_json(), **(options or {})}
         device = devices[0]
         self.backend = get_backend(backend, device, **self.options)  # parent side: context, limits
@@ -77,7 +78,8 @@ class Evaluator:
         self.context = {**render_context(self.op), **self.backend.render_context(self.op)}
         self.limits = self.backend.limits()
         # What the compile workers are told instead of asking the device (Backend.compile_options).
-        self.compile_options = {**self.options, **self.backend.compile_options()}
+        self.compile_options = {**{k: v for k, v in self.options.items() if k != "op"},
+                                **self.backend.compile_options()}
         log = str(self.workdir / "workers.log")
         limit_mem = self.backend.limit_memory
         # Borrowed workers (a sweep's) outlive this evaluator; its own end with it.

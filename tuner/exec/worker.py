@@ -283,8 +283,9 @@ def main() -> None:
     _limit(init["memory_bytes"], init["file_bytes"])
     if init.get("nice"):
         os.nice(init["nice"])  # the compilers it starts (ptxas, cc) inherit it
-    from tuner.exec import measure as m
     from tuner.backends import get_backend
+    from tuner.core.values import OpSpec
+    from tuner.exec import measure as m
     # TUNER_PROFILE=<folder>: a benchmark Worker profiles its measurements and writes the
     # profile there after each (a diagnostic: where a measurement's time goes inside a run or
     # a sweep; `python -m pstats <file>` reads it). Workers are killed, not asked to exit.
@@ -310,9 +311,8 @@ def main() -> None:
             if backend is None:
                 raise RuntimeError(backend_error)
             if method == "compile":
-                if kw.get("op") is not None:
-                    backend.for_op(kw["op"])
-                value = backend.compile(kw["source"], kw["workdir"], kw["timeout_s"])
+                value = backend.compile(kw["source"], OpSpec.from_json(kw["op"]), kw["workdir"],
+                                        kw["timeout_s"])
             elif method == "measure":
                 if prof is not None:
                     prof.enable()
@@ -343,7 +343,7 @@ def main() -> None:
             reply = ("ok", value)
         except Exception:
             reply = ("error", traceback.format_exc())
-        if reply[0] == "ok" and getattr(backend, "context_lost", False):
+        if reply[0] == "ok" and backend.context_lost():
             reply = ("last", reply[1])  # a kernel fault poisoned the device context
         _send(out_fd, reply)
         if reply[0] == "last":

@@ -446,7 +446,7 @@ class Table:
                 source = skel.render(config, ctx)
         except (SkeletonError, BackendUnavailable, ValueError, KeyError):
             return None
-        artifact = self._artifact(e, backend, skel.language, source)
+        artifact = self._artifact(e, backend, skel.language, source, op.spec)
         if artifact is None:
             return None
         fn = backend.load(artifact, op)
@@ -456,7 +456,7 @@ class Table:
                 return None
         return k
 
-    def _artifact(self, entry: dict, backend, language: str, source: str) -> str | None:
+    def _artifact(self, entry: dict, backend, language: str, source: str, spec: OpSpec) -> str | None:
         digest = hashlib.sha256(f"{entry['backend']}\0{entry['fingerprint']}\0{source}".encode()).hexdigest()[:20]
         workdir = self.cache_dir / "runtime" / digest
         done = workdir / "artifact.json"
@@ -472,7 +472,7 @@ class Table:
             path.write_text(source)
             artifact = str(path)
         else:
-            build = backend.compile(source, str(workdir), 300.0)
+            build = backend.compile(source, spec, str(workdir), 300.0)
             if build.status is not Status.OK:
                 return None
             artifact = build.artifact
