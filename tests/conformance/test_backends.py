@@ -124,3 +124,15 @@ def test_worker_is_replaced_after_a_crash(backend, fast_settings, tmp_path):
         assert ev.bench_worker.restarts >= 1
     finally:
         ev.close()
+
+
+@pytest.mark.parametrize("name", ["cpu", "null", "replay", "sim", "cuda", "npu"])
+def test_every_backend_has_both_roles(name):
+    """The Compiler and the Device protocol, member by member (accelerator backends too: the
+    class is checked, nothing is started)."""
+    from tuner.backends import backend_class
+    from tuner.backends.base import Compiler, Device
+    cls = backend_class(name)
+    for role in (Compiler, Device):
+        missing = [m for m in vars(role) if not m.startswith("_") and not hasattr(cls, m)]
+        assert not missing, f"{name} lacks {role.__name__} members {missing}"

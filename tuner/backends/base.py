@@ -1,11 +1,17 @@
-"""The Backend contract: one implementation per target.
+"""The Backend contract: one implementation per target, in two roles (after TVM's
+builder/runner split), written down as the `Compiler` and `Device` protocols below.
 
-A backend is created inside worker processes (one compile pool, one benchmark worker per
-device) and, for `device_info`, once per run. Methods split by where they run:
+* **Compiler** (the parent and the compile workers, which never touch a device): `language`,
+  `render_context(op)`, `limits()`, `compile_options()`, `compile(source, op, workdir,
+  timeout_s) -> Build`, `warm()`.
+* **Device** (one benchmark worker per device): `device_info()`, `load(artifact, op)`,
+  `data_device()`, `to_device`/`to_host`, `launch`, `sync`, `time_call`/`time_calls`,
+  `context_lost()`.
 
-* parent and compile workers: `language`, `render_context(op)`, `compile(source, workdir)`;
-* benchmark worker: `device_info()`, `load(artifact, op)`, `to_device`, `launch`, `sync`,
-  `time_call`.
+A `Backend` is both (a target's two sides share its facts: the cuda compiler needs the GPU's
+architecture and shared-memory limit, told by the parent through `compile_options`); cuda and
+npu share their device side (`triton_device.TritonDevice`). A backend is created inside
+worker processes and, for the compile side's facts, once in the parent.
 
 Contract for implementers:
 
@@ -20,16 +26,45 @@ Contract for implementers:
   it and the flush itself not timed (device events on accelerators, a monotonic clock on
   the CPU). `time_calls(fn, n)` returns n such samples; an accelerator may queue them all
   and wait once, so the device does not idle while the host launches the next repetition.
+* `context_lost()` says, cheaply, whether a kernel fault poisoned the process's device
+  context; the worker then answers and exits, and a fresh one takes its place.
 """
+
 
 from __future__ import annotations
 
 import abc
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from tuner.core.values import Build, DeviceInfo, OpSpec
+
+
+class Compiler(Protocol):
+    """The compile side of a target (see the module docstring)."""
+    language: str
+
+    def render_context(self, op) -> dict[str, Any]: ...
+    def limits(self) -> dict[str, float]: ...
+    def compile_options(self) -> dict[str, Any]: ...
+    def compile(self, source: str, op: OpSpec, workdir: str, timeout_s: float) -> Build: ...
+    def warm(self) -> None: ...
+
+
+class Device(Protocol):
+    """The device side of a target (see the module docstring)."""
+
+    def device_info(self, peaks: bool = True) -> DeviceInfo: ...
+    def load(self, artifact: str, op) -> Any: ...
+    def data_device(self): ...
+    def to_device(self, tensor): ...
+    def to_host(self, tensor): ...
+    def launch(self, kernel: Any, args: list) -> None: ...
+    def sync(self) -> None: ...
+    def time_call(self, fn: Callable[[], None]) -> float: ...
+    def time_calls(self, fn: Callable[[], None], n: int) -> list[float]: ...
+    def context_lost(self) -> bool: ...
 
 
 class BackendUnavailable(RuntimeError):

@@ -38,30 +38,30 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tuner.core.values import Build, DeviceInfo, OpSpec, Status
-from tuner.backends.base import Backend, BackendUnavailable, measured_peaks, meta_args, raise_if_disk_full
+from tuner.backends.base import BackendUnavailable, measured_peaks, meta_args, raise_if_disk_full
 from tuner.codecheck import Forbidden, require_clean
-from tuner.backends.triton_source import load_module, warm_launch
+from tuner.backends.triton_device import TritonDevice
+from tuner.backends.triton_source import load_module, use_cache, warm_launch
 
 # Shared memory per block (opt-in maximum) by compute capability, for when no device is asked.
 SMEM_OPTIN = {70: 98304, 75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 101376,
               90: 232448, 100: 232448, 103: 232448, 120: 101376}
 
 
-class CudaBackend(Backend):
+class CudaBackend(TritonDevice):
     name = "cuda"
     language = "triton"
+    torch_device = "cuda"
+    module_prefix = "tuner_triton"
+    flush_factor = 4
     limit_memory = False  # CUDA reserves far more virtual memory than RLIMIT_AS would allow
 
     def __init__(self, device: int = 0, **options: Any) -> None:
         super().__init__(device, **options)
-        self.interpret = bool(options.get("interpret"))
         self._props = None
-        self._flush_buf = None
-        self._events = None
-        self._used_cuda = False
         self._seen_cache_dirs: dict[str, set[str]] = {}  # run cache -> its folders looked at
         self._last_cache: str | None = None  # the run cache of the kernel loaded last
 
@@ -126,8 +126,7 @@ class CudaBackend(Backend):
             return DeviceInfo(backend="cuda", name="Triton interpreter (CPU)", cores=4,
                               limits=tuple(sorted(self.limits().items())), toolchain=tools,
                               simulated=True)
-        torch.cuda.set_device(self.device)
-        self._used_cuda = True
+        self._bind()
         p = self._properties()
         smi = _nvidia_smi(self.device)
         limits = {**self.limits(), "l2_bytes": float(p.L2_cache_size)}
@@ -158,7 +157,7 @@ class CudaBackend(Backend):
         if self.interpret:  # nothing to compile ahead: the interpreter runs the Python
             return Build(Status.OK, artifact=str(path), compile_s=time.monotonic() - t0,
                          binary_hash=digest)
-        _use_cache(path)
+        use_cache(path)
         try:
             module = load_module(path, f"tuner_triton_{digest}")
             kernels = self._warm(module, op)
@@ -186,16 +185,12 @@ class CudaBackend(Backend):
         with _compile_only(self._arch()):
             return warm_launch(module, *meta_args(op))
 
-    # ---- run ----------------------------------------------------------------------------
+    # ---- run (the rest: TritonDevice) ---------------------------------------------------
 
-    def load(self, artifact: str, op) -> Any:
-        if self.interpret:
-            os.environ["TRITON_INTERPRET"] = "1"
-        else:
-            import torch
-            torch.cuda.set_device(self.device)
-            self._used_cuda = True
-        _use_cache(Path(artifact))
+    def _l2_bytes(self) -> int:
+        return int(self._properties().L2_cache_size)
+
+    def _before_import(self, artifact: str) -> None:
         if self.options.get("cache_dir"):
             shared = Path(self.options["cache_dir"]) / "triton_launchers"
             run_cache = os.environ["TRITON_CACHE_DIR"]
@@ -205,14 +200,6 @@ class CudaBackend(Backend):
                 if c:
                     _share_launchers(Path(c), shared, self._seen_cache_dirs.setdefault(c, set()))
             self._last_cache = run_cache
-        digest = hashlib.sha256(Path(artifact).read_bytes()).hexdigest()[:16]
-        return load_module(artifact, f"tuner_triton_{digest}").launch
-
-    def to_device(self, tensor):
-        return tensor if self.interpret else tensor.to(f"cuda:{self.device}")
-
-    def to_host(self, tensor):
-        return tensor.cpu()
 
     def warm(self) -> None:
         import torch  # noqa: F401 - the imports are the warm-up: seconds of a compile's start
@@ -238,7 +225,7 @@ class CudaBackend(Backend):
                 path = Path(d) / "warm" / "kernel.py"
                 path.parent.mkdir()
                 path.write_text(_WARM_SOURCE)
-                _use_cache(path)
+                use_cache(path)
                 module = load_module(path, "tuner_triton_warm")
                 x = torch.empty(4096, dtype=torch.float32, device="meta")
                 with _compile_only(self._arch()):
@@ -248,61 +235,6 @@ class CudaBackend(Backend):
                 os.environ.pop("TRITON_CACHE_DIR", None)
             else:
                 os.environ["TRITON_CACHE_DIR"] = old_cache
-
-    def data_device(self):
-        return None if self.interpret else f"cuda:{self.device}"
-
-    def launch(self, kernel: Any, args: list) -> None:
-        kernel(*args)
-
-    def sync(self) -> None:
-        if not self.interpret:
-            import torch
-            torch.cuda.synchronize(self.device)
-
-    def time_call(self, fn: Callable[[], None]) -> float:
-        return self.time_calls(fn, 1)[0]
-
-    def time_calls(self, fn: Callable[[], None], n: int) -> list[float]:
-        if self.interpret:
-            out = []
-            for _ in range(n):
-                t0 = time.perf_counter()
-                fn()
-                out.append(time.perf_counter() - t0)
-            return out
-        import torch
-        if self._flush_buf is None:
-            l2 = self._properties().L2_cache_size
-            self._flush_buf = torch.empty(max(256 * 2**20, 4 * l2), dtype=torch.int8,
-                                          device=f"cuda:{self.device}")
-            self._events = []
-        while len(self._events) < n:
-            self._events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
-        # Queued back to back and waited for once: with a wait after each repetition the GPU
-        # idled while Python launched the next flush and kernel (tens of microseconds, as long
-        # as a small kernel itself). Each repetition still has its own flush and its own events.
-        pairs = self._events[:n]
-        stream = torch.cuda.current_stream(self.device)  # looked up once: tens of us a time
-        for start, end in pairs:
-            self._flush_buf.zero_()
-            start.record(stream)
-            fn()
-            end.record(stream)
-        pairs[-1][1].synchronize()
-        return [start.elapsed_time(end) * 1e-3 for start, end in pairs]
-
-    @property
-    def context_lost(self) -> bool:
-        """True once a kernel fault (illegal address, ...) has poisoned this process's context."""
-        if self.interpret or not self._used_cuda:
-            return False
-        import torch
-        try:
-            torch.cuda.synchronize(self.device)
-            return False
-        except Exception:  # noqa: BLE001 - any error here is a sticky one: the context is gone
-            return True
 
 
 @contextlib.contextmanager
@@ -331,12 +263,6 @@ def _compile_only(arch: int):
         else:
             driver.reset_active()
 
-
-def _use_cache(kernel_path: Path) -> None:
-    """One Triton cache per run, shared by the compile pool and the benchmark worker."""
-    cache = kernel_path.resolve().parent.parent / "triton_cache"
-    cache.mkdir(parents=True, exist_ok=True)
-    os.environ["TRITON_CACHE_DIR"] = str(cache)
 
 
 _LAUNCHER = "__triton_launcher"

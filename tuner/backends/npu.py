@@ -54,9 +54,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tuner.core.values import Build, DeviceInfo, OpSpec, Status
-from tuner.backends.base import Backend, BackendUnavailable, measured_peaks, meta_args, raise_if_disk_full
+from tuner.backends.base import BackendUnavailable, measured_peaks, meta_args, raise_if_disk_full
 from tuner.codecheck import Forbidden, require_clean
-from tuner.backends.triton_source import load_module, warm_launch
+from tuner.backends.triton_device import TritonDevice
+from tuner.backends.triton_source import load_module, use_cache, warm_launch
 
 # ---- Ascend compile options ------------------------------------------------------------------
 
@@ -333,23 +334,22 @@ def plan_grid(tiles: int, cores: int, programs_per_core: float) -> GridPlan:
 
 # ---- the backend ---------------------------------------------------------------------------------
 
-class NpuBackend(Backend):
+class NpuBackend(TritonDevice):
     name = "npu"
     language = "triton_ascend"
+    torch_device = "npu"
+    module_prefix = "tuner_ascend"
+    flush_factor = 2
     limit_memory = False  # the NPU runtime reserves large virtual ranges, as CUDA does
 
     def __init__(self, device: int = 0, **options: Any) -> None:
         super().__init__(device, **options)
-        self.interpret = bool(options.get("interpret"))
         self.timer = options.get("timer", "events")
         if self.timer not in ("events", "do_bench_npu"):
             raise BackendUnavailable(f"npu: timer {self.timer!r}: one of events, do_bench_npu")
         self._props: dict | None = None
         self._profile = None
-        self._flush_buf = None
-        self._events = None
         self._bench_cache: tuple[Any, float] | None = None
-        self._used_npu = False
 
     # ---- availability and facts ---------------------------------------------------------
 
@@ -393,8 +393,7 @@ class NpuBackend(Backend):
             else:
                 import torch
                 import triton.runtime.driver as driver
-                torch.npu.set_device(self.device)
-                self._used_npu = True
+                self._bind()
                 self._props = dict(driver.active.utils.get_device_properties(torch.npu.current_device()))
         return self._props
 
@@ -462,7 +461,7 @@ class NpuBackend(Backend):
         path.write_text(source)
         if not self.options.get("compile_ahead", True):
             return Build(Status.OK, artifact=str(path), compile_s=time.monotonic() - t0, binary_hash=digest)
-        _use_cache(path)
+        use_cache(path)
         os.environ.setdefault("ENABLE_PRINT_UB_BITS", "1")  # the backend records metadata["required_ub_bits"]
         try:
             module = load_module(path, f"tuner_ascend_{digest}", "triton_ascend")
@@ -490,53 +489,19 @@ class NpuBackend(Backend):
         """Compile-only launches on meta tensors: the bishengir compile happens here."""
         return warm_launch(module, *meta_args(op))
 
-    # ---- run ----------------------------------------------------------------------------
+    # ---- run (the rest: TritonDevice) ---------------------------------------------------
 
-    def load(self, artifact: str, op) -> Any:
-        if self.interpret:
-            os.environ["TRITON_INTERPRET"] = "1"
-        else:
-            import torch
-            torch.npu.set_device(self.device)
-            self._used_npu = True
-        _use_cache(Path(artifact))
-        digest = hashlib.sha256(Path(artifact).read_bytes()).hexdigest()[:16]
-        return load_module(artifact, f"tuner_ascend_{digest}", "triton_ascend").launch
+    def data_device(self):
+        return None  # references on the host: float64 on an NPU is slow or missing in CANN's ops
 
-    def to_device(self, tensor):
-        return tensor if self.interpret else tensor.to(f"npu:{self.device}")
-
-    def to_host(self, tensor):
-        return tensor.cpu()
-
-    def launch(self, kernel: Any, args: list) -> None:
-        kernel(*args)
-
-    def sync(self) -> None:
-        if not self.interpret:
-            import torch
-            torch.npu.synchronize()
-
-    def time_call(self, fn: Callable[[], None]) -> float:
-        if self.interpret:
-            t0 = time.perf_counter()
-            fn()
-            return time.perf_counter() - t0
-        if self.timer == "do_bench_npu":
-            return self._time_profiled(fn)
+    def _l2_bytes(self) -> int:
         import torch
-        if self._flush_buf is None:
-            l2 = getattr(torch.npu.get_device_properties(self.device), "L2_cache_size", 0) or 192 * 2**20
-            self._flush_buf = torch.empty(max(256 * 2**20, 2 * int(l2)), dtype=torch.int8,
-                                          device=f"npu:{self.device}")
-            self._events = (torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True))
-        start, end = self._events
-        self._flush_buf.zero_()  # enqueued before the start event: flushes L2, hides the host gap
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e-3
+        return int(getattr(torch.npu.get_device_properties(self.device), "L2_cache_size", 0) or 192 * 2**20)
+
+    def time_calls(self, fn: Callable[[], None], n: int) -> list[float]:
+        if self.timer == "do_bench_npu" and not self.interpret:
+            return [self._time_profiled(fn) for _ in range(n)]
+        return super().time_calls(fn, n)
 
     def _time_profiled(self, fn: Callable[[], None]) -> float:
         """Device-only time from triton-ascend's profiler-based do_bench_npu (one kernel per
@@ -552,24 +517,7 @@ class NpuBackend(Backend):
         self._bench_cache = (fn, seconds)
         return seconds
 
-    @property
-    def context_lost(self) -> bool:
-        """True once an AI Core exception (507015, 507035, ...) has poisoned this process's device."""
-        if self.interpret or not self._used_npu:
-            return False
-        import torch
-        try:
-            torch.npu.synchronize()
-            return False
-        except Exception:  # noqa: BLE001 - an error here is sticky: the context is gone
-            return True
 
-
-def _use_cache(kernel_path: Path) -> None:
-    """One Triton cache per run (`<run>/build/triton_cache`), shared by compile pool and worker."""
-    cache = kernel_path.resolve().parent.parent / "triton_cache"
-    cache.mkdir(parents=True, exist_ok=True)
-    os.environ["TRITON_CACHE_DIR"] = str(cache)
 
 
 def _exc_text(e: BaseException) -> str:

@@ -7,10 +7,19 @@ the file again before it imports it (the file could have changed since it was co
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 from tuner.codecheck import require_clean
+
+
+def use_cache(kernel_path: Path) -> None:
+    """One Triton cache per run (`<run>/build/triton_cache`), shared by the compile pool and the
+    benchmark worker: the worker's first launch of a kernel is a hit on what a compile built."""
+    cache = Path(kernel_path).resolve().parent.parent / "triton_cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    os.environ["TRITON_CACHE_DIR"] = str(cache)
 
 
 def load_module(path: str | Path, name: str, language: str = "triton"):

@@ -1,0 +1,122 @@
+"""The device side that the cuda and npu backends share: Triton launch modules on torch device
+tensors, through torch's device module (`torch.cuda` or `torch.npu`) and its events.
+
+A subclass names `torch_device` ("cuda", "npu"), `module_prefix` (the name its kernel modules
+are imported under) and `flush_factor` (the cache-flush buffer is this many times the L2, at
+least 256 MiB), and says its L2 size (`_l2_bytes`). With the `interpret` option kernels run
+through Triton's interpreter on host tensors (CI), timed by the host clock.
+
+Timing (`time_calls`): per repetition, a buffer larger than the L2 is zeroed (enqueued before
+the start event, so it also hides the host's launch latency, as `triton.testing.do_bench`
+does), then events around one call. The n repetitions are queued back to back and waited for
+once: with a wait after each, the device idled while Python launched the next flush and
+kernel (tens of microseconds, as long as a small kernel itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from tuner.backends.base import Backend
+from tuner.backends.triton_source import load_module, use_cache
+
+
+class TritonDevice(Backend):
+    torch_device: str = ""    # the attribute of torch that is the device module: "cuda", "npu"
+    module_prefix: str = ""   # kernel modules are imported as <prefix>_<digest>
+    flush_factor: int = 4     # the flush buffer: this many times the L2 (at least 256 MiB)
+
+    def __init__(self, device: int = 0, **options: Any) -> None:
+        super().__init__(device, **options)
+        self.interpret = bool(options.get("interpret"))
+        self._flush_buf = None
+        self._events: list = []
+        self._used_device = False  # whether this process has touched the device (a context)
+
+    def _module(self):
+        import torch
+        return getattr(torch, self.torch_device)
+
+    def _l2_bytes(self) -> int:
+        raise NotImplementedError
+
+    def _bind(self) -> None:
+        """Make this backend's device the current one in this process."""
+        self._module().set_device(self.device)
+        self._used_device = True
+
+    # ---- load and run -------------------------------------------------------------------
+
+    def load(self, artifact: str, op) -> Any:
+        if self.interpret:
+            os.environ["TRITON_INTERPRET"] = "1"
+        else:
+            self._bind()
+        use_cache(Path(artifact))
+        self._before_import(artifact)
+        digest = hashlib.sha256(Path(artifact).read_bytes()).hexdigest()[:16]
+        return load_module(artifact, f"{self.module_prefix}_{digest}", self.language).launch
+
+    def _before_import(self, artifact: str) -> None:
+        """A hook between pointing Triton at the run's cache and importing the kernel."""
+
+    def to_device(self, tensor):
+        return tensor if self.interpret else tensor.to(f"{self.torch_device}:{self.device}")
+
+    def to_host(self, tensor):
+        return tensor.cpu()
+
+    def data_device(self):
+        return None if self.interpret else f"{self.torch_device}:{self.device}"
+
+    def launch(self, kernel: Any, args: list) -> None:
+        kernel(*args)
+
+    def sync(self) -> None:
+        if not self.interpret:
+            self._module().synchronize(self.device)
+
+    def context_lost(self) -> bool:
+        """True once a kernel fault (an illegal address, an AI Core exception) has poisoned this
+        process's device context: a synchronize then fails, and goes on failing."""
+        if self.interpret or not self._used_device:
+            return False
+        try:
+            self._module().synchronize(self.device)
+            return False
+        except Exception:  # noqa: BLE001 - any error here is a sticky one: the context is gone
+            return True
+
+    # ---- timing -------------------------------------------------------------------------
+
+    def time_call(self, fn: Callable[[], None]) -> float:
+        return self.time_calls(fn, 1)[0]
+
+    def time_calls(self, fn: Callable[[], None], n: int) -> list[float]:
+        if self.interpret:
+            out = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t0)
+            return out
+        import torch
+        dev = self._module()
+        if self._flush_buf is None:
+            self._flush_buf = torch.empty(max(256 * 2**20, self.flush_factor * self._l2_bytes()),
+                                          dtype=torch.int8, device=f"{self.torch_device}:{self.device}")
+        while len(self._events) < n:
+            self._events.append((dev.Event(enable_timing=True), dev.Event(enable_timing=True)))
+        pairs = self._events[:n]
+        stream = dev.current_stream(self.device)  # looked up once: tens of us a time
+        for start, end in pairs:
+            self._flush_buf.zero_()
+            start.record(stream)
+            fn()
+            end.record(stream)
+        pairs[-1][1].synchronize()
+        return [start.elapsed_time(end) * 1e-3 for start, end in pairs]
