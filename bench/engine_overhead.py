@@ -26,12 +26,12 @@ for _v in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # numpy's BLAS, not torc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tuner.exec.evaluate import Evaluator  # noqa: E402
 from tuner.core.ops import builtin_spec  # noqa: E402
-from tuner.search.searcher import Searcher  # noqa: E402
 from tuner.core.settings import Settings  # noqa: E402
 from tuner.core.skeleton import load_skeleton  # noqa: E402
+from tuner.exec.evaluate import Evaluator  # noqa: E402
 from tuner.run.tune import create_run, run_search  # noqa: E402
+from tuner.search.searcher import Searcher  # noqa: E402
 
 
 def main() -> None:

@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 from tuner.core.ops import builtin_spec, load_op  # noqa: E402
 from tuner.core.settings import Settings  # noqa: E402
 from tuner.core.skeleton import library_skeleton, load_skeleton  # noqa: E402
-from tuner.run.tune import create_run, execute  # noqa: E402
 from tuner.core.values import Status  # noqa: E402
+from tuner.run.tune import create_run, execute  # noqa: E402
 
 CASES = [
     ("softmax", "8192x8192"), ("softmax", "32768x4096"),

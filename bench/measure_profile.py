@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_bench import matmul202  # noqa: E402
+
 from tuner.core.settings import Settings  # noqa: E402
 from tuner.core.values import OpSpec  # noqa: E402
 
@@ -70,8 +71,8 @@ def main() -> int:
         raise SystemExit(f"{len(builds) - len(artifacts)} of {len(builds)} compiles failed; first: "
                          f"{next((b.error for b in builds if not b.artifact), '')}")
 
-    from tuner.exec import measure
     from tuner.backends.cuda import CudaBackend
+    from tuner.exec import measure
     backend = CudaBackend(0, cache_dir=str(out / "cache"))
     settings = Settings.from_env(runs_dir=str(out / "runs"), cache_dir=str(out / "cache"),
                                  bench_budget_s=args.bench_budget)

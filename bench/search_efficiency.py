@@ -56,9 +56,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tuner.core import landscape as landscapes  # noqa: E402
-from tuner.run import warm as warmstart  # noqa: E402
-from tuner.offline import replay  # noqa: E402
 from tuner.core.space import load_space  # noqa: E402
+from tuner.offline import replay  # noqa: E402
+from tuner.run import warm as warmstart  # noqa: E402
 
 STRATEGIES = {  # name -> (sampler, Searcher options, warm start)
     "random": ("random", {}, False),

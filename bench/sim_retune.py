@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tuner.backends.sim import Estimate, model_space  # noqa: E402
 from tuner.core.ops import builtin_spec  # noqa: E402
-from tuner.run.retune import retune, with_backend_options  # noqa: E402
 from tuner.core.settings import Settings  # noqa: E402
 from tuner.core.skeleton import library_skeleton  # noqa: E402
+from tuner.run.retune import retune, with_backend_options  # noqa: E402
 from tuner.run.tune import create_run, execute  # noqa: E402
 
 CASES = {  # name: (op, shape, dtype, chip A, chip B)

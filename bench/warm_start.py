@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuner.core import landscape as landscapes  # noqa: E402
-from tuner.run.store import Store  # noqa: E402
 from tuner.core.values import Status  # noqa: E402
+from tuner.run.store import Store  # noqa: E402
 
 MARKS = (1, 3, 5, 10, 15, 20, 30, 40, 60)
 

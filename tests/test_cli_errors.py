@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from tuner.cli.main import main
-from tuner.run.store import Store
-from tuner.core.values import Status
 from tests.conftest import FIXTURES
+from tuner.cli.main import main
+from tuner.core.values import Status
+from tuner.run.store import Store
 
 
 def run(capsys, *argv):

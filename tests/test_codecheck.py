@@ -4,10 +4,10 @@ import random
 
 import pytest
 
-from tuner.codecheck import Forbidden, TRITON, TRITON_ASCEND, check_python, check_source, require_clean
-from tuner.llm.proposer import Rejection, check_candidate
 from tests.test_cuda_backend import GOOD
 from tests.test_proposer import SPACE, kit
+from tuner.codecheck import TRITON, TRITON_ASCEND, Forbidden, check_python, check_source, require_clean
+from tuner.llm.proposer import Rejection, check_candidate
 
 # Each breaks the launch-module contract; the two checkers disagreed on the first two.
 CHEATS = {

@@ -98,9 +98,9 @@ def _cubins(cache: Path) -> set[str]:
 def test_the_benchmark_worker_reuses_the_compile_pools_cubins(fast_settings, tmp_path):
     """Compiled in a compile worker (no GPU context), launched in the benchmark worker: the
     launch must find every cubin in the run's Triton cache and compile nothing itself."""
-    from tuner.exec.evaluate import Evaluator
     from tuner.core.ops import builtin_spec
     from tuner.core.skeleton import library_skeleton
+    from tuner.exec.evaluate import Evaluator
     ev = Evaluator("cuda", builtin_spec("softmax", "1024x4096", "bf16"), library_skeleton("softmax", "triton"),
                    fast_settings, tmp_path / "run")
     try:
@@ -125,9 +125,9 @@ def test_the_benchmark_worker_reuses_the_compile_pools_cubins(fast_settings, tmp
 def test_a_second_run_launches_with_the_first_runs_launcher(fast_settings, tmp_path):
     """Triton's per-signature launcher (a C build at a kernel's first launch) is built once per
     machine, not once per run: the second run's cache gets it from the shared folder."""
-    from tuner.exec.evaluate import Evaluator
     from tuner.core.ops import builtin_spec
     from tuner.core.skeleton import library_skeleton
+    from tuner.exec.evaluate import Evaluator
     spec, skeleton = builtin_spec("softmax", "1024x4096", "bf16"), library_skeleton("softmax", "triton")
     caches = []
     for run, n in (("run1", 2), ("run2", 1)):
@@ -272,8 +272,8 @@ def launch(x, y):
 
 def stray_store_verdicts(workdir: str, interpret: bool) -> dict[bool, str | None]:
     """What the check says of the masked and the unmasked kernel."""
-    from tuner.exec.measure import _reference, check
     from tuner.core.ops import builtin_spec, load_op
+    from tuner.exec.measure import _reference, check
     spec = builtin_spec("softmax", "3x40", "fp32")
     backend = CudaBackend(0, interpret=interpret, op=spec.to_json())
     op = load_op(spec)

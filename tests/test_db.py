@@ -7,12 +7,12 @@ import types
 
 import pytest
 
+from tests.conftest import FIXTURES
 from tuner.cli.main import main
-from tuner.serve.db import DBError, TuningDB, export, fingerprint
 from tuner.core.ops import builtin_spec
 from tuner.core.skeleton import load_skeleton
 from tuner.run.tune import create_run, execute
-from tests.conftest import FIXTURES
+from tuner.serve.db import DBError, TuningDB, export, fingerprint
 
 LANDSCAPE = (FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
 

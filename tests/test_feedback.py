@@ -2,9 +2,9 @@
 
 import json
 
-from tuner.llm.feedback import Feedback, build_feedback, render, signature
 from tuner.core.space import parse_space
 from tuner.core.values import Build, Config, Measurement, Record, Status
+from tuner.llm.feedback import Feedback, build_feedback, render, signature
 
 SPACE = parse_space("""
 sizes: [M, N]

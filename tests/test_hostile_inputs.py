@@ -6,11 +6,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.conftest import FIXTURES
 from tuner.cli.main import main
 from tuner.core.ops import builtin_spec
 from tuner.core.space import SpaceError, parse_space
 from tuner.run.store import Store, StoreError
-from tests.conftest import FIXTURES
 
 NULL = ["--backend", "null", "--template", str(FIXTURES / "null/good.txt.j2"),
         "--space", str(FIXTURES / "null/good.yaml")]
@@ -98,8 +98,8 @@ def test_out_of_range_numbers_are_refused(capsys, tmp_path, flag):
 
 
 def test_storage_url_of_an_unknown_database(capsys, tmp_path):
-    from tuner.search.searcher import SearchError, Searcher
     from tuner.core.space import parse_space as ps
+    from tuner.search.searcher import Searcher, SearchError
     with pytest.raises(SearchError, match="cannot open the Optuna storage 'weird://x'"):
         Searcher(ps("params:\n  V: [1, 2]\n"), "random", 0, "weird://x")
 
@@ -137,8 +137,8 @@ def fake_run(tmp_path, records: int = 2) -> Store:
     from tuner.core.ops import builtin_spec
     from tuner.core.settings import Settings
     from tuner.core.skeleton import load_skeleton
-    from tuner.run.tune import create_run
     from tuner.core.values import Build, Config, Measurement, Record, Status
+    from tuner.run.tune import create_run
     skel = load_skeleton(FIXTURES / "null/good.txt.j2", FIXTURES / "null/good.yaml")
     store = create_run(Settings(runs_dir=str(tmp_path / "runs")), builtin_spec("softmax", "8x16"), "null",
                        skel, "random", 0, extra={"budget": 2})
@@ -331,8 +331,9 @@ def test_a_full_disk_stops_the_run_with_what_to_do_and_records_no_config_as_fail
     the broken compiles record nothing, and the resume finishes the budget."""
     import shutil
     import stat
-    from tuner.run.store import Store
+
     from tuner.core.values import Status
+    from tuner.run.store import Store
     monkeypatch.setenv("TUNER_BENCH_BUDGET_S", "0.005")
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     count = tmp_path / "compiles"
@@ -357,6 +358,7 @@ def test_a_full_disk_stops_the_run_with_what_to_do_and_records_no_config_as_fail
 
 def test_a_run_directory_that_cannot_be_written_whole_is_not_left_behind(capsys, tmp_path, monkeypatch):
     import errno
+
     from tuner.run.store import Store
 
     def full(self, meta):
@@ -371,6 +373,7 @@ def test_a_compile_that_a_full_disk_broke_is_not_the_configs_failure():
     """The Triton backends (cuda, npu) took any exception of a compile as the config's
     COMPILE_ERROR, a full disk writing Triton's cache included."""
     import errno
+
     from tuner.backends.base import raise_if_disk_full
     for failure in (OSError(errno.ENOSPC, "No space left on device"), RuntimeError("ptxas: Disk quota exceeded"),
                     "ld: final link failed: No space left on device"):

@@ -2,8 +2,8 @@
 
 import torch
 
-from tuner.exec import measure
 from tuner.core.ops import builtin_spec, load_op
+from tuner.exec import measure
 
 
 class HostBackend:
@@ -255,8 +255,8 @@ class _Clock:
 def test_timing_stops_once_the_median_is_known_and_a_noisy_kernel_uses_its_budget():
     import random
 
-    from tuner.exec.measure import bench
     from tuner.core.settings import Settings
+    from tuner.exec.measure import bench
     s = Settings(bench_budget_s=10.0, warmup_s=0.0, precision=0.003)
     rng = random.Random(0)
     steady = _Clock(lambda: 1e-3 * (1 + 0.005 * rng.random()))  # 0.5 % spread: known at once

@@ -15,13 +15,28 @@ from pathlib import Path
 import pytest
 
 from tuner.backends import BackendUnavailable, default_backend, get_backend
-from tuner.backends.npu import (ASCEND_OPTIONS, MULTIBUFFER_DEFAULT, NpuBackend, bishengir_flags, cann_version, check_launch_options, check_option, compile_excerpt, core_counts, launches, parse_ub_overflow, plan_grid, read_cost, strip_options)
+from tuner.backends.npu import (
+    ASCEND_OPTIONS,
+    MULTIBUFFER_DEFAULT,
+    NpuBackend,
+    bishengir_flags,
+    cann_version,
+    check_launch_options,
+    check_option,
+    compile_excerpt,
+    core_counts,
+    launches,
+    parse_ub_overflow,
+    plan_grid,
+    read_cost,
+    strip_options,
+)
 from tuner.backends.sim import Cost, SimBackend, check_capacity, ub_required_bytes
 from tuner.codecheck import require_clean
-from tuner.llm.feedback import build_feedback
 from tuner.core.ops import builtin_spec, load_op, render_context
 from tuner.core.skeleton import library_skeleton, library_skeletons
 from tuner.core.values import Build, Config, Measurement, Record, Status
+from tuner.llm.feedback import build_feedback
 
 ROOT = Path(__file__).resolve().parent.parent
 ASCEND_OPS = sorted(op for op, langs in library_skeletons().items() if "triton_ascend" in langs)
@@ -298,8 +313,7 @@ def test_npu_ceilings_are_measured_once_per_process_and_the_highest_is_kept(tmp_
     needed: the measurement is stood in for)."""
     import json
 
-    from tuner.backends import base
-    from tuner.backends import npu
+    from tuner.backends import base, npu
     rates = iter([{"copy_gbps": 900.0, "fp16_gflops": 300000.0}, {"copy_gbps": 1500.0, "fp16_gflops": 280000.0}])
     calls = []
     monkeypatch.setattr(npu, "measure_peaks", lambda backend: calls.append(1) or next(rates))

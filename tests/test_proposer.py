@@ -6,9 +6,9 @@ import pytest
 
 from tuner.codecheck import check_c, check_python, check_source, check_template
 from tuner.core.ops import builtin_spec, load_op, render_context
+from tuner.core.values import DeviceInfo
 from tuner.llm.prompt import PromptKit
 from tuner.llm.proposer import Rejection, check_candidate, extract
-from tuner.core.values import DeviceInfo
 
 SPACE = """language: script
 sizes: [M, N]

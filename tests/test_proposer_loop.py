@@ -15,8 +15,8 @@ from tests.conftest import FIXTURES, ROOT
 from tests.llm_server import ScriptedServer
 from tuner.cli.argv import redacted_argv
 from tuner.cli.main import main
-from tuner.run.store import Store
 from tuner.core.values import Status
+from tuner.run.store import Store
 
 KEY = "sk-loop-test-NEVER-ON-DISK"
 

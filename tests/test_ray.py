@@ -10,13 +10,13 @@ import threading
 
 import pytest
 
+from tests.conftest import FIXTURES, ROOT
 from tuner.cli.main import main
 from tuner.core.ops import builtin_spec
 from tuner.core.skeleton import load_skeleton
+from tuner.core.values import Status
 from tuner.run.store import Store
 from tuner.run.tune import create_run, execute
-from tuner.core.values import Status
-from tests.conftest import FIXTURES, ROOT
 
 ray = pytest.importorskip("ray")
 

@@ -4,13 +4,13 @@ import json
 
 import pytest
 
+from tests.conftest import FIXTURES
 from tuner.cli.main import main
-from tuner.exec.evaluate import Evaluator
 from tuner.core.ops import builtin_spec
 from tuner.core.skeleton import load_skeleton
-from tuner.run.store import Store
 from tuner.core.values import Config, Status
-from tests.conftest import FIXTURES
+from tuner.exec.evaluate import Evaluator
+from tuner.run.store import Store
 
 
 def test_spinning_kernel_hits_the_cpu_limit(fast_settings, tmp_path):

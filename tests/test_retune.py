@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import FIXTURES
 from tuner.backends import BackendUnavailable
 from tuner.cli.main import main
 from tuner.run.retune import parse_target
 from tuner.run.store import Store
-from tests.conftest import FIXTURES
 
 ROOT = Path(__file__).resolve().parent.parent
 # Six configs, walked whole by the grid sampler. At 96 rows the 910B2's 48 vector cores take two

@@ -8,12 +8,12 @@ import os
 import pytest
 import torch
 
-from tuner.serve.db import TuningDB, export
+from tests.conftest import FIXTURES
 from tuner.core.ops import builtin_spec
-from tuner.serve.runtime import Table, distance, rank, sizes_of
 from tuner.core.skeleton import library_skeleton, load_skeleton
 from tuner.run.tune import create_run, execute
-from tests.conftest import FIXTURES
+from tuner.serve.db import TuningDB, export
+from tuner.serve.runtime import Table, distance, rank, sizes_of
 
 LANDSCAPE = (FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
 

@@ -14,18 +14,18 @@ import numpy as np
 import optuna
 import pytest
 
+from tests.conftest import FIXTURES
 from tuner.core import expr
 from tuner.core import landscape as landscapes
-from tuner.run import warm as warmstart
+from tuner.core.space import Rule, parse_space
+from tuner.core.values import Build, Config, Measurement, Record, Status
 from tuner.offline import replay
+from tuner.run import warm as warmstart
+from tuner.run.tune import run_search
 from tuner.search import guided as strategy
 from tuner.search.encoding import Encoding
-from tuner.search.searcher import PENALTY, SAMPLERS, Searcher, decode, distributions, encode
-from tuner.core.space import Rule, parse_space
 from tuner.search.guided import ENUMERATE_MAX, FIT_MAX, GuidedSearch
-from tuner.run.tune import run_search
-from tuner.core.values import Build, Config, Measurement, Record, Status
-from tests.conftest import FIXTURES
+from tuner.search.searcher import PENALTY, SAMPLERS, Searcher, decode, distributions, encode
 
 MATMUL = FIXTURES / "landscapes" / "matmul_h200.json"
 ROOT = FIXTURES.parents[1]

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tuner.core import landscape as landscapes
-from tuner.run import warm as warmstart
-from tuner.offline import replay
+from tests.conftest import FIXTURES
 from tuner.backends import get_backend
 from tuner.cli.main import main
-from tuner.run.store import Store
+from tuner.core import landscape as landscapes
 from tuner.core.ops import builtin_spec
 from tuner.core.values import Config, Status
-from tests.conftest import FIXTURES
+from tuner.offline import replay
+from tuner.run import warm as warmstart
+from tuner.run.store import Store
 
 SPEC = builtin_spec("matmul", "2048x8192x1024")  # the op the replayed compiles are for
 

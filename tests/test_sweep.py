@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import FIXTURES
 from tuner.cli.main import main
 from tuner.run.store import Store
 from tuner.sweep.plan import SweepError, load_plan
-from tests.conftest import FIXTURES
 
 SWEEP = FIXTURES / "sweep/null.yaml"
 
@@ -182,9 +182,9 @@ def test_a_shape_yaml_reads_as_a_number_says_quote_it(tmp_path):
 def test_runs_of_a_local_sweep_share_their_worker_processes(fast_settings, tmp_path):
     import functools
 
-    from tuner.exec.evaluate import Evaluator, WorkerPools
     from tuner.core.ops import builtin_spec
     from tuner.core.skeleton import library_skeleton
+    from tuner.exec.evaluate import Evaluator, WorkerPools
     from tuner.run.tune import create_run, execute
     pools = WorkerPools(fast_settings, tmp_path / "workers.log")
     try:
@@ -245,8 +245,8 @@ def test_an_unexpected_error_in_a_first_task_does_not_leave_its_later_tasks_wait
     pytest.importorskip("ray")
     import threading
 
-    from tuner.sweep import execute as sweep
     from tuner.core.settings import Settings
+    from tuner.sweep import execute as sweep
     real = sweep.execute
 
     def execute(store, *a, **k):

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner.cli.main import main
-from tuner.run.store import Store
-from tuner.core.values import Status
 from tests.conftest import FIXTURES, ROOT
+from tuner.cli.main import main
+from tuner.core.values import Status
+from tuner.run.store import Store
 
 NULL = ["--backend", "null", "--template", str(FIXTURES / "null/landscape.txt.j2"),
         "--space", str(FIXTURES / "null/landscape.yaml")]
@@ -274,9 +274,9 @@ def test_a_space_whose_constraints_leave_almost_nothing_still_gets_searched(tmp_
 
 def test_warm_up_starts_every_compile_worker_before_any_compile(fast_settings, tmp_path):
     """The compile workers start while the device and the reference are measured, not after."""
-    from tuner.exec.evaluate import Evaluator
     from tuner.core.ops import builtin_spec
     from tuner.core.skeleton import load_skeleton
+    from tuner.exec.evaluate import Evaluator
     skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
     ev = Evaluator("null", builtin_spec("softmax", "64x512", "fp32"), skeleton, fast_settings, tmp_path / "run")
     try:
@@ -368,8 +368,8 @@ def test_first_compiles_overlap_the_start_and_no_candidate_is_measured_before_it
 
 
 def test_device_facts_that_fail_in_the_background_fail_the_run(tmp_path, monkeypatch):
-    from tuner.run.tune import execute
     from tuner.exec.worker import WorkerError
+    from tuner.run.tune import execute
     settings, store = _null_run(tmp_path, monkeypatch)
     make = _slow_start_evaluator("device", 0.5, WorkerError("no device: the driver is gone"))
     with pytest.raises(WorkerError, match="the driver is gone"):
@@ -394,9 +394,9 @@ def test_a_reference_that_fails_in_the_background_fails_the_run_before_any_measu
 @contextlib.contextmanager
 def _warmed_null_evaluator(fast_settings, tmp_path):
     """A started null Evaluator whose compile workers have all finished warming up."""
-    from tuner.exec.evaluate import Evaluator
     from tuner.core.ops import builtin_spec
     from tuner.core.skeleton import load_skeleton
+    from tuner.exec.evaluate import Evaluator
     skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
     ev = Evaluator("null", builtin_spec("softmax", "64x512", "fp32"), skeleton, fast_settings, tmp_path / "run")
     try:
@@ -439,9 +439,9 @@ def test_compile_workers_are_single_threaded_and_share_tritons_cache_key(fast_se
 def test_tuner_profile_writes_the_benchmark_workers_profile(fast_settings, tmp_path, monkeypatch):
     import pstats
 
-    from tuner.exec.evaluate import Evaluator
     from tuner.core.ops import builtin_spec
     from tuner.core.skeleton import load_skeleton
+    from tuner.exec.evaluate import Evaluator
     monkeypatch.setenv("TUNER_PROFILE", str(tmp_path / "prof"))
     skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
     ev = Evaluator("null", builtin_spec("softmax", "64x512", "fp32"), skeleton, fast_settings, tmp_path / "run")
@@ -471,8 +471,8 @@ def test_a_skeleton_broken_for_every_config_stops_the_search_and_says_so(tmp_pat
 
 
 def test_failures_that_depend_on_the_config_never_stop_the_search():
-    from tuner.run.tune import _failure_signature
     from tuner.core.values import Build, Config, Measurement, Record
+    from tuner.run.tune import _failure_signature
 
     def rec(status, error="", detail=""):
         return Record("op", "sk", Config.of({"BM": 64}), Build(Status.COMPILE_ERROR if error else Status.OK, error=error),
@@ -488,11 +488,11 @@ def test_failures_that_depend_on_the_config_never_stop_the_search():
 def test_compile_workers_get_the_backends_compile_options_and_the_warm_up_the_same(fast_settings, tmp_path, monkeypatch):
     """Evaluator: compile workers get Backend.compile_options on top of the run's options, the
     benchmark worker does not. Ray: the warm-up's compile Worker is the one compiles find."""
-    from tuner.exec import ray_executor as executor_ray
     from tuner.backends.null import NullBackend
-    from tuner.exec.evaluate import Evaluator, WorkerPools
     from tuner.core.ops import builtin_spec
     from tuner.core.skeleton import load_skeleton
+    from tuner.exec import ray_executor as executor_ray
+    from tuner.exec.evaluate import Evaluator, WorkerPools
     monkeypatch.setattr(NullBackend, "compile_options", lambda self: {"told": 7})
     skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
     spec = builtin_spec("softmax", "64x512", "fp32")

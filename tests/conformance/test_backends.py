@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from tests.conftest import FIXTURES
 from tuner.backends import get_backend
-from tuner.exec.evaluate import Evaluator
 from tuner.core.ops import builtin_spec
 from tuner.core.skeleton import library_skeleton, load_skeleton
 from tuner.core.values import DeviceInfo, Status
-from tests.conftest import FIXTURES
+from tuner.exec.evaluate import Evaluator
 
 
 def _fixture(name):

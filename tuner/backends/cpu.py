@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.core.values import Build, DeviceInfo, OpSpec, Status
 from tuner.backends.base import Backend, BackendUnavailable, measured_peaks, raise_if_disk_full
+from tuner.core.values import Build, DeviceInfo, OpSpec, Status
 
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC"]
 CTYPES = {"fp32": "float", "fp64": "double"}

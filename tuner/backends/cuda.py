@@ -40,11 +40,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tuner.core.values import Build, DeviceInfo, OpSpec, Status
 from tuner.backends.base import BackendUnavailable, measured_peaks, meta_args, raise_if_disk_full
-from tuner.codecheck import Forbidden, require_clean
 from tuner.backends.triton_device import TritonDevice
 from tuner.backends.triton_source import load_module, use_cache, warm_launch
+from tuner.codecheck import Forbidden, require_clean
+from tuner.core.values import Build, DeviceInfo, OpSpec, Status
 
 # Shared memory per block (opt-in maximum) by compute capability, for when no device is asked.
 SMEM_OPTIN = {70: 98304, 75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 101376,

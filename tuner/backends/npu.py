@@ -53,11 +53,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.core.values import Build, DeviceInfo, OpSpec, Status
 from tuner.backends.base import BackendUnavailable, measured_peaks, meta_args, raise_if_disk_full
-from tuner.codecheck import Forbidden, require_clean
 from tuner.backends.triton_device import TritonDevice
 from tuner.backends.triton_source import load_module, use_cache, warm_launch
+from tuner.codecheck import Forbidden, require_clean
+from tuner.core.values import Build, DeviceInfo, OpSpec, Status
 
 # ---- Ascend compile options ------------------------------------------------------------------
 

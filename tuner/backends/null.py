@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.core.values import Build, DeviceInfo, OpSpec, Status
 from tuner.backends.base import Backend
+from tuner.core.values import Build, DeviceInfo, OpSpec, Status
 
 FAULTS = {"compile_error", "compile_hang", "crash", "hang", "wrong", "nan", "none"}
 

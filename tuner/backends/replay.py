@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from tuner.backends.base import Backend
 from tuner.core import landscape
 from tuner.core.values import Build, Config, DeviceInfo, OpSpec, Status
-from tuner.backends.base import Backend
 
 
 class ReplayBackend(Backend):

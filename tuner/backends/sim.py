@@ -69,11 +69,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.core.values import Build, DeviceInfo, OpSpec, Status
 from tuner.backends.base import Backend, BackendUnavailable
 from tuner.backends.npu import MULTIBUFFER_DEFAULT, check_launch_options, launches, read_cost, strip_options
-from tuner.codecheck import Forbidden, require_clean
 from tuner.backends.triton_source import load_module
+from tuner.codecheck import Forbidden, require_clean
+from tuner.core.values import Build, DeviceInfo, OpSpec, Status
 
 DEFAULT_CHIP = "910B2"
 VERIFY_MAX_ELEMENTS = 1 << 17

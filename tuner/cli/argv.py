@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shlex
 
-
 SECRET_FLAGS = ("--llm-api-key",)
 
 

@@ -22,8 +22,8 @@ def add_cli(sub) -> None:
 
 
 def cmd_db(args) -> int:
-    from tuner.run.report import console
     from tuner.core.settings import Settings
+    from tuner.run.report import console
     db = TuningDB(args.db)
     if args.action == "update":
         paths = args.paths or [Settings.from_env().runs_dir]

@@ -14,22 +14,22 @@ from pathlib import Path
 
 from tuner import __version__
 from tuner.backends import BACKENDS, BackendUnavailable, default_backend, get_backend
+from tuner.cli.argv import redacted_argv
+from tuner.core.landscape import LandscapeError
 from tuner.core.ops import BUILTINS, OpError, builtin_spec, load_op, parse_sizes, render_context
 from tuner.core.problem import probe_import, spec_from_problem_file
-from tuner.core.landscape import LandscapeError
-from tuner.search.searcher import SAMPLERS, SearchError, check_storage
 from tuner.core.settings import Settings
 from tuner.core.skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
 from tuner.core.space import SpaceError
-from tuner.run.store import Store, StoreError, list_runs
-from tuner.sweep.plan import SweepError
+from tuner.core.values import OpSpec, Status
+from tuner.exec.worker import WorkerError, WorkerFailure
 from tuner.llm.client import LLMConfig, LLMError
 from tuner.llm.proposer import ProposerError, make_proposer, openai_meta
 from tuner.llm.rounds import create_rounds_run, execute_rounds
+from tuner.run.store import Store, StoreError, list_runs
 from tuner.run.tune import create_run, execute, keep_resume_settings, refuse_empty_space, with_backend_options
-from tuner.core.values import OpSpec, Status
-from tuner.exec.worker import WorkerError, WorkerFailure
-from tuner.cli.argv import redacted_argv
+from tuner.search.searcher import SAMPLERS, SearchError, check_storage
+from tuner.sweep.plan import SweepError
 
 USER_ERRORS = (LandscapeError, OpError, SpaceError, SkeletonError, BackendUnavailable, StoreError, SearchError,
                LLMError, ProposerError, SweepError)

@@ -13,7 +13,6 @@ import re
 
 from tuner.codecheck.findings import Finding
 
-
 ALLOWED_HEADERS = {"math.h", "stdint.h", "stddef.h", "stdlib.h", "stdbool.h", "float.h", "limits.h",
                    "string.h", "omp.h", "complex.h", "tgmath.h", "stdalign.h", "assert.h",
                    "immintrin.h", "x86intrin.h", "xmmintrin.h", "emmintrin.h", "pmmintrin.h",

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from tuner.core.space import Param, Space
 from tuner.core.op import DTYPE_BYTES
+from tuner.core.space import Param, Space
 from tuner.core.values import Config, Record, RunMeta, Status
 
 _JSON_STATUS = {"ok": Status.OK, "runtime_error": Status.RUNTIME_ERROR, "wrong": Status.WRONG_RESULT,

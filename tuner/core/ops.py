@@ -16,6 +16,7 @@ from typing import Any
 from tuner.core.op import DTYPE_BYTES, DTYPES, TOLERANCE, Op, OpError, torch_dtype  # noqa: F401 - the op module's API
 from tuner.core.values import OpSpec
 
+
 @dataclass(frozen=True)
 class Builtin:
     name: str

@@ -6,12 +6,12 @@ Every value that crosses a process boundary or goes to disk has `to_json()` and 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import json
 import math
 import statistics
-import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any
 

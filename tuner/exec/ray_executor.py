@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from tuner.backends import BackendUnavailable, backend_class, get_backend
-from tuner.exec.evaluate import Evaluator
 from tuner.core.settings import Settings
 from tuner.core.values import Build, Measurement, OpSpec, Status
+from tuner.exec.evaluate import Evaluator
 from tuner.exec.worker import COMPILE_NICE, Worker, WorkerError, WorkerFailure
 
 RAY_MISSING = 'the ray executor needs Ray, which is not installed: pip install "tuner[ray]"'

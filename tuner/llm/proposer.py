@@ -31,14 +31,15 @@ import jinja2
 
 from tuner import codecheck
 from tuner.backends import get_backend
-from tuner.exec.evaluate import Evaluator
-from tuner.llm.feedback import Feedback, render as render_feedback
-from tuner.llm.client import ChatClient, LLMBudgetExhausted, LLMConfig
-from tuner.llm.prompt import PROMPT_VERSION, PromptKit, prompts_dir, prompts_hash, space_yaml
 from tuner.core.settings import Settings
 from tuner.core.skeleton import Skeleton, SkeletonError, library_skeleton
 from tuner.core.space import Param, Space, SpaceError, parse_space
 from tuner.core.values import Config, OpSpec, Record, Status
+from tuner.exec.evaluate import Evaluator
+from tuner.llm.client import ChatClient, LLMBudgetExhausted, LLMConfig
+from tuner.llm.feedback import Feedback
+from tuner.llm.feedback import render as render_feedback
+from tuner.llm.prompt import PROMPT_VERSION, PromptKit, prompts_dir, prompts_hash, space_yaml
 
 MAX_COVER = 48  # configs rendered and checked statically per candidate
 _FAIL = {Status.COMPILE_ERROR, Status.RUNTIME_ERROR, Status.WRONG_RESULT, Status.SUSPECT}

@@ -23,12 +23,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from tuner.core.landscape import (Landscape, LandscapeError, Outcome, load, load_cached, shapes,
-                                  skeleton_files)
+from tuner.core.landscape import Landscape, LandscapeError, Outcome, load, load_cached, shapes, skeleton_files
 from tuner.core.space import Param, Space
+from tuner.core.values import Build, Config, Measurement, Record, Status
 from tuner.run.tune import run_search
 from tuner.search.searcher import prepare_searcher
-from tuner.core.values import Build, Config, Measurement, Record, Status
+
 # ---- in-process replay through run_search -------------------------------------------------
 
 class MemoryStore:

@@ -14,7 +14,6 @@ from rich.table import Table
 
 from tuner.core.values import Config
 
-
 # Off a terminal (a log, a pipe) rich would wrap at 80 columns; logs read better unwrapped.
 # No markup: text from compilers, users and models is shown as it is ('[/]' would not parse).
 console = Console(stderr=False, width=None if sys.stdout.isatty() else 200, markup=False)

@@ -28,9 +28,9 @@ from tuner.backends import BACKENDS, BackendUnavailable, get_backend
 from tuner.core.ops import OpError, builtin_spec
 from tuner.core.settings import Settings
 from tuner.core.skeleton import Skeleton, SkeletonError
+from tuner.core.values import Config, Record, Status
 from tuner.run.store import Store, StoreError
 from tuner.run.tune import create_run, execute, with_backend_options
-from tuner.core.values import Config, Record, Status
 
 
 def parse_target(device: str | None, chip: str | None, old_backend: str,

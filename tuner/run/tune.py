@@ -20,16 +20,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.exec.evaluate import Evaluator
+from tuner.core.landscape import LandscapeError
 from tuner.core.ops import ceiling, load_op
-from tuner.search.searcher import STALL_GAIN, Searcher, prepare_searcher
 from tuner.core.settings import Settings
 from tuner.core.skeleton import Skeleton
+from tuner.core.values import Config, Measurement, OpSpec, Record, RunMeta, Status
+from tuner.exec.evaluate import Evaluator
 from tuner.run.report import Progress
 from tuner.run.store import Store
-from tuner.core.landscape import LandscapeError
 from tuner.run.warm import any_passed, warm_starts, warm_timings
-from tuner.core.values import Config, Measurement, OpSpec, Record, RunMeta, Status
+from tuner.search.searcher import STALL_GAIN, Searcher, prepare_searcher
 
 STALL_ASKS = 300  # consecutive asks that bring nothing new: the sampler has run dry
 # This many evaluations in a row failing with one and the same message while no config has

@@ -68,11 +68,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from tuner.core.space import Space
+from tuner.core.values import Config
 from tuner.search.encoding import Encoding
 from tuner.search.gp import CHUNK, GP, expected_improvement, matern, sqdist
 from tuner.search.prior import Prior
-from tuner.core.space import Space
-from tuner.core.values import Config
 
 ENUMERATE_MAX = 4096  # spaces up to this size are scored whole on every ask
 SAMPLE_CANDIDATES = 2048  # else this many random configs plus the best ones' neighbourhoods

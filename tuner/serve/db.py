@@ -32,8 +32,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
-from tuner.run.store import Store, StoreError
 from tuner.core.values import RunMeta, content_hash
+from tuner.run.store import Store, StoreError
 
 DB_FORMAT = 1
 DEFAULT_DB = "tuning-db.json"

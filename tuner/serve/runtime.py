@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from tuner.backends import BackendUnavailable, get_backend
-from tuner.serve.db import fingerprint
 from tuner.core.ops import arg_specs, load_op, render_context
 from tuner.core.settings import Settings
 from tuner.core.skeleton import Skeleton, SkeletonError
 from tuner.core.values import Config, OpSpec, Status
+from tuner.serve.db import fingerprint
 
 # Where a built-in op's sizes are read from its inputs: (input index, size name per dim).
 SIZES_FROM_INPUTS: dict[str, list[tuple[int, tuple[str | None, ...]]]] = {

@@ -33,12 +33,19 @@ from pathlib import Path
 
 from tuner.backends import BackendUnavailable
 from tuner.core.ops import OpError
-from tuner.sweep.plan import Plan, SweepError, Task
 from tuner.core.settings import Settings
 from tuner.core.skeleton import SkeletonError
-from tuner.run.store import Store, StoreError
 from tuner.run.report import Progress, SweepView
-from tuner.run.tune import (Interrupted, asks_more, create_run, execute, keep_resume_settings, stopped_by_patience)
+from tuner.run.store import Store, StoreError
+from tuner.run.tune import (
+    Interrupted,
+    asks_more,
+    create_run,
+    execute,
+    keep_resume_settings,
+    stopped_by_patience,
+)
+from tuner.sweep.plan import Plan, SweepError, Task
 
 # ---- a task's state (shown by report.SweepView) -------------------------------------------
 
