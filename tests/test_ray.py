@@ -266,9 +266,9 @@ def test_compile_processes_serve_every_op_of_a_sweep(tmp_path, fast_settings):
     executor_ray._COMPILE_WORKERS.clear()
     try:
         for i, shape in enumerate(["64x512", "128x512", "256x512", "512x512", "1024x512", "64x512"]):
-            options = {"op": builtin_spec("softmax", shape, "fp32").to_json()}
+            op = builtin_spec("softmax", shape, "fp32").to_json()
             (kind, build), _ = executor_ray.compile_in_task(
-                "null", options, fast_settings, None, {}, "time: 0.001\n", str(tmp_path / f"b{i}"), False)
+                "null", {}, fast_settings, None, {}, "time: 0.001\n", op, str(tmp_path / f"b{i}"), False)
             assert kind == "ok" and build.status.name == "OK", build
         workers = list(executor_ray._COMPILE_WORKERS.values())
         assert len(workers) == 1 and workers[0].started == 1

@@ -508,7 +508,8 @@ def test_compile_workers_get_the_backends_compile_options_and_the_warm_up_the_sa
         settings = fast_settings
         executor_ray.warm_in_task("null", executor_ray.warm_options("null", settings), settings, None, {}, False)
         (kind, build), _ = executor_ray.compile_in_task("null", ev.compile_options, settings, None, {},
-                                                         "time: 0.001\n", str(tmp_path / "b"), False)
+                                                         "time: 0.001\n", ev.spec.to_json(), str(tmp_path / "b"),
+                                                         False)
         assert kind == "ok" and build.status is Status.OK
         assert len(executor_ray._COMPILE_WORKERS) == 1, "the warm-up started a Worker no compile uses"
     finally:

@@ -132,14 +132,13 @@ def _compile_worker(backend: str, options: dict, settings: Settings, log_path: s
 
 
 def compile_in_task(backend: str, options: dict, settings: Settings, log_path: str | None,
-                    env: dict, source: str, workdir: str, limit_memory: bool):
-    """Body of a compile task: compile in this Ray worker process's own Worker. Returns two
-    values: the outcome and the build folder's files."""
+                    env: dict, source: str, op: dict, workdir: str, limit_memory: bool):
+    """Body of a compile task: compile `source` (a kernel of the op `op`, as JSON) in this Ray
+    worker process's own Worker. Returns two values: the outcome and the build folder's files."""
     _apply_env(env)
     # The op travels with each request, not in the worker's options: a sweep interleaves its
     # ops on every compile process, and a worker per op (a Python with torch and Triton
     # imported, seconds to start) thrashed the cache above and bounded the sweep's rate.
-    op = options.get("op")
     options = {k: v for k, v in options.items() if k != "op"}
     worker = _compile_worker(backend, options, settings, log_path, limit_memory)
     try:
@@ -690,7 +689,7 @@ class RayEvaluator(Evaluator):
         ray, ex = self.ray, self.executor
         refs = ex.compile_remote().remote(
             self.backend_name, self.compile_options, self.settings, ex.log_path,
-            ex.worker_env, source, workdir, self.backend.limit_memory)
+            ex.worker_env, source, self.spec.to_json(), workdir, self.backend.limit_memory)
         with ex._count_lock:
             ex.compiling += 1
         try:
