@@ -1,7 +1,7 @@
 """How many evaluations each search strategy spends before it holds a near-optimal config.
 
 Every strategy runs through the real `tune.run_search` loop and `Searcher` against recorded
-landscapes (`tuner.replay`), as `tune.execute` would drive it: the space's default config is
+landscapes (`tuner.offline.replay`), as `tune.execute` would drive it: the space's default config is
 enqueued first. For each landscape and strategy, over N seeds: the median number of unique
 evaluations (failures count, configs the space's formulas reject do not) until a config within
 3 % and within 10 % of the landscape's optimum, and the share of seeds that got there within a
@@ -55,7 +55,7 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tuner.core import landscape as landscapes  # noqa: E402
+from tuner.core import landscape as recorded  # noqa: E402
 from tuner.core.space import load_space  # noqa: E402
 from tuner.offline import replay  # noqa: E402
 from tuner.run import warm as warmstart  # noqa: E402
@@ -75,7 +75,7 @@ def landscapes(paths: list[str], runs: list[str], synthetic: bool) -> list[tuple
     """(label, path or synthetic kind, shape) for every landscape to replay."""
     out = []
     for p in paths:
-        for shape in landscapes.shapes(p):
+        for shape in recorded.shapes(p):
             out.append((f"{Path(p).stem} {shape}", p, shape))
     for d in runs:
         out.append((f"{Path(d).name} (middle start)", d, ""))
@@ -85,13 +85,13 @@ def landscapes(paths: list[str], runs: list[str], synthetic: bool) -> list[tuple
 
 
 def load(path: str, shape: str | None, seed: int, formulas: tuple | None = None,
-         guesses: tuple = ()) -> landscapes.Landscape:
+         guesses: tuple = ()) -> recorded.Landscape:
     """`formulas`: (space YAML, DTYPE_BYTES, device limits) to replay a landscape JSON, which
     declares none, under a skeleton's constraints and resource formulas (see --formulas).
     `guesses`: partial configs a landscape JSON's space takes as `promising` (see --promising)."""
     if shape is None:
         return replay.synthetic(path, seed)
-    land = landscapes.load_cached(path, shape or None)
+    land = recorded.load_cached(path, shape or None)
     if shape == "":
         # A run directory of the library's own skeleton: its space's default is the optimum
         # these grid runs found, so the search starts from each param's middle value instead.
@@ -127,7 +127,7 @@ def read_guesses(path: str) -> tuple:
     return tuple(tuple(sorted(g.items())) for g in guesses)
 
 
-def valid_configs(land: landscapes.Landscape) -> int:
+def valid_configs(land: recorded.Landscape) -> int:
     """Configs the space's formulas accept at the landscape's shape (all of a landscape JSON's:
     it declares no formulas)."""
     check = replay.ReplayEvaluator(land).check
@@ -158,7 +158,7 @@ def one(job: tuple) -> tuple[float, float, float, int]:
         if shape == "":
             others = _siblings(path, runs)
         else:
-            others = [f"{path}@{s}" for s in landscapes.shapes(path) if s != shape] if shape else []
+            others = [f"{path}@{s}" for s in recorded.shapes(path) if s != shape] if shape else []
         seeds = warmstart.warm_starts(others, land.space) if others else ()
         if sampler == "guided" and others:
             options = {**options, "sampler_options": {"prior": warmstart.warm_timings(others, land.space)}}
