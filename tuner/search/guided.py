@@ -64,6 +64,7 @@ on each ask, so a resumed run continues where its records say it is.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -103,6 +104,24 @@ def _logistic(X: np.ndarray, label: np.ndarray, Xc: np.ndarray, l2: float) -> np
 
 
 # ---- the search --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GuidedOptions:
+    """The guided search's knobs; each is described in `GuidedSearch`'s docstring."""
+
+    n_startup: int = 1
+    clip: float = 2.0
+    cliff: float | None = 2.5
+    decay: float = 0.1
+    classifier: float | None = 0.03
+    dominance: bool | str = True
+    impute: float | None = 2.0
+    explore: int | None = 3
+    explore_every: int = 3
+    rescue: int = 2
+    promise: bool = True
+    prior_weight: float = 0.25
+
 
 class GuidedSearch:
     """Chooses the next config from the history. Pure: same history and rng, same answer.
@@ -150,34 +169,20 @@ class GuidedSearch:
     """
 
     def __init__(self, space: Space, check: Callable[[Config], str | None] | None = None,
-                 n_startup: int = 1, clip: float = 2.0, cliff: float | None = 2.5,
-                 decay: float = 0.1, classifier: float | None = 0.03, dominance: bool | str = True,
-                 impute: float | None = 2.0, repair: Callable[..., Config | None] | None = None,
-                 explore: int | None = 3, explore_every: int = 3, rescue: int = 2,
-                 promise: bool = True, prior: Sequence[Mapping[Any, float | None]] = (),
-                 prior_weight: float = 0.25):
+                 repair: Callable[..., Config | None] | None = None,
+                 prior: Sequence[Mapping[Any, float | None]] = (), **options: Any):
+        """`options`: the knobs of `GuidedOptions` by name (a name it lacks is a TypeError)."""
         self.enc = Encoding(space)
         self.check = check
         self.repair = repair
-        self.n_startup = n_startup
-        self.clip = clip
-        self.cliff = cliff
-        self.decay = decay
-        self.classifier = classifier
-        self.dominance = dominance
-        self.impute = impute
-        self.explore = explore
-        self.explore_every = explore_every
-        self.rescue = rescue
-        self.promise = promise
+        self.opt = GuidedOptions(**options)
         self._invalid: set[int] = set()  # flat keys the space's own formulas reject
         self._all: np.ndarray | None = None
         self._theta: np.ndarray | None = None
         self._ls: np.ndarray | None = None
         self._completed: tuple[int, np.ndarray, np.ndarray] | None = None  # (incumbent, completions, the moves)
-        self.prior_weight = prior_weight
         # None also when no source timed a config of this space (an empty Prior is falsy).
-        self._prior = (Prior(self.enc, prior, clip) if prior else None) or None
+        self._prior = (Prior(self.enc, prior, self.opt.clip) if prior else None) or None
 
     # -- candidates --
 
@@ -246,7 +251,7 @@ class GuidedSearch:
                 moved = int(np.argmax(row))
                 # Its rescues evaluated so far: configs one step of another ordered param from it.
                 d = np.stack([enc.step(j, D[:, j], cliff[j]) for j in range(len(inc))], 1)
-                if ((d.sum(1) == 1) & (d[:, moved] == 0) & enc.ordered[np.argmax(d, 1)]).sum() >= self.rescue:
+                if ((d.sum(1) == 1) & (d[:, moved] == 0) & enc.ordered[np.argmax(d, 1)]).sum() >= self.opt.rescue:
                     continue
                 for k, v in self._moves(cliff, 1):
                     if k != moved and enc.ordered[k]:
@@ -324,7 +329,7 @@ class GuidedSearch:
         `pending`: in flight. None when every config has been seen."""
         enc = self.enc
         hard = [i for i, y in done if y is None]
-        if self.cliff:
+        if self.opt.cliff:
             done = self._cliffs_as_failures(done)
         seen_idx = [d[0] for d in done] + list(pending)
         seen = enc.flat(np.array(seen_idx)) if seen_idx else np.zeros(0, dtype=np.int64)
@@ -335,7 +340,7 @@ class GuidedSearch:
         # changing another param: one trust-region step, and worth what the move promised.
         fixed, moves = self._completions(ranked[0][0]) if ok else \
             (np.zeros(0, np.int64), np.zeros((0, len(enc.params)), np.int64))
-        if ok and self.rescue:
+        if ok and self.opt.rescue:
             rescues, cliffs = self._rescues(ranked[0][0], done, hard)
             fixed, moves = np.concatenate([fixed, rescues]), np.concatenate([moves, cliffs])
         completed = np.unique(fixed)
@@ -350,7 +355,7 @@ class GuidedSearch:
         p_ok = self._feasibility(cidx, Xc, done, hard)
         if not ok:  # nothing timed yet: spread out, away from what failed
             score = self._spread(Xc, enc.features(np.array(seen_idx)) if seen_idx else None, rng) * p_ok
-        elif len(ok) < self.n_startup:
+        elif len(ok) < self.opt.n_startup:
             score = self._near(cidx, ranked[0][0], np.isin(flat, completed)) * (0.5 + rng.random(len(cidx))) * p_ok
         else:
             incumbent = ranked[0][0]
@@ -359,11 +364,11 @@ class GuidedSearch:
             rows = [ok[k] for k in self._keep(ok, incumbent, TRAIN_MAX)]
             X = enc.features(np.array([i for i, _ in rows]))
             y = np.array([v for _, v in rows])
-            y = np.minimum(y, y.min() + math.log10(self.clip)) if self.clip else y
+            y = np.minimum(y, y.min() + math.log10(self.opt.clip)) if self.opt.clip else y
             # With timings of related runs (`prior`), the model is of the difference from them.
             row_keys = enc.flat(np.array([i for i, _ in rows]))
             if self._prior is not None:
-                prior = self._prior.mean(row_keys, y, self.prior_weight * self._prior.coverage(self._valid))
+                prior = self._prior.mean(row_keys, y, self.opt.prior_weight * self._prior.coverage(self._valid))
             else:
                 prior = lambda flat: np.zeros(len(flat))  # noqa: E731
             y_min = float(y.min())
@@ -380,7 +385,7 @@ class GuidedSearch:
             if Xp is not None:  # in flight: believe the model's mean there (keeps parallel asks apart)
                 gp = gp.with_points(Xp, gp.predict(Xp)[0])
             score = self._improvement(gp, Xc, prior(flat), p_ok, X, y, y_min, prior, hard, incumbent, Xp) * p_ok
-            if len(fixed) and self.promise:  # a fixed-up move is worth what the move promised
+            if len(fixed) and self.opt.promise:  # a fixed-up move is worth what the move promised
                 mean, sd = gp.predict(enc.features(moves))
                 promised = np.zeros(len(flat))
                 at = np.searchsorted(flat, fixed)  # `flat` is sorted, and holds every one not yet seen
@@ -397,10 +402,10 @@ class GuidedSearch:
         """Whether this ask looks beyond the trust region: every `explore_every`-th ask once
         `explore` timings in a row brought no new best. Asks in flight count as asks, so that
         parallel asks made on the same history do not all go global or all stay local."""
-        if not self.explore:
+        if not self.opt.explore:
             return False
         stall = len(ok) + in_flight - 1 - int(np.argmin([y for _, y in ok]))
-        return stall >= self.explore and (stall - self.explore) % self.explore_every == 0
+        return stall >= self.opt.explore and (stall - self.opt.explore) % self.opt.explore_every == 0
 
     def _improvement(self, gp: GP, Xc: np.ndarray, m_c: np.ndarray, p_ok: np.ndarray, X: np.ndarray,
                      y: np.ndarray, y_min: float, prior: Callable[[np.ndarray], np.ndarray], hard: list,
@@ -415,11 +420,11 @@ class GuidedSearch:
         mean, sd = gp.predict(Xc)
         ei = expected_improvement(mean, sd, (y_min - m_c - gp.mean) / gp.scale) * gp.scale
         doubtful = p_ok < 0.5
-        if self.impute and hard and doubtful.any():
+        if self.opt.impute and hard and doubtful.any():
             failed = [(h, None) for h in hard]
             fidx = np.array([failed[k][0] for k in self._keep(failed, incumbent, TRAIN_MAX // 4)])
             Xf = self.enc.features(fidx)
-            told_y = y_min + math.log10(self.impute) - prior(self.enc.flat(fidx))
+            told_y = y_min + math.log10(self.opt.impute) - prior(self.enc.flat(fidx))
             told = GP(np.vstack([X, Xf]), np.concatenate([y, told_y]), gp.theta, fit=False)
             if Xp is not None:  # in flight, as for the main model
                 told = told.with_points(Xp, told.predict(Xp)[0])
@@ -449,7 +454,7 @@ class GuidedSearch:
     def _near(self, cidx: np.ndarray, incumbent: tuple[int, ...], completed: np.ndarray) -> np.ndarray:
         """decay ** (steps from the incumbent - 1); a completed move (`completed`: a mask) is one step."""
         steps = np.where(completed, 1, self._steps(cidx, incumbent))
-        return self.decay ** np.maximum(steps - 1, 0)
+        return self.opt.decay ** np.maximum(steps - 1, 0)
 
     def _cliffs_as_failures(self, done):
         """A config far slower than an adjacent one (one param, one step apart) sits past a
@@ -468,7 +473,7 @@ class GuidedSearch:
             step = np.maximum(step, d)
         adjacent = (diff == 1) & (step == 1)
         lowest = np.where(adjacent, y[None, :], np.inf).min(1)
-        cut = math.log10(self.cliff)
+        cut = math.log10(self.opt.cliff)
         out = list(done)
         for n, (k, _, v) in enumerate(ok):
             if v - lowest[n] > cut:
@@ -507,8 +512,8 @@ class GuidedSearch:
         for lo in range(0, len(Xc), CHUNK):
             w = matern(np.sqrt(sqdist(Xc[lo:lo + CHUNK], X_all, np.minimum(ls, 0.5))))
             p_fail[lo:lo + CHUNK] = (w @ label + 0.5 * prior) / (w.sum(1) + 0.5)
-        if self.classifier:
-            p_log = _logistic(X_all, label, Xc, self.classifier)
+        if self.opt.classifier:
+            p_log = _logistic(X_all, label, Xc, self.opt.classifier)
             # A boundary that the fit draws between a config that worked and its neighbour is
             # a guess one evaluation settles, not a near-certain failure: a nearly separable
             # history makes the fit sharp (recorded softmax: ONLINE=False failed at BLOCK_N
@@ -525,7 +530,7 @@ class GuidedSearch:
                     guess &= ~self._adjacent(cidx[sure], failed)
                 p_log[sure[guess]] = 0.5
             p_fail = np.maximum(p_fail, p_log)
-        if self.dominance and hard:
+        if self.opt.dominance and hard:
             dom = self._dominates(cidx, np.array(hard))
             if dom.any():
                 p_fail = np.where(dom, np.maximum(p_fail, self._dominance_trust(done, hard)), p_fail)
@@ -541,7 +546,7 @@ class GuidedSearch:
         out = np.zeros(len(cidx), dtype=bool)
         for f in fails:
             ge = (cidx[:, o] >= f[o]).all(1)
-            if self.dominance == "same-choices" and (~o).any():
+            if self.opt.dominance == "same-choices" and (~o).any():
                 ge &= (cidx[:, ~o] == f[~o]).all(1)
             out |= ge
         return out
@@ -553,7 +558,7 @@ class GuidedSearch:
         failed = np.array([tuple(i) in hard_keys for i, _ in done])
         o = self.enc.ordered
         ge = (A[:, None, o] >= A[None, :, o]).all(-1)
-        if self.dominance == "same-choices" and (~o).any():
+        if self.opt.dominance == "same-choices" and (~o).any():
             ge &= (A[:, None, ~o] == A[None, :, ~o]).all(-1)
         earlier = np.tril(np.ones((len(A), len(A)), dtype=bool), -1)
         dom = (ge & earlier & failed[None, :]).any(1)
