@@ -16,6 +16,9 @@ CHEATS = {
                    .replace("@triton.jit", "@jit"),
     # An attribute path from triton.language into another module.
     "path to builtins": GOOD.replace("    n = x.numel()", "    n = x.numel()\n    tl.core.builtins.exec('1')"),
+    # The same module imported under a name of its own, with no attribute taken yet.
+    "import of builtins": GOOD.replace("SCALE = 2.0", "SCALE = 2.0").replace(
+        "import math\n", "import math\nfrom triton.language.core import builtins as b\n"),
     "host lambda call": GOOD.replace("    n = x.numel()", "    n = (lambda: x.sum())()"),
     "torch in a kernel": GOOD.replace("    offs = tl.program_id(0)", "    t = torch.float32\n    offs = tl.program_id(0)"),
 }

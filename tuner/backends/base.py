@@ -34,6 +34,7 @@ Contract for implementers:
 from __future__ import annotations
 
 import abc
+import functools
 import json
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -153,11 +154,16 @@ def meta_args(op: OpSpec):
     """Meta tensors with the shapes and dtypes the harness passes `op`'s kernel (inputs, then
     outputs): what a backend that compiles ahead launches `launch` on, without a device."""
     import torch
-
-    from tuner.core.ops import arg_specs, load_op
-    ins, outs = arg_specs(load_op(op))
+    ins, outs = _arg_specs(op)
     return ([torch.empty(s, dtype=d, device="meta") for s, d in ins],
             [torch.empty(s, dtype=d, device="meta") for s, d in outs])
+
+
+@functools.lru_cache(maxsize=16)
+def _arg_specs(op: OpSpec):
+    """Per op, once per process: a compile worker serves every config (and a sweep's ops)."""
+    from tuner.core.ops import arg_specs, load_op
+    return arg_specs(load_op(op))
 
 
 _DISK_FULL = ("No space left on device", "Disk quota exceeded")

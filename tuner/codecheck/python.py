@@ -28,6 +28,7 @@ Every violation is a `Finding` with its line; the module must also define `launc
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import sys
 import types
@@ -119,6 +120,11 @@ def _const(node: ast.AST) -> bool:
 # Stdlib module names that are also triton.language submodules: the static fallback below
 # must not refuse `tl.math`.
 _TL_SUBMODULES = {"math", "core", "semantic", "standard", "extra", "random", "libdevice"}
+
+
+# Builtins a path through an allowed module must not reach under another name (a module that
+# re-exports `exec`), found by identity.
+_DANGEROUS = tuple(getattr(builtins, n) for n in FORBIDDEN_NAMES if callable(getattr(builtins, n, None)))
 
 
 class _Checker(ast.NodeVisitor):
@@ -214,6 +220,7 @@ class _Checker(ast.NodeVisitor):
                 self.fail(node, f"from triton import {a.name}")
             else:
                 self.aliases[a.asname or a.name] = f"{mod}.{a.name}"
+                self._check_reached_modules(node, f"{mod}.{a.name}")  # `from tl.core import builtins`
 
     # ---- names and attributes ---------------------------------------------------------
 
@@ -277,6 +284,9 @@ class _Checker(ast.NodeVisitor):
             try:
                 obj = getattr(obj, seg)
             except Exception:  # noqa: BLE001 - a name the module lacks: Triton says so at compile
+                return
+            if any(obj is f for f in _DANGEROUS):
+                self.fail(node, f"{'.'.join(parts[:i + 1])} is the builtin {obj.__name__!r}")
                 return
             if isinstance(obj, types.ModuleType):
                 name = obj.__name__
