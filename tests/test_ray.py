@@ -20,6 +20,8 @@ from tuner.run.tune import create_run, execute
 
 ray = pytest.importorskip("ray")
 
+from tests.conformance.runner_suite import *  # noqa: E402,F401,F403 - the runner suite, on Ray
+from tests.conformance.runner_suite import SPEC  # noqa: E402
 from tests.polling import wait_for  # noqa: E402
 from tuner.exec.ray_executor import RAY_MISSING, RayExecutor, connect  # noqa: E402
 
@@ -48,6 +50,11 @@ def executor(cluster, tmp_path_factory):
     from tuner.core.settings import Settings
     with RayExecutor(Settings(), devices=2) as ex:
         yield ex
+
+
+@pytest.fixture
+def make_evaluator(executor):
+    return lambda skeleton, settings, workdir: executor.evaluator("null", SPEC, skeleton, settings, workdir)
 
 
 def skel(pair):

@@ -156,3 +156,21 @@ def test_a_problem_with_an_integer_or_bool_output(tmp_path, monkeypatch, capsys,
     assert len(records) == 4
     for r in records:
         assert r.status is (Status.WRONG_RESULT if r.config.as_dict()[wrong] else Status.OK), (r.config, r.reason)
+
+
+def test_a_worker_whose_parent_died_while_it_started_exits():
+    """A device actor killed while its benchmark worker was still starting left the worker to
+    init; the worker took init for its parent and hung on in a kernel forever. The parent's
+    pid now comes on the command line: a worker that finds another parent exits at once."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    child = subprocess.Popen([sys.executable, "-m", "tuner.exec.worker", str(os.getpid() + 999_999)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert child.wait(timeout=60) == 1
+    finally:
+        child.kill()

@@ -184,14 +184,15 @@ def test_runs_of_a_local_sweep_share_their_worker_processes(fast_settings, tmp_p
 
     from tuner.core.ops import builtin_spec
     from tuner.core.skeleton import library_skeleton
-    from tuner.exec.evaluate import Evaluator, WorkerPools
+    from tuner.exec.evaluate import Evaluator
+    from tuner.exec.runner import WorkerPools
     from tuner.run.tune import create_run, execute
     pools = WorkerPools(fast_settings, tmp_path / "workers.log")
     try:
         for op, shape in [("softmax", "16x100"), ("rmsnorm", "8x64"), ("softmax", "4x32")]:
             store = create_run(fast_settings, builtin_spec(op, shape, "fp32"), "cpu", library_skeleton(op, "c"),
                                "random", seed=1, path=tmp_path / f"{op}-{shape}")
-            summary = execute(store, fast_settings, 2, make_evaluator=functools.partial(Evaluator, workers=pools))
+            summary = execute(store, fast_settings, 2, make_evaluator=functools.partial(Evaluator, runner=pools.runner))
             assert summary["best"] is not None, summary["failures"]
         [(compilers, benchers)] = pools._pools.values()
         assert len(compilers) == fast_settings.n_compile_workers and len(benchers) == 1

@@ -280,14 +280,14 @@ def test_warm_up_starts_every_compile_worker_before_any_compile(fast_settings, t
     skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
     ev = Evaluator("null", builtin_spec("softmax", "64x512", "fp32"), skeleton, fast_settings, tmp_path / "run")
     try:
-        workers = list(ev._compilers.queue)
+        workers = list(ev.runner.compilers)
         assert workers and all(w.proc is None for w in workers)
         ev.warm_up()
         ev.start()
-        for t in ev._warming:
+        for t in ev.runner._warming:
             t.join(timeout=60)
         assert all(w.proc is not None and w.proc.poll() is None for w in workers)
-        assert ev._compilers.qsize() == len(workers)  # every one back, ready for compiles
+        assert ev.runner._compilers.qsize() == len(workers)  # every one back, ready for compiles
     finally:
         ev.close()
     assert all(w.proc is None for w in workers)
@@ -322,9 +322,9 @@ def _slow_start_evaluator(step: str, delay_s: float, fail: BaseException | None 
             self.events.append(("compile", time.monotonic()))
             return super().compile(source, digest)
 
-        def measure(self, build, best_s=None):
+        def measure(self, build, best_s=None, what=""):
             self.events.append(("measure", time.monotonic()))
-            return super().measure(build, best_s)
+            return super().measure(build, best_s, what)
     return SlowStart
 
 
@@ -402,7 +402,7 @@ def _warmed_null_evaluator(fast_settings, tmp_path):
     try:
         ev.warm_up()
         ev.start()
-        for t in ev._warming:
+        for t in ev.runner._warming:
             t.join(timeout=60)
         yield ev
     finally:
@@ -414,8 +414,8 @@ def test_compile_workers_run_below_the_timing_workers_priority(fast_settings, tm
     def nice(proc) -> int:
         return int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
     with _warmed_null_evaluator(fast_settings, tmp_path) as ev:
-        compilers = [nice(w.proc) for w in ev._compilers.queue]
-        timer = nice(ev.bench_worker.proc)
+        compilers = [nice(w.proc) for w in ev.runner.compilers]
+        timer = nice(ev.runner.bench_workers[0].proc)
     assert compilers and all(n > timer for n in compilers), (compilers, timer)
 
 
@@ -428,8 +428,8 @@ def test_compile_workers_are_single_threaded_and_share_tritons_cache_key(fast_se
         return dict(x.decode().split("=", 1) for x in raw if b"=" in x)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     with _warmed_null_evaluator(fast_settings, tmp_path) as ev:
-        compilers = [env(w.proc) for w in ev._compilers.queue]
-        timer = env(ev.bench_worker.proc)
+        compilers = [env(w.proc) for w in ev.runner.compilers]
+        timer = env(ev.runner.bench_workers[0].proc)
     assert compilers
     for e in compilers:
         assert (e.get("OMP_NUM_THREADS"), e.get("MLIR_DISABLE_MULTITHREADING")) == ("1", "1")
@@ -492,22 +492,23 @@ def test_compile_workers_get_the_backends_compile_options_and_the_warm_up_the_sa
     from tuner.core.ops import builtin_spec
     from tuner.core.skeleton import load_skeleton
     from tuner.exec import ray_executor as executor_ray
-    from tuner.exec.evaluate import Evaluator, WorkerPools
+    from tuner.exec.evaluate import Evaluator
+    from tuner.exec.runner import WorkerPools
     monkeypatch.setattr(NullBackend, "compile_options", lambda self: {"told": 7})
     skeleton = load_skeleton(FIXTURES / "null/landscape.txt.j2", FIXTURES / "null/landscape.yaml")
     spec = builtin_spec("softmax", "64x512", "fp32")
     ev = Evaluator("null", spec, skeleton, fast_settings, tmp_path / "run")
     pools = WorkerPools(fast_settings, tmp_path / "pools.log")
     try:
-        assert all(w.options.get("told") == 7 for w in ev._compilers.queue)
-        assert all("told" not in w.options for w in ev.bench_workers)
-        compilers, benchers = pools.get("null", (0,), ev.options, False, {"told": 7})
+        assert all(w.options.get("told") == 7 for w in ev.runner.compilers)
+        assert all("told" not in w.options for w in ev.runner.bench_workers)
+        compilers, benchers = pools.get(ev.placement)
         assert all(w.options.get("told") == 7 for w in compilers) and "told" not in benchers[0].options
         # Ray: warm up with the executor's options, then compile with the evaluator's.
         executor_ray._COMPILE_WORKERS.clear()
         settings = fast_settings
         executor_ray.warm_in_task("null", executor_ray.warm_options("null", settings), settings, None, {}, False)
-        (kind, build), _ = executor_ray.compile_in_task("null", ev.compile_options, settings, None, {},
+        (kind, build), _ = executor_ray.compile_in_task("null", ev.placement.compile_options, settings, None, {},
                                                          "time: 0.001\n", ev.spec.to_json(), str(tmp_path / "b"),
                                                          False)
         assert kind == "ok" and build.status is Status.OK

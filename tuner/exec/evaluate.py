@@ -1,9 +1,10 @@
 """The Evaluator: config -> Record. Check constraints and resources, render, compile, verify, time.
 
-Compilation runs in a pool of killable worker processes (one per CPU core by default) and
-timing in one long-lived benchmark worker per device, so a compile never queues behind a
-timing. Backends whose timing runs on the same cores as the compiler (cpu) serialise the two.
-`evaluate` is thread-safe: the searcher calls it from several threads at once.
+Where compiles and timings run is its Runner's (tuner/exec/runner.py: local worker processes,
+or a Ray cluster); what a request and its failure mean is decided here, once for every runner:
+a request whose process died under it is sent once more (an outside kill, the OOM killer, a
+lost node is not the config's fault), a second death is the config's, and a hang is never
+retried. `evaluate` is thread-safe: the searcher calls it from several threads at once.
 
 A candidate's fault is always a Record; only faults of the tool raise.
 """
@@ -11,95 +12,49 @@ A candidate's fault is always a Record; only faults of the tool raise.
 from __future__ import annotations
 
 import hashlib
-import json
-import queue
 import threading
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, TypeVar
 
 from tuner.backends import get_backend
 from tuner.core.ops import load_op, render_context
 from tuner.core.settings import Settings
 from tuner.core.skeleton import Skeleton, SkeletonError
 from tuner.core.values import Build, Config, DeviceInfo, Measurement, OpSpec, Record, Status
-from tuner.exec.worker import COMPILE_NICE, Worker, WorkerFailure
+from tuner.exec.runner import LocalRunner, Placement, Runner
+from tuner.exec.worker import WorkerFailure
 
-
-class WorkerPools:
-    """Worker processes shared by runs that follow one another (the tasks of a local sweep): a
-    Python with torch and Triton imported, on a GPU with a CUDA context, takes seconds to start,
-    once per sweep instead of once per task. The op travels with each request; workers are
-    keyed by backend, devices and the other options. `close` ends them."""
-
-    def __init__(self, settings: Settings, log_path: str | Path):
-        self.settings, self.log_path = settings, str(log_path)
-        self._pools: dict[str, tuple[list[Worker], list[Worker]]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, backend: str, devices: tuple[int, ...], options: dict,
-            limit_memory: bool, compile_options: dict | None = None) -> tuple[list[Worker], list[Worker]]:
-        """(compile workers, one benchmark worker per device); `compile_options`: the compile
-        workers' on top of `options` (Backend.compile_options)."""
-        opts = {k: v for k, v in options.items() if k != "op"}
-        copts = {**opts, **(compile_options or {})}
-        key = json.dumps([backend, list(devices), opts, copts], sort_keys=True, default=str)
-        with self._lock:
-            if key not in self._pools:
-                s, log = self.settings, self.log_path
-                compilers = [Worker(backend, devices[0], copts, s, log, limit_memory, COMPILE_NICE)
-                             for _ in range(s.n_compile_workers)]
-                benchers = [Worker(backend, d, opts, s, log, limit_memory) for d in devices]
-                self._pools[key] = (compilers, benchers)
-            return self._pools[key]
-
-    def close(self) -> None:
-        with self._lock:
-            for compilers, benchers in self._pools.values():
-                for w in compilers + benchers:
-                    w.close()
-            self._pools.clear()
+T = TypeVar("T")
 
 
 class Evaluator:
+    """`runner(placement, settings) -> Runner` says where requests run (default: this machine's
+    worker processes, `LocalRunner`; `WorkerPools.runner` for workers a sweep shares,
+    `RayExecutor.evaluator` builds one on a Ray cluster)."""
+
     def __init__(self, backend: str, spec: OpSpec, skeleton: Skeleton, settings: Settings,
                  workdir: str | Path, devices: tuple[int, ...] = (0,), options: dict | None = None,
-                 workers: WorkerPools | None = None):
+                 runner: Callable[[Placement, Settings], Runner] = LocalRunner):
         self.backend_name, self.spec, self.skeleton, self.settings = backend, spec, skeleton, settings
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         # The op goes with every compile request (`Backend.compile`); the benchmark workers are
         # also told it (the sim models the reference's time from it).
         self.options = {"cache_dir": settings.cache_dir, "op": spec.to_json(), **(options or {})}
-        device = devices[0]
-        self.backend = get_backend(backend, device, **self.options)  # parent side: context, limits
+        self.backend = get_backend(backend, devices[0], **self.options)  # parent side: context, limits
         self.op = load_op(spec)
         self.context = {**render_context(self.op), **self.backend.render_context(self.op)}
         self.limits = self.backend.limits()
         # What the compile workers are told instead of asking the device (Backend.compile_options).
-        self.compile_options = {**{k: v for k, v in self.options.items() if k != "op"},
-                                **self.backend.compile_options()}
-        log = str(self.workdir / "workers.log")
-        limit_mem = self.backend.limit_memory
-        # Borrowed workers (a sweep's) outlive this evaluator; its own end with it.
-        self._owns_workers = workers is None
-        if workers is not None:
-            compilers, self.bench_workers = workers.get(backend, tuple(devices), self.options, limit_mem,
-                                                        self.backend.compile_options())
-        else:
-            compilers = [Worker(backend, device, self.compile_options, settings, log, limit_mem, COMPILE_NICE)
-                         for _ in range(settings.n_compile_workers)]
-            # One benchmark worker per device; a measurement takes whichever is free.
-            self.bench_workers = [Worker(backend, d, self.options, settings, log, limit_mem) for d in devices]
-        self._compilers: queue.Queue[Worker] = queue.Queue()
-        for w in compilers:
-            self._compilers.put(w)
-        self._benchers: queue.Queue[Worker] = queue.Queue()
-        for w in self.bench_workers:
-            self._benchers.put(w)
-        self._quiet = threading.Lock() if self.backend.exclusive_timing else None
-        self._warming: list[threading.Thread] = []  # see warm_up
+        compile_options = {**{k: v for k, v in self.options.items() if k != "op"},
+                           **self.backend.compile_options()}
+        self.placement = Placement(backend, tuple(devices), self.options, compile_options,
+                                   self.backend.limit_memory, self.backend.exclusive_timing,
+                                   str(self.workdir / "workers.log"))
+        self.runner: Runner = runner(self.placement, settings)
+        self.default_parallel = self.runner.default_parallel
         self._by_source: dict[str, tuple[Build, Measurement]] = {}
         self._source_lock = threading.Lock()
         self.device_info: DeviceInfo | None = None
@@ -124,7 +79,7 @@ class Evaluator:
         device. A backend whose timing must have the machine to itself (cpu) always waits: a
         compile beside the reference would slow the reference. `on_device` is called with the
         facts as soon as they are in (the run's metadata keeps them)."""
-        if wait or self._quiet is not None:
+        if wait or self.runner.exclusive is not None:
             self._take_device_info(on_device)
             self._take_reference()
             return self.device_info
@@ -163,50 +118,26 @@ class Evaluator:
         self.reference_done = time.monotonic()
 
     def _device_info(self) -> DeviceInfo:
-        with self._bencher() as worker:
-            return worker.call("device_info", timeout=600)
+        return self._device("device_info", 600, "device_info")
 
     def _time_reference(self) -> list[float]:
-        with self._bencher() as worker:
-            return worker.call("time_reference", timeout=max(600, self.settings.run_timeout_s),
-                               spec=self.spec, settings=self.settings)
+        try:
+            return self._device("time_reference", max(600, self.settings.run_timeout_s), "time_reference",
+                                spec=self.spec, settings=self.settings)
+        except WorkerFailure as e:
+            raise WorkerFailure(e.kind, f"timing the reference: {e.reason}") from None
 
     def warm_up(self) -> None:
-        """Start the compile workers (a Python importing the backend's compiler, each) in the
-        background, so that their start overlaps `start` (device facts, the reference timed)
-        instead of following it: on a GPU the first evaluation came ~12 s after the reference
-        was timed, most of it compile workers starting. Not for backends whose timing must
-        not share the machine (cpu): starting processes would disturb the reference."""
-        if self._quiet is not None:
-            return
-
-        def warm() -> None:
-            w = self._compilers.get()
-            try:
-                w.call("warm", timeout=300)
-            except Exception:  # noqa: BLE001 - the first compile starts it again and says why
-                pass
-            finally:
-                self._compilers.put(w)
-        self._warming = [threading.Thread(target=warm, daemon=True) for _ in range(self._compilers.qsize())]
-        for t in self._warming:
-            t.start()
+        """Start the compile processes in the background, so that their start overlaps `start`
+        (device facts, the reference timed) instead of following it: on a GPU the first
+        evaluation came ~12 s after the reference was timed, most of it compile workers
+        starting. (Not where timing must have the machine to itself: see Runner.)"""
+        self.runner.warm_up()
 
     def close(self) -> None:
-        reference = self._reference_thread
-        if reference is not None and not self._owns_workers:
-            # A sweep's workers: the next task must not share one with a reference still timed.
-            reference.join(timeout=max(600, self.settings.run_timeout_s) + 30)
-        for t in self._warming:
-            t.join(timeout=310)  # every worker is back in its queue before the queue is closed
-        if not self._owns_workers:
-            return
-        for w in self.bench_workers:
-            w.close()  # also ends a reference still being timed (a run stopped early, Ctrl-C)
-        while not self._compilers.empty():
-            self._compilers.get().close()
-        if reference is not None:
-            reference.join(timeout=30)
+        self.runner.close()  # a reference still being timed ends with its process, or is waited for
+        if self._reference_thread is not None:
+            self._reference_thread.join(timeout=30)
 
     # ---- one config --------------------------------------------------------------------
 
@@ -233,36 +164,61 @@ class Evaluator:
             meas = Measurement(build.status)
         else:
             self.wait_reference()
-            meas = self.measure(build, best_s)
+            meas = self.measure(build, best_s, what=f"measure {config}")
         if meas.status is not Status.RUN_TIMEOUT:  # a hang may be load-dependent; allow a retry
             with self._source_lock:
                 self._by_source[digest] = (build, meas)
         return self._record(config, build, meas, trial)
 
-    def compile(self, source: str, digest: str) -> Build:
-        worker = self._compilers.get()
+    # ---- requests, through the runner --------------------------------------------------
+
+    def _once_more(self, request: Callable[[], T]) -> T:
+        """`request()`, sent once more when the process serving it died under it. A second
+        death, or a hang, raises WorkerFailure with both reasons."""
         try:
-            with self._quiet or nullcontext():
-                return worker.call("compile", timeout=self.settings.compile_timeout_s + 15,
-                                   source=source, workdir=str(self.workdir / "build" / digest),
-                                   timeout_s=self.settings.compile_timeout_s, op=self.options["op"])
+            return request()
+        except WorkerFailure as first:
+            if first.kind == "timeout":
+                raise
+            self.runner.retried()
+            try:
+                return request()
+            except WorkerFailure as second:
+                if second.kind == "timeout":
+                    raise WorkerFailure("timeout", f"{second.reason} (after a retry: {first.reason})") from None
+                raise WorkerFailure("crash", f"{second.reason} (a process died under this config twice, "
+                                    f"first: {first.reason}; not sent again)") from None
+
+    def _exclusive(self):
+        return self.runner.exclusive or nullcontext()
+
+    def _device(self, method: str, timeout: float, what: str, **request: Any) -> Any:
+        def send():
+            with self._exclusive():
+                return self.runner.device(method, timeout, what, **request)
+        return self._once_more(send)
+
+    def compile(self, source: str, digest: str) -> Build:
+        workdir = str(self.workdir / "build" / digest)
+
+        def send() -> Build:
+            with self._exclusive():
+                return self.runner.compile(source, self.options["op"], workdir, self.settings.compile_timeout_s)
+        try:
+            return self._once_more(send)
         except WorkerFailure as e:
             status = Status.COMPILE_TIMEOUT if e.kind == "timeout" else Status.COMPILE_ERROR
             return Build(status, error=f"compiler: {e.reason}")
-        finally:
-            self._compilers.put(worker)
 
-    def measure(self, build: Build, best_s: float | None = None) -> Measurement:
-        with self._bencher() as worker, self._quiet or nullcontext():
-            try:
-                return worker.call(
-                    "measure", timeout=self.settings.run_timeout_s, artifact=build.artifact,
-                    spec=self.spec, settings=self.settings, best_s=best_s,
-                    reference_s=self.reference_s)
-            except WorkerFailure as e:
-                if e.kind == "timeout":
-                    return Measurement(Status.RUN_TIMEOUT, detail=f"kernel hung: {e.reason}")
-                return Measurement(Status.RUNTIME_ERROR, detail=f"kernel crashed: {e.reason}")
+    def measure(self, build: Build, best_s: float | None = None, what: str = "") -> Measurement:
+        try:
+            return self._device("measure", self.settings.run_timeout_s, what or f"measure {build.artifact}",
+                                artifact=build.artifact, spec=self.spec, settings=self.settings,
+                                best_s=best_s, reference_s=self.reference_s)
+        except WorkerFailure as e:
+            if e.kind == "timeout":
+                return Measurement(Status.RUN_TIMEOUT, detail=f"kernel hung: {e.reason}")
+            return Measurement(Status.RUNTIME_ERROR, detail=f"kernel crashed: {e.reason}")
 
     def artifact(self, record: Record) -> str:
         """The record's compiled kernel, found from this process's directory (see `artifact_in`),
@@ -279,35 +235,21 @@ class Evaluator:
         return build.artifact if build.status is Status.OK else path
 
     def retime(self, records: list[Record]) -> list[list[float]] | None:
-        """The top few, re-timed interleaved in one worker so that drift hits all alike.
+        """The top few, re-timed interleaved in one process so that drift hits all alike.
         None when that fails (a kernel that passed once and then hung): keep the first times."""
-        artifacts = [self.artifact(r) for r in records]
-        with self._bencher() as worker, self._quiet or nullcontext():
-            try:
-                return worker.call("time_many", timeout=self.settings.run_timeout_s * len(records),
-                                              artifacts=artifacts, spec=self.spec, settings=self.settings)
-            except WorkerFailure:
-                return None
+        try:
+            return self._device("time_many", self.settings.run_timeout_s * len(records), "retime",
+                                artifacts=[self.artifact(r) for r in records], spec=self.spec,
+                                settings=self.settings)
+        except WorkerFailure:
+            return None
 
     def recheck(self, record: Record) -> str | None:
-        with self._bencher() as worker, self._quiet or nullcontext():
-            try:
-                return worker.call("recheck", timeout=self.settings.run_timeout_s,
-                                              artifact=self.artifact(record), spec=self.spec)
-            except WorkerFailure as e:
-                return f"re-check failed: {e.reason}"
-
-    @contextmanager
-    def _bencher(self):
-        worker = self._benchers.get()
         try:
-            yield worker
-        finally:
-            self._benchers.put(worker)
-
-    @property
-    def bench_worker(self) -> Worker:
-        return self.bench_workers[0]
+            return self._device("recheck", self.settings.run_timeout_s, "recheck",
+                                artifact=self.artifact(record), spec=self.spec)
+        except WorkerFailure as e:
+            return f"re-check failed: {e.reason}"
 
     def _record(self, config: Config, build: Build, meas: Measurement, trial: int,
                 note: str = "") -> Record:

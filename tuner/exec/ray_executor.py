@@ -1,6 +1,6 @@
 """The Ray executor: the same evaluations as the local one, spread over a Ray cluster.
 
-Shape (one `RayExecutor` per command; any number of `RayEvaluator`s share it):
+Shape (one `RayExecutor` per command; the `RayRunner`s of any number of evaluators share it):
 
 * **Device actors**, one per accelerator, each holding the `GPU` or `NPU` resource (Ray sets
   `CUDA_VISIBLE_DEVICES` / `ASCEND_RT_VISIBLE_DEVICES` for it), or CPU worker actors for the
@@ -18,11 +18,10 @@ record either way; and a crashing kernel costs a subprocess restart, not an acto
 actor restart re-imports Ray's worker and re-creates the device context).
 
 Faults. A process that dies while serving a config (the candidate's Worker, the actor itself,
-or a compile task's Ray worker) is replaced and the config retried once, on whichever actor is
-free; a config that kills a process twice is recorded (RUNTIME_ERROR when measuring; the status
-the local executor gives, COMPILE_ERROR, when compiling) and never tried again. A dead actor is
-replaced by the driver (a new actor on the same resource); one that cannot be placed again drops
-out of the pool and the others carry on. Hangs are not retried: the local executor's status.
+or a compile task's Ray worker) is a `WorkerFailure` of kind crash, as on the local runner; the
+Evaluator's rule (send it once more, on whichever actor is free; a second death is the
+config's) applies to both. A dead actor is replaced by the driver (a new actor on the same
+resource); one that cannot be placed again drops out of the pool and the others carry on.
 Records are written by the driver before Optuna is told, so a fault loses nothing recorded.
 
 Files. Compile tasks return the files of their build folder beside the `Build`; a device actor
@@ -36,7 +35,7 @@ Ray is imported lazily; without it, using this executor says `pip install "tuner
 from __future__ import annotations
 
 import collections
-import contextlib
+import functools
 import json
 import os
 import threading
@@ -46,8 +45,9 @@ from typing import Any
 
 from tuner.backends import BackendUnavailable, backend_class, get_backend
 from tuner.core.settings import Settings
-from tuner.core.values import Build, Measurement, OpSpec, Status
+from tuner.core.values import Build, OpSpec, Status
 from tuner.exec.evaluate import Evaluator
+from tuner.exec.runner import Placement
 from tuner.exec.worker import COMPILE_NICE, Worker, WorkerError, WorkerFailure
 
 RAY_MISSING = 'the ray executor needs Ray, which is not installed: pip install "tuner[ray]"'
@@ -588,9 +588,11 @@ class RayExecutor:
         return self._compile_remote
 
     def evaluator(self, backend: str, spec: OpSpec, skeleton, settings: Settings, workdir,
-                  devices: tuple[int, ...] = (0,), options: dict | None = None) -> "RayEvaluator":
-        """The Evaluator signature, so that `tune.execute(..., make_evaluator=executor.evaluator)`."""
-        return RayEvaluator(self, backend, spec, skeleton, settings, workdir, options)
+                  devices: tuple[int, ...] = (0,), options: dict | None = None) -> Evaluator:
+        """The Evaluator signature, so that `tune.execute(..., make_evaluator=executor.evaluator)`:
+        an Evaluator whose runner is this cluster's."""
+        return Evaluator(backend, spec, skeleton, settings, workdir, (0,), options,
+                         runner=functools.partial(RayRunner, self))
 
     def inflight(self) -> list[tuple[str, int, str, int]]:
         """(backend, actor index, what it is doing, actor pid) for every busy device actor."""
@@ -632,179 +634,91 @@ def _death_errors(ray) -> tuple:
     return _DEATH_ERRORS_CACHE
 
 
-class RayEvaluator(Evaluator):
-    """An Evaluator whose compiles are Ray tasks and whose measurements run on device actors.
-    Everything else (constraint checks, rendering, the same-source cache, records) is the
-    local Evaluator's."""
+class RayRunner:
+    """A Runner (tuner/exec/runner.py) whose compiles are Ray tasks and whose device requests
+    run on the executor's device actors, preferring this evaluator's home actor. The actors'
+    answers (tuples: they cross Ray) become the Runner's values and WorkerFailures here."""
 
-    def __init__(self, executor: RayExecutor, backend: str, spec: OpSpec, skeleton,
-                 settings: Settings, workdir, options: dict | None = None):
-        # The local pools that the base class builds are never started: Workers are lazy.
-        super().__init__(backend, spec, skeleton, settings, workdir, (0,), options)
-        self.executor = executor
+    def __init__(self, executor: RayExecutor, placement: Placement, settings: Settings):
+        self.executor, self.placement, self.settings = executor, placement, settings
         self.ray = executor.ray
-        self.pool = executor.pool(backend)
-        if self.backend.exclusive_timing:
-            self._quiet = executor.quiet_lock(backend)
-        self.default_parallel = executor.default_parallel(backend)
+        self.pool = executor.pool(placement.backend)
+        self.exclusive = executor.quiet_lock(placement.backend) if placement.exclusive_timing else None
+        self.default_parallel = executor.default_parallel(placement.backend)
+        self.retries = 0
         self._deaths = _death_errors(self.ray)
-        self._current = threading.local()
-        self.retries = 0  # configs retried after a process died under them
         self._files: dict[str, list] = {}  # artifact -> [ObjectRef of its build folder's files]
-        self.home = self.pool.home()  # the device actor that times this task when it can
+        self.home = self.pool.home()  # the device actor that times this evaluator's configs when it can
 
-    # ---- the seam: where compiles and measurements run ---------------------------------
-
-    def evaluate(self, config, best_s=None, trial=-1):
-        self._current.config = str(config)
-        try:
-            return super().evaluate(config, best_s, trial)
-        finally:
-            self._current.config = None
-
-    def compile(self, source: str, digest: str) -> Build:
-        workdir = str(self.workdir / "build" / digest)
-        deaths: list[str] = []
-        while True:
-            with self._quiet or contextlib.nullcontext():
-                outcome, files_ref = self._compile_once(source, workdir)
-            kind = outcome[0]
-            if kind == "ok":
-                build = outcome[1]
-                if build.status is Status.OK:
-                    self._files[build.artifact] = files_ref
-                return build
-            if kind == "error":
-                raise WorkerError(outcome[1])
-            if kind == "failure" and outcome[1] == "timeout":
-                return Build(Status.COMPILE_TIMEOUT, error=f"compiler: {outcome[2]}")
-            deaths.append(outcome[2] if kind == "failure" else outcome[1])
-            if len(deaths) >= 2:
-                return Build(Status.COMPILE_ERROR, error=f"compiler: {deaths[-1]} (the compile "
-                             f"process died twice on this config; not retried again)")
-            self.retries += 1
-            self.executor.retries += 1
-
-    def _compile_once(self, source: str, workdir: str):
-        ray, ex = self.ray, self.executor
-        refs = ex.compile_remote().remote(
-            self.backend_name, self.compile_options, self.settings, ex.log_path,
-            ex.worker_env, source, self.spec.to_json(), workdir, self.backend.limit_memory)
+    def compile(self, source: str, op_json: str, workdir: str, timeout_s: float) -> Build:
+        ray, ex, p = self.ray, self.executor, self.placement
+        refs = ex.compile_remote().remote(p.backend, p.compile_options, self.settings, ex.log_path,
+                                          ex.worker_env, source, op_json, workdir, p.limit_memory)
         with ex._count_lock:
             ex.compiling += 1
         try:
-            return ray.get(refs[0], timeout=self.settings.compile_timeout_s + 120), [refs[1]]
+            outcome = ray.get(refs[0], timeout=timeout_s + 120)
         except ray.exceptions.GetTimeoutError:
             ray.cancel(refs[0], force=True)
-            return ("died", "compile task stopped answering; cancelled"), None
+            raise WorkerFailure("crash", "compile task stopped answering; cancelled") from None
         except self._deaths as e:
-            return ("died", f"compile process died ({type(e).__name__})"), None
+            raise WorkerFailure("crash", f"compile process died ({type(e).__name__})") from None
         except ray.exceptions.RayTaskError as e:
             raise WorkerError(str(e)) from None
         finally:
             with ex._count_lock:
                 ex.compiling -= 1
+        build = _answer(outcome)
+        if build.status is Status.OK:
+            self._files[build.artifact] = [refs[1]]
+        return build
 
-    def _device_call(self, method: str, timeout: float, what: str, **kwargs):
-        """One request on a free device actor. Returns ("ok", value) | ("failure", kind, reason)
-        | ("died", reason); a fault of the tool raises WorkerError."""
+    def device(self, method: str, timeout: float, what: str, **request: Any) -> Any:
         ray = self.ray
         slot = self.pool.acquire(what, self.home)
         # Each build's files travel as an ObjectRef inside a dict: Ray resolves it only where
         # the actor asks for it (on a node that lacks the artifact).
-        names = [kwargs.get("artifact"), *(kwargs.get("artifacts") or ())]
+        names = [request.get("artifact"), *(request.get("artifacts") or ())]
         files = {a: self._files[a] for a in names if a and a in self._files}
         try:
-            ref = slot.actor.call.remote(self.options, method, timeout, files or None, **kwargs)
+            ref = slot.actor.call.remote(self.placement.options, method, timeout, files or None, **request)
             try:
                 out = ray.get(ref, timeout=timeout + 120)
             except ray.exceptions.GetTimeoutError:
                 self.pool.replace(slot)
-                return ("died", f"device actor {slot.index} stopped answering; replaced")
+                raise WorkerFailure("crash", f"device actor {slot.index} stopped answering; replaced") from None
             except self._deaths as e:
                 pid = slot.info.get("pid")
                 self.pool.replace(slot)
-                return ("died", f"device actor {slot.index} (pid {pid}) died: {type(e).__name__}")
+                raise WorkerFailure("crash", f"device actor {slot.index} (pid {pid}) died: "
+                                    f"{type(e).__name__}") from None
             except ray.exceptions.RayTaskError as e:
                 raise WorkerError(str(e)) from None
         finally:
             self.pool.release(slot)
-        if out[0] == "error":
-            raise WorkerError(out[1])
-        return out
+        return _answer(out)
 
-    def _with_retry(self, method: str, timeout: float, what: str, **kwargs):
-        """A request that a process death retries once. ("ok", value) | ("failure", kind,
-        reason, deaths) where kind is 'timeout' or 'crash' (crash: it died twice)."""
-        deaths: list[str] = []
-        while True:
-            out = self._device_call(method, timeout, what, **kwargs)
-            if out[0] == "ok":
-                return out
-            if out[0] == "failure" and out[1] == "timeout":
-                return ("failure", "timeout", out[2], deaths)
-            deaths.append(out[2] if out[0] == "failure" else out[1])
-            if len(deaths) >= 2:
-                return ("failure", "crash", deaths[-1], deaths)
+    def retried(self) -> None:
+        with self.executor._count_lock:
             self.retries += 1
             self.executor.retries += 1
-
-    def measure(self, build: Build, best_s: float | None = None) -> Measurement:
-        what = f"measure {getattr(self._current, 'config', None) or build.artifact}"
-        with self._quiet or contextlib.nullcontext():
-            out = self._with_retry("measure", self.settings.run_timeout_s, what,
-                                   artifact=build.artifact, spec=self.spec, settings=self.settings,
-                                   best_s=best_s, reference_s=self.reference_s)
-        if out[0] == "ok":
-            meas = out[1]
-            return meas
-        _, kind, reason, deaths = out
-        if kind == "timeout":
-            note = f" (after a retry: {deaths[0]})" if deaths else ""
-            return Measurement(Status.RUN_TIMEOUT, detail=f"kernel hung: {reason}{note}")
-        return Measurement(Status.RUNTIME_ERROR, detail=f"kernel crashed: {reason} (a worker process "
-                           f"died twice on this config: {'; '.join(deaths)}; not retried again)")
-
-    def _device_info(self):
-        with self._quiet or contextlib.nullcontext():
-            out = self._with_retry("device_info", 600, "device_info")
-        if out[0] != "ok":
-            raise WorkerFailure(out[1], f"device_info: {out[2]}")
-        return out[1]
-
-    def _time_reference(self) -> list[float]:
-        with self._quiet or contextlib.nullcontext():
-            out = self._with_retry("time_reference", max(600, self.settings.run_timeout_s),
-                                   "time_reference", spec=self.spec, settings=self.settings)
-        if out[0] != "ok":
-            raise WorkerFailure(out[1], f"timing the reference: {out[2]}")
-        return out[1]
-
-    def retime(self, records):
-        with self._quiet or contextlib.nullcontext():
-            out = self._device_call("time_many", self.settings.run_timeout_s * len(records), "retime",
-                                    artifacts=[self.artifact(r) for r in records], spec=self.spec,
-                                    settings=self.settings)
-        return out[1] if out[0] == "ok" else None
-
-    def recheck(self, record):
-        with self._quiet or contextlib.nullcontext():
-            out = self._device_call("recheck", self.settings.run_timeout_s, "recheck",
-                                    artifact=self.artifact(record), spec=self.spec)
-        if out[0] == "ok":
-            return out[1]
-        return f"re-check failed: {out[2] if out[0] == 'failure' else out[1]}"
 
     def warm_up(self) -> None:
         """The executor warms its compile processes when it places the device actors."""
 
     def close(self) -> None:
-        """The actors belong to the executor; an evaluator gives back only its home. A
-        reference still being timed (a run stopped early) is left to finish on its actor."""
+        """The actors belong to the executor; a runner gives back only its home. A request
+        still in flight (a reference being timed when a run stopped early) finishes on its actor."""
         if self.home is not None:
             self.pool.leave(self.home)
             self.home = None
 
-    @property
-    def bench_worker(self):  # the local executor's; here the actors hold the Workers
-        raise AttributeError("a RayEvaluator has device actors, not a local benchmark worker")
+
+def _answer(out: tuple) -> Any:
+    """A worker's answer as it crossed Ray, ("ok", value) | ("failure", kind, reason) |
+    ("error", message), as the Runner contract's value or exception."""
+    if out[0] == "ok":
+        return out[1]
+    if out[0] == "failure":
+        raise WorkerFailure(out[1], out[2])
+    raise WorkerError(out[1])

@@ -118,7 +118,7 @@ class Worker:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tuner.exec.worker"], stdin=subprocess.PIPE,
+                [sys.executable, "-m", "tuner.exec.worker", str(os.getpid())], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=log, env=self._env(), start_new_session=True)
         finally:
             if log is not subprocess.DEVNULL:
@@ -205,12 +205,16 @@ class Worker:
 
 # ---- child side --------------------------------------------------------------------------
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     """If the parent is killed (SIGKILL gives it no chance to clean up), exit too, even while
     a hung kernel holds the main thread. A watchdog thread rather than PR_SET_PDEATHSIG,
-    which fires when the parent *thread* that started us exits, not the parent process."""
+    which fires when the parent *thread* that started us exits, not the parent process.
+    `parent` is the pid the parent gave on the command line, not getppid() read here: a parent
+    killed while this process was still starting had already left it to init, and a worker
+    that took init for its parent hung on forever (a device actor killed mid-request)."""
     import threading
-    parent = os.getppid()
+    if os.getppid() != parent:
+        os._exit(1)
 
     def watch() -> None:
         while True:
@@ -277,7 +281,7 @@ def main() -> None:
     os.dup2(devnull, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
-    _die_with_parent()
+    _die_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid())
     method, init = _recv(in_fd)
     assert method == "init"
     _limit(init["memory_bytes"], init["file_bytes"])

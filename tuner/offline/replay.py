@@ -218,5 +218,5 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["Landscape", "LandscapeError", "Outcome", "Trace", "any_passed", "load", "load_cached", "shapes",
-           "warm_starts", "warm_timings", "replay_search", "skeleton_files", "synthetic", "SYNTHETIC"]
+__all__ = ["Landscape", "LandscapeError", "Outcome", "Trace", "load", "load_cached", "shapes",
+           "replay_search", "skeleton_files", "synthetic", "SYNTHETIC"]

@@ -138,9 +138,10 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
                     return max(per_task_parallel, math.ceil(total / max(1, min(k, active))))
         elif executor == "local":
             k = 1
-            from tuner.exec.evaluate import Evaluator, WorkerPools
+            from tuner.exec.evaluate import Evaluator
+            from tuner.exec.runner import WorkerPools
             owned = WorkerPools(settings, folder / "workers.log")  # one set of workers for every task
-            make_evaluator = functools.partial(Evaluator, workers=owned)
+            make_evaluator = functools.partial(Evaluator, runner=owned.runner)
         else:
             raise SweepError(f"unknown executor {executor!r}; one of local, ray")
         with SweepView(states, view_enabled) as view:
