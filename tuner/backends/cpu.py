@@ -75,9 +75,14 @@ class CpuBackend(Backend):
         return {"ctype": CTYPES[op.spec.dtype], "CORES": os.cpu_count() or 1}
 
     def compile(self, source: str, op: OpSpec, workdir: str, timeout_s: float) -> Build:
+        from tuner.codecheck import Forbidden, check_object, require_clean
         cc = compiler()
         if cc is None:
             raise BackendUnavailable("no C compiler found; install gcc or set CC")
+        try:  # every config's source, not only the ones the skeleton writer rendered
+            require_clean("c", source)
+        except Forbidden as e:
+            return Build(Status.COMPILE_ERROR, error=str(e))
         wd = Path(workdir)
         wd.mkdir(parents=True, exist_ok=True)
         src, lib = wd / "kernel.c", wd / "kernel.so"
@@ -93,11 +98,14 @@ class CpuBackend(Backend):
         if proc.returncode != 0:
             raise_if_disk_full(proc.stderr, f"the compiler, writing {lib}")  # the disk, not the config
             return Build(Status.COMPILE_ERROR, error=_excerpt(proc.stderr), compile_s=dt)
+        # Judged by what was built, before anything loads it (a constructor would run on load).
         try:
-            ctypes.CDLL(str(lib)).tuner_kernel  # noqa: B018 - the symbol must exist
-        except (OSError, AttributeError) as e:
-            return Build(Status.COMPILE_ERROR, compile_s=dt,
-                         error=f"built, but has no exported `tuner_kernel` entry: {e}")
+            findings = check_object(str(lib))
+        except FileNotFoundError as e:
+            raise BackendUnavailable(str(e)) from None
+        if findings:
+            return Build(Status.COMPILE_ERROR, compile_s=dt, error="forbidden: " + "; ".join(
+                f.why for f in findings) + " (in the compiled object)")
         # Hash the code section, not the file: two configs that compile to the same machine
         # code are the same candidate.
         digest = hashlib.sha256(lib.read_bytes()).hexdigest()[:16]

@@ -82,3 +82,106 @@ def check_c(source: str) -> list[Finding]:
         if "_Pragma" in code:
             bad(i, "_Pragma: write #pragma instead")
     return sorted(out, key=lambda f: f.line)
+
+
+# ---- the compiled object --------------------------------------------------------------------
+# What a kernel's shared object may contain, read from the object itself (binutils' readelf and
+# objdump, which every gcc installation has), so that what the source check cannot see (digraphs,
+# token pasting, function pointers, extern declarations, names built by the preprocessor) is
+# judged by what was built: the functions it links, the data it can keep, the code it runs at
+# load time, the instructions it contains.
+
+_LIBM = """sin cos tan asin acos atan atan2 sinh cosh tanh asinh acosh atanh exp exp2 exp10 expm1
+log log2 log10 log1p logb ilogb pow sqrt cbrt hypot fabs floor ceil round trunc rint nearbyint
+lround llround lrint llrint fmod remainder remquo fma fmin fmax fdim copysign erf erfc tgamma
+lgamma frexp ldexp modf scalbn scalbln nextafter nexttoward sincos nan""".split()
+ALLOWED_SYMBOLS = ({f + s for f in _LIBM for s in ("", "f", "l")}
+                   | {f"__{f}{s}_finite" for f in _LIBM for s in ("", "f", "l")}
+                   | {"memcpy", "memset", "memmove", "memcmp", "malloc", "calloc", "realloc", "free",
+                      "aligned_alloc", "posix_memalign", "__stack_chk_fail", "__memcpy_chk",
+                      "__memset_chk", "__memmove_chk", "__assert_fail", "abs", "labs", "llabs",
+                      "qsort", "bsearch",
+                      # weak references every gcc shared object carries (crtstuff)
+                      "__cxa_finalize", "__gmon_start__", "_ITM_deregisterTMCloneTable",
+                      "_ITM_registerTMCloneTable"})
+ALLOWED_PREFIXES = ("GOMP_", "omp_", "_ZGV")  # libgomp's entry points, libmvec's vector math
+# Writable data every gcc shared object has (crtstuff): the DSO handle and a one-byte flag.
+_CRT_DATA = {"__dso_handle", "completed.0", "completed.1", "__TMC_END__"}
+_CRT_DATA_BYTES = 32
+# Writable sections that are the loader's, not the kernel's (RELRO or tables it fills).
+_LOADER_SECTIONS = {".got", ".got.plt", ".dynamic", ".init_array", ".fini_array"}
+_SYSCALL = re.compile(r"\t(syscall|sysenter|int\s+\$0x80|svc\s|ecall)\b")
+
+
+def _readelf(*args: str, path: str) -> str:
+    import subprocess
+    return subprocess.run(["readelf", "-W", *args, path], capture_output=True, text=True,
+                          timeout=60, check=True).stdout
+
+
+def check_object(path: str, entry: str = "tuner_kernel") -> list[Finding]:
+    """Why the shared object at `path` may not be loaded as a kernel (line 0: the object, not a
+    source line), or []. Raises FileNotFoundError when binutils is missing."""
+    import shutil
+    import subprocess
+    for tool in ("readelf", "objdump"):
+        if shutil.which(tool) is None:
+            raise FileNotFoundError(f"{tool} not found: the cpu backend checks every compiled kernel "
+                                    f"with binutils' readelf and objdump; install binutils")
+    out: list[Finding] = []
+
+    def bad(why: str) -> None:
+        if all(f.why != why for f in out):
+            out.append(Finding(0, "", why))
+
+    sections: dict[int, tuple[str, str, int]] = {}  # index -> (name, flags, size)
+    for m in re.finditer(r"^\s*\[\s*(\d+)\]\s+(\S+)\s+(\S+)\s+[0-9a-f]+\s+[0-9a-f]+\s+([0-9a-f]+)\s+"
+                         r"[0-9a-f]+\s+([A-Za-z]*)\s", _readelf("-S", path=path), re.M):
+        sections[int(m.group(1))] = (m.group(2), m.group(5), int(m.group(4), 16))
+    by_name = {name: (flags, size) for name, flags, size in sections.values()}
+    for name in (".init_array", ".fini_array"):
+        if by_name.get(name, ("", 0))[1] > 8:  # one entry is crtstuff's own
+            bad(f"{name}: the object runs code of its own when it is loaded or unloaded (a constructor "
+                f"or destructor); a kernel does its work when it is called")
+    for name in (".preinit_array", ".ctors", ".dtors"):
+        if name in by_name:
+            bad(f"{name}: the object runs code of its own when it is loaded or unloaded")
+    writable = {i for i, (name, flags, _) in sections.items()
+                if "W" in flags and name not in _LOADER_SECTIONS and not name.startswith(".data.rel.ro")
+                and "A" in flags}
+    data_bytes = sum(sections[i][2] for i in writable)
+    kept = []
+    defined_entry = False
+    for line in _readelf("-s", path=path).splitlines():
+        f = line.split()
+        if len(f) < 8 or not f[0].rstrip(":").isdigit():
+            continue
+        size, kind, ndx, name = f[2], f[3], f[6], f[7].split("@")[0]
+        if ndx == "UND":
+            if name and name not in ALLOWED_SYMBOLS and not name.startswith(ALLOWED_PREFIXES):
+                bad(f"calls {name!r}: a kernel may call math, OpenMP and memory functions only (no "
+                    f"I/O, processes, clock, environment, signals or the Python API)")
+            continue
+        if name == entry and kind == "FUNC":
+            defined_entry = True
+        if ndx.isdigit() and int(ndx) in writable and kind in ("OBJECT", "TLS", "NOTYPE") \
+                and name not in _CRT_DATA and name:
+            kept.append(f"{name} ({int(size, 0)} bytes)")
+    if kept:
+        bad(f"writable global or static data: {', '.join(sorted(set(kept))[:5])}: a kernel may "
+            f"not keep state between calls (results or buffers seen before); make it a local, or "
+            f"`const` for a table")
+    elif data_bytes > _CRT_DATA_BYTES:
+        bad(f"{data_bytes} bytes of writable data in the object: a kernel may not keep state "
+            f"between calls")
+    if any(sections[i][0] in (".tdata", ".tbss") for i in sections):
+        bad("thread-local data: a kernel may not keep state between calls")
+    if not defined_entry:
+        bad(f"no exported `{entry}` entry: define `void {entry}(...)` with the op's arguments")
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", path], capture_output=True,
+                          text=True, timeout=120, check=True).stdout
+    m = _SYSCALL.search(text)
+    if m:
+        bad(f"a {m.group(1).split()[0]} instruction: a kernel may not call the kernel of the "
+            f"operating system")
+    return out

@@ -273,7 +273,12 @@ def _problem_op(spec: OpSpec) -> Op:
                           f"kernels take tensors only: make it a module constant or an argument of "
                           f"get_init_inputs() (Model.__init__) instead")
     try:
-        outs = ref([x.double() if x.is_floating_point() else x for x in sample])
+        # The FLOPs torch counts (matmuls, convolutions; not elementwise work): a lower bound
+        # on the work, for the physics check that no kernel beats the device's peak.
+        from torch.utils.flop_counter import FlopCounterMode
+        with FlopCounterMode(display=False) as counter:
+            outs = ref([x.double() if x.is_floating_point() else x for x in sample])
+        flops = float(counter.get_total_flops()) or None
     except Exception as e:
         tb = traceback.format_exception(type(e), e, e.__traceback__)
         raise OpError(f"{spec.source}: Model(...)(*get_inputs()) failed (in float64):\n"
@@ -296,7 +301,7 @@ def _problem_op(spec: OpSpec) -> Op:
     moved = sum(x.numel() * x.element_size() for x in sample) + sum(
         o.numel() * DTYPE_BYTES[spec.dtype] for o in outs)
     return Op(spec, names, tuple(f"out{i}" for i in range(len(outs))), make, ref, impl,
-              None, float(moved), TOLERANCE[spec.dtype], call if params else None)
+              flops, float(moved), TOLERANCE[spec.dtype], call if params else None)
 
 
 def _check_deterministic(spec: OpSpec, ref, sample: list, first: list) -> None:

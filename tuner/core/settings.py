@@ -30,6 +30,10 @@ class Settings:
     early_stop_factor: float = 1.5  # stop timing a candidate once its median (of min_reps or more) is this x the best
     retime_top: int = 3  # the top few re-timed interleaved before the winner is named
     suspect_speedup: float = 10.0  # faster than this x the reference: re-verify before trusting
+    # The physics check: a kernel faster than moving the op's bytes at this x the measured copy
+    # bandwidth (or its FLOPs at this x the fastest measured matmul rate) is SUSPECT, never OK.
+    # Above 1 because a measured peak is a torch copy or matmul, not the hardware's own figure.
+    floor_margin: float = 2.0
     compile_workers: int = 0  # 0: one per CPU core
     worker_memory_gb: float = 0.0  # 0: three quarters of the machine's memory
     worker_cpu_s: int = 600  # CPU seconds (all threads) one compile or measure request may use

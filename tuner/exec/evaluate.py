@@ -214,11 +214,35 @@ class Evaluator:
         try:
             return self._device("measure", self.settings.run_timeout_s, what or f"measure {build.artifact}",
                                 artifact=build.artifact, spec=self.spec, settings=self.settings,
-                                best_s=best_s, reference_s=self.reference_s)
+                                best_s=best_s, reference_s=self.reference_s, floor=self.floor())
         except WorkerFailure as e:
             if e.kind == "timeout":
                 return Measurement(Status.RUN_TIMEOUT, detail=f"kernel hung: {e.reason}")
-            return Measurement(Status.RUNTIME_ERROR, detail=f"kernel crashed: {e.reason}")
+            fenced = (" (its inputs were read-only and every buffer fenced by unmapped pages: a write "
+                      "to an input, or past a buffer, ends the process)") if self.backend.data_device() is None else ""
+            return Measurement(Status.RUNTIME_ERROR, detail=f"kernel crashed: {e.reason}{fenced}")
+
+    def floor(self) -> tuple[float, str] | None:
+        """(seconds, the bound) under which no kernel of this op runs on this device: its bytes
+        at `floor_margin` x the measured copy bandwidth, or its FLOPs at that x the fastest
+        measured matmul rate, whichever takes longer. None on a modelled device (null, sim:
+        their times are scripted or modelled) or where the device reports no peak."""
+        info, op, margin = self.device_info, self.op, self.settings.floor_margin
+        if info is None or info.simulated or margin <= 0:
+            return None
+        peaks = dict(info.peaks)
+        bounds = []
+        if op.bytes and peaks.get("copy_gbps"):
+            gbps = peaks["copy_gbps"]
+            bounds.append((op.bytes / (margin * gbps * 1e9),
+                           f"its {op.bytes / 1e6:.4g} MB moved at {margin:g}x the measured copy bandwidth, "
+                           f"{gbps:g} GB/s"))
+        rates = [v for k, v in peaks.items() if k.endswith("_gflops") and v]
+        if op.flops and rates:
+            bounds.append((op.flops / (margin * max(rates) * 1e9),
+                           f"its {op.flops / 1e9:.4g} GFLOP at {margin:g}x the fastest measured matmul "
+                           f"rate, {max(rates):g} GFLOP/s"))
+        return max(bounds) if bounds else None
 
     def artifact(self, record: Record) -> str:
         """The record's compiled kernel, found from this process's directory (see `artifact_in`),
@@ -234,9 +258,10 @@ class Evaluator:
         build = self.compile(source, hashlib.sha256(source.encode()).hexdigest()[:16])
         return build.artifact if build.status is Status.OK else path
 
-    def retime(self, records: list[Record]) -> list[list[float]] | None:
-        """The top few, re-timed interleaved in one process so that drift hits all alike.
-        None when that fails (a kernel that passed once and then hung): keep the first times."""
+    def retime(self, records: list[Record]) -> list[list[float] | str] | None:
+        """The top few, re-timed interleaved in one process so that drift hits all alike: for
+        each its samples, or why its re-timed calls were wrong. None when that fails (a kernel
+        that passed once and then hung): keep the first times."""
         try:
             return self._device("time_many", self.settings.run_timeout_s * len(records), "retime",
                                 artifacts=[self.artifact(r) for r in records], spec=self.spec,

@@ -1,10 +1,26 @@
 """Verify and time one compiled candidate. Runs inside a benchmark worker process.
 
-Correctness before speed: fresh random inputs for each check (never zeros), outputs
-poisoned with NaN before the launch, the reference computed in float64, a per-dtype
-tolerance, two checks on different inputs, and inputs checked for writes. Timing: a
-warm-up and a number of repetitions sized from an estimate, caches flushed before each,
-raw samples kept, and an early stop once a candidate is clearly slower than the best.
+The candidate is assumed to be trying to win without doing the work, so a timed call must
+be one it cannot tell from a checked one:
+
+* Checks: random inputs (never zeros) whose float64 reference is known, outputs filled
+  before the launch with a poison drawn at random each time (NaN, or a random finite value:
+  a kernel that computes only when it sees NaN is caught), every buffer between guard bands,
+  inputs compared with their pristine copies afterwards, a per-dtype tolerance; two checks.
+* Timing rotates over several buffer sets (distinct inputs, outputs and addresses), so no two
+  consecutive calls see the same buffers; after every chunk of timed calls, outside the timed
+  region, the outputs of each set are checked against that set's reference, its inputs and
+  guard bands against their pristine state, and its outputs poisoned again. A candidate whose
+  timed outputs are wrong is WRONG_RESULT, with the call that showed it.
+* History: single calls on inputs the candidate has never seen are timed after the search's
+  timing; a candidate much faster on buffers it has seen (a result cache, a skip when handed
+  the same buffers) is SUSPECT, with both times.
+* Physics: a median under `floor_s` (the time the op's bytes or FLOPs take at the device's
+  measured peaks, with a margin: tuner/exec/evaluate.py) is SUSPECT, with the bound it broke,
+  after a re-check on brand-new inputs.
+
+Timing: a warm-up and a number of repetitions sized from an estimate, caches flushed before
+each, raw samples kept, and an early stop once a candidate is clearly slower than the best.
 """
 
 from __future__ import annotations
@@ -16,7 +32,7 @@ import statistics
 import time
 import traceback
 from collections import OrderedDict
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 from tuner.core.ops import Op, load_op, out_dtype
 from tuner.core.settings import Settings
@@ -166,38 +182,60 @@ def _device_set(backend, op: Op, seed: int, ref: list | None) -> tuple[list, lis
 # Every buffer a check hands the kernel sits between two guard bands of a known byte: a
 # kernel that writes a little past the end of a buffer (an unmasked tail, an off-by-one
 # bound) or before its start would otherwise corrupt the allocator's heap (a crash some
-# evaluations later, blamed on another config) or pass unnoticed. 64 KiB keeps every
-# buffer's start as aligned as the allocation (Triton specializes on 16-byte alignment).
+# evaluations later, blamed on another config) or pass unnoticed. On the device, 64 KiB keeps
+# every buffer's start as aligned as the allocation (Triton specializes on 16-byte alignment).
+# On the host the buffer is also fenced by unmapped pages and its inputs made read-only
+# (tuner/exec/fence.py): a store further out, or any write to an input, faults.
 _GUARD_BYTES = 65536
 _GUARD_BYTE = 0xA5
 
 
-def _guarded(shape, dtype, device) -> tuple:
-    """(a contiguous tensor of `shape`, the byte buffer it sits in, guard bands included)."""
+class _Guarded(NamedTuple):
+    view: Any    # the contiguous tensor the kernel gets
+    buf: Any     # the bytes it sits in, bands included
+    head: int    # bytes of band before it
+    fence: Any   # the FencedBuffer on the host, else None
+
+
+def _guarded(shape, dtype, device) -> _Guarded:
     import torch
     n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if device.type == "cpu":
+        from tuner.exec.fence import BAND_BYTES, FencedBuffer
+        fb = FencedBuffer(n)
+        buf = torch.frombuffer(fb.raw, dtype=torch.uint8)
+        buf.fill_(_GUARD_BYTE)
+        return _Guarded(buf[BAND_BYTES:BAND_BYTES + n].view(dtype).view(shape), buf, BAND_BYTES, fb)
     buf = torch.full((n + 2 * _GUARD_BYTES,), _GUARD_BYTE, dtype=torch.uint8, device=device)
-    return buf[_GUARD_BYTES:_GUARD_BYTES + n].view(dtype).view(shape), buf
+    return _Guarded(buf[_GUARD_BYTES:_GUARD_BYTES + n].view(dtype).view(shape), buf, _GUARD_BYTES, None)
 
 
 def _poison(dtype):
-    """What an output holds before the launch, so that an element never written shows: NaN, or
-    an integer output's most negative value."""
+    """What an output holds before a launch, so that an element never written shows; drawn at
+    random each time (a fixed pattern is one a kernel can test for): for floats NaN half the
+    time, else a random finite value far outside any softmax or norm; for integers a random
+    value of the dtype's range; for bool either."""
     import torch
     if dtype.is_floating_point or dtype.is_complex:
-        return float("nan")
-    return False if dtype == torch.bool else torch.iinfo(dtype).min
+        if _rng.random() < 0.5:
+            return float("nan")
+        return _rng.choice((-1.0, 1.0)) * _rng.uniform(1e3, 6e4)  # fits fp16 and bf16
+    if dtype == torch.bool:
+        return _rng.random() < 0.5
+    info = torch.iinfo(dtype)
+    return _rng.randint(info.min, info.max)
 
 
-def _stray_write(view, buf, name: str) -> str | None:
-    """Where and how far a kernel wrote outside `view` into its guard bands; None if not."""
-    g, size = _GUARD_BYTES, view.element_size()
-    head = (buf[:g] != _GUARD_BYTE).nonzero()
-    tail = (buf[buf.numel() - g:] != _GUARD_BYTE).nonzero()
+def _stray_write(g: _Guarded, name: str) -> str | None:
+    """Where and how far a kernel wrote outside its buffer into the guard bands; None if not."""
+    size = g.view.element_size()
+    end = g.head + g.view.numel() * size
+    head = (g.buf[:g.head] != _GUARD_BYTE).nonzero()
+    tail = (g.buf[end:] != _GUARD_BYTE).nonzero()
     if len(tail):
         return f"past the end of {name} (as far as {int(tail.max()) // size + 1} element(s) beyond it)"
     if len(head):
-        return f"before the start of {name} (as far as {(g - int(head.min()) + size - 1) // size} element(s) before it)"
+        return f"before the start of {name} (as far as {(g.head - int(head.min()) + size - 1) // size} element(s) before it)"
     return None
 
 
@@ -214,31 +252,68 @@ def check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | N
 
 
 def _check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | None, float, float]:
-    import torch
-
     pristine, ref_dev = _device_set(backend, op, seed, ref)
-    inputs = [_guarded(x.shape, x.dtype, x.device) for x in pristine]
-    for dev, x in zip(inputs, pristine):
-        dev[0].copy_(x)
-    # Made where the reference lives, so on the device: no host buffer copied over per check.
-    outs = [_guarded(r.shape, out_dtype(op, r), r.device) for r in ref_dev]
-    for out, _ in outs:
-        out.fill_(_poison(out.dtype))
-    backend.launch(kernel, [t for t, _ in inputs + outs])
+    bufs = _BufferSet(backend, op, pristine, ref_dev)
+    backend.launch(kernel, bufs.args)
     backend.sync()
+    return bufs.verdict()
+
+
+class _BufferSet:
+    """One set of guarded buffers for the kernel: inputs copied from `pristine`, outputs
+    poisoned; `verdict` says whether the last call on them did the work (and poisons the
+    outputs again for the next one)."""
+
+    def __init__(self, backend, op: Op, pristine: list, ref_dev: list):
+        self.op, self.pristine, self.ref = op, pristine, ref_dev
+        self.inputs = [_guarded(x.shape, x.dtype, x.device) for x in pristine]
+        for g, x in zip(self.inputs, pristine):
+            g.view.copy_(x)
+            if g.fence is not None:
+                g.fence.read_only()
+        # Made where the reference lives, so on the device: no host buffer copied over per check.
+        self.outs = [_guarded(r.shape, out_dtype(op, r), r.device) for r in ref_dev]
+        self.poison()
+        self.args = [g.view for g in self.inputs + self.outs]
+
+    def poison(self, decoys: list | None = None) -> None:
+        """Fill the outputs before the next call: with a random poison, or (half the time,
+        when given) with `decoys`, another input set's reference, so that a stale output
+        looks like a computed one and a kernel that skips work when its output already
+        looks done is caught."""
+        if decoys is not None and _rng.random() < 0.5:
+            self.poisons = [None] * len(self.outs)
+            for g, d in zip(self.outs, decoys):
+                g.view.copy_(d)
+            return
+        self.poisons = [_poison(g.view.dtype) for g in self.outs]
+        for g, p in zip(self.outs, self.poisons):
+            g.view.fill_(p)
+
+    def verdict(self, decoys: list | None = None) -> tuple[str | None, float, float]:
+        try:
+            return _verdict(self.op, self.pristine, self.ref, self.inputs, self.outs, self.poisons)
+        finally:
+            self.poison(decoys)
+
+
+def _verdict(op: Op, pristine: list, ref_dev: list, inputs: list, outs: list,
+             poisons: list) -> tuple[str | None, float, float]:
+    """Why the outputs in `outs` are not `op`'s result on `pristine` (or the inputs or guard
+    bands were written), or None; with the max abs and rel error."""
+    import torch
     names = [f"input {n}" for n in op.input_names] + [f"output {n}" for n in op.output_names]
-    for name, (view, buf) in zip(names, inputs + outs):
-        stray = _stray_write(view, buf, name)
+    for name, g in zip(names, inputs + outs):
+        stray = _stray_write(g, name)
         if stray:
             return f"the kernel wrote {stray}", 0.0, 0.0
-    inputs = [view for view, _ in inputs]
-    outs = [view for view, _ in outs]
     atol, rtol = op.tolerance
     max_abs = max_rel = 0.0
-    for name, x, dev in zip(op.input_names, pristine, inputs):
-        if not torch.equal(dev, x):  # on the device: no copy back
+    for name, x, g in zip(op.input_names, pristine, inputs):
+        if not torch.equal(g.view, x):  # on the device: no copy back
             return f"the kernel wrote to its input {name}", 0.0, 0.0
-    for name, out, r in zip(op.output_names, outs, ref_dev):
+    for name, g, r, p in zip(op.output_names, outs, ref_dev, poisons):
+        out = g.view
         o = out.double()  # compare where the output is, not on the host
         r = r if r.is_floating_point() else r.double()  # a bool reference cannot be subtracted
         if o.shape != r.shape:
@@ -255,18 +330,62 @@ def _check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | 
         bad = err > atol + rtol * r.abs().nan_to_num(0.0)
         if bad.any():
             idx = tuple(int(i) for i in torch.nonzero(bad)[0])
+            unwritten = int((out == p).logical_and(bad).sum()) if p is not None else 0
+            note = (f"; {unwritten} still hold the value the buffer was filled with before the "
+                    f"launch (never written)") if unwritten else ""
             return (f"output {name}: {int(bad.sum())} of {o.numel()} elements off; first at {idx}: "
                     f"got {float(o[idx]):.6g}, expected {float(r[idx]):.6g} "
-                    f"(atol {atol:g}, rtol {rtol:g})", max_abs, max_rel)
+                    f"(atol {atol:g}, rtol {rtol:g}){note}", max_abs, max_rel)
     return None, max_abs, max_rel
+
+
+class Caught(Exception):
+    """A timed call's outputs (or inputs, or guard bands) showed the work was not done."""
+
+
+class _Rotation:
+    """The buffer sets that timed calls cycle through (one per pooled seed, up to `n`):
+    consecutive calls never see the same buffers, and each set's outputs are checked after
+    every chunk of timed calls (`verify`, outside the timed region)."""
+
+    def __init__(self, backend, kernel, op: Op, n: int = 3):
+        self.backend, self.kernel = backend, kernel
+        pooled = _pooled(op, backend)
+        self.sets = [_BufferSet(backend, op, *_device_set(backend, op, seed, ref))
+                     for seed, ref in _rng.sample(pooled, min(n, len(pooled)))]
+        self.seeds = [seed for seed, _ in pooled]
+        self.i = 0
+        self.calls = 0
+        self.used: set[int] = set()  # sets called since the last verify
+
+    def call(self) -> None:
+        k = self.i
+        self.i = (k + 1) % len(self.sets)
+        self.calls += 1
+        self.used.add(k)
+        self.backend.launch(self.kernel, self.sets[k].args)
+
+    def verify(self) -> None:
+        """Raise Caught when a set's last timed call did not do the work."""
+        self.backend.sync()
+        used, self.used = self.used, set()
+        n = len(self.sets)
+        for k in sorted(used):
+            decoys = self.sets[(k + 1) % n].ref if n > 1 else None
+            why, _, _ = self.sets[k].verdict(decoys)
+            if why:
+                raise Caught(f"a timed call's result was wrong (buffer set {k + 1} of {len(self.sets)}, "
+                             f"after {self.calls} timed calls; its checks had passed): {why}")
 
 
 _CHUNK = 32  # timed repetitions queued before the host waits and checks for an early stop
 
 
-def bench(backend, fn: Callable[[], None], settings: Settings,
-          best_s: float | None = None) -> tuple[list[float], bool]:
-    """Raw samples of `fn` in seconds, and whether timing stopped early (clearly slower)."""
+def bench(backend, fn: Callable[[], None], settings: Settings, best_s: float | None = None,
+          between: Callable[[], None] | None = None) -> tuple[list[float], bool]:
+    """Raw samples of `fn` in seconds, and whether timing stopped early (clearly slower).
+    `between` runs after the warm-up and after every chunk of timed calls, untimed (the
+    rotation's checks: it raises to stop)."""
     first = backend.time_call(fn)  # also a warm-up: first-touch, lazy loading
     t0 = time.perf_counter()
     est = min(first, backend.time_call(fn))
@@ -279,6 +398,8 @@ def bench(backend, fn: Callable[[], None], settings: Settings,
     for _ in range(n_warm):
         fn()
     backend.sync()
+    if between is not None:
+        between()
     reps = int(max(settings.min_reps, min(settings.max_reps, settings.bench_budget_s / per_rep)))
     samples: list[float] = []
     while len(samples) < reps:
@@ -286,6 +407,8 @@ def bench(backend, fn: Callable[[], None], settings: Settings,
         # candidate stops as early as before, then larger ones.
         chunk = settings.min_reps if not samples else _CHUNK
         samples.extend(backend.time_calls(fn, min(chunk, reps - len(samples))))
+        if between is not None:
+            between()
         if (best_s is not None and len(samples) >= settings.min_reps
                 and statistics.median(samples) > settings.early_stop_factor * best_s):
             return samples, True
@@ -309,8 +432,11 @@ def precise(samples: list[float], precision: float) -> bool:
 
 
 def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
-            best_s: float | None = None, reference_s: float | None = None) -> Measurement:
+            best_s: float | None = None, reference_s: float | None = None,
+            floor: tuple[float, str] | None = None) -> Measurement:
+    """`floor`: (seconds, what bound they are) under which no honest kernel runs here."""
     op = load_op(spec)
+    floor_s, bound = floor if floor else (None, "")
     t0 = time.perf_counter()
     TIMES["measures"] += 1
     try:
@@ -329,10 +455,14 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
             if why:
                 return Measurement(Status.WRONG_RESULT, max_abs_err=a, max_rel_err=r,
                                    detail=f"{why} (input seed {seed})")
-        args = _timing_args(backend, op)
+        rotation = _Rotation(backend, kernel, op)
         t2 = time.perf_counter()
-        samples, stopped = bench(backend, lambda: backend.launch(kernel, args), settings, best_s)
+        samples, stopped = bench(backend, rotation.call, settings, best_s, rotation.verify)
         TIMES["reps"] += len(samples)
+        median = max(statistics.median(samples), 1e-12)  # 0 s is suspect, not a division by zero
+        history = None if stopped else _history(backend, kernel, op, rotation, median)
+    except Caught as e:
+        return Measurement(Status.WRONG_RESULT, max_abs_err=max_abs, max_rel_err=max_rel, detail=str(e))
     except Exception as e:  # a candidate that raises at run time (e.g. a Triton launch error)
         tb = traceback.format_exception_only(type(e), e)
         return Measurement(Status.RUNTIME_ERROR, detail="".join(tb).strip()[:2000])
@@ -340,30 +470,59 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
         t3 = time.perf_counter()
         TIMES["check_s"] += (t2 or t3) - t1
         TIMES["bench_s"] += t3 - t2 if t2 is not None else 0.0
+    if history:
+        return Measurement(Status.SUSPECT, tuple(samples), max_abs, max_rel, history)
     detail = f"stopped early: slower than {settings.early_stop_factor:g}x the best" if stopped else ""
-    median = max(statistics.median(samples), 1e-12)  # 0 s is suspect, not a division by zero
-    if reference_s and median * settings.suspect_speedup < reference_s:
+    beats = floor_s is not None and median < floor_s
+    if beats or (reference_s and median * settings.suspect_speedup < reference_s):
         # Too good to be true until shown otherwise: re-check on inputs never seen before.
+        claim = (f"{floor_s / median:.2f}x faster than this device can run it ({bound})" if beats
+                 else f"{reference_s / median:.1f}x faster than the reference")
         for _ in range(2):
             seed = _rng.randrange(1, 2**31)
             why, _, _ = check(backend, kernel, op, seed, _reference(op, seed, backend.data_device()))
             if why:
                 return Measurement(Status.SUSPECT, tuple(samples), max_abs, max_rel,
-                                   f"{reference_s / median:.1f}x faster than the reference, but "
-                                   f"on fresh inputs: {why}")
-        detail = f"{reference_s / median:.1f}x faster than the reference; re-verified on fresh inputs"
+                                   f"{claim}, but on fresh inputs: {why}")
+        if beats:
+            return Measurement(Status.SUSPECT, tuple(samples), max_abs, max_rel,
+                               f"{claim}; correct on fresh inputs, but no kernel beats the hardware: "
+                               f"a cheat the checks do not see, or a ceiling measured too low")
+        detail = f"{claim}; re-verified on fresh inputs"
     return Measurement(Status.OK, tuple(samples), max_abs, max_rel, detail)
 
 
-def _timing_args(backend, op: Op) -> list:
+_FRESH_CALLS = 3      # single calls on never-seen inputs, after the timing
+_HISTORY_FACTOR = 2.0  # this much slower than the timed median (and _HISTORY_S more) is flagged
+_HISTORY_S = 20e-6     # absolute slack: a thread pool waking, a launch not hidden by a flush
+
+
+def _history(backend, kernel, op: Op, rotation: _Rotation, median: float) -> str | None:
+    """Why the kernel's time depends on the calls before it, or None. Single calls on inputs
+    it has never seen (new seeds, new buffers, outputs poisoned), timed as the timed calls
+    are: an honest kernel takes about its median; one that caches results or skips work on
+    buffers it has seen is fast only on the rotation's buffers."""
     import torch
-    seed, ref = _rng.choice(_pooled(op, backend))
-    pristine, ref_dev = _device_set(backend, op, seed, ref)
-    xs = [x.clone() for x in pristine]
-    specs = [(r.shape, out_dtype(op, r)) for r in ref_dev]
-    where = xs[0].device if xs else None
-    return xs + [torch.empty(s, dtype=d, device=where) if where is not None
-                 else backend.to_device(torch.empty(s, dtype=d)) for s, d in specs]
+    where = backend.data_device()
+    times = []
+    for _ in range(_FRESH_CALLS):
+        seed = _rng.randrange(1, 2**31)
+        xs = op.make_inputs(seed, where) if where is not None else [backend.to_device(x) for x in op.make_inputs(seed)]
+        outs = []
+        for g in rotation.sets[0].outs:
+            o = torch.empty_like(g.view)
+            o.fill_(_poison(o.dtype))
+            outs.append(o)
+        args = xs + outs
+        times.append(backend.time_call(lambda: backend.launch(kernel, args)))
+        del xs, outs, args
+    cold = min(times)
+    if cold > _HISTORY_FACTOR * median and cold - median > _HISTORY_S:
+        return (f"{cold / median:.1f}x slower on inputs it had never seen ({cold * 1e6:.1f} us, the "
+                f"fastest of {_FRESH_CALLS} single calls) than on the buffers it was timed on "
+                f"({median * 1e6:.1f} us median): its time depends on the calls before it (results "
+                f"kept between calls, or work skipped on buffers seen before)")
+    return None
 
 
 def time_reference(backend, spec: OpSpec, settings: Settings) -> list[float]:
@@ -393,17 +552,23 @@ def recheck(backend, artifact: str, spec: OpSpec) -> str | None:
 
 
 def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
-              rounds: int = 5) -> list[list[float]]:
-    """Re-time several candidates interleaved (A B C A B C ...) so drift hits all alike."""
+              rounds: int = 5) -> list[list[float] | str]:
+    """Re-time several candidates interleaved (A B C A B C ...) so drift hits all alike, each
+    on its own rotation of buffer sets, checked as the first timing was. A candidate whose
+    re-timed calls are wrong gets the reason instead of samples."""
     op = load_op(spec)
     kernels = [backend.load(a, op) for a in artifacts]
-    args = _timing_args(backend, op)
-    out: list[list[float]] = [[] for _ in kernels]
+    rotations = [_Rotation(backend, k, op) for k in kernels]
+    out: list[list[float] | str] = [[] for _ in kernels]
+    short = settings.replace(bench_budget_s=settings.bench_budget_s / rounds, min_reps=3, precision=0.0)
     for _ in range(rounds):
-        for i, k in enumerate(kernels):
-            s, _ = bench(backend, lambda k=k: backend.launch(k, args),
-                         settings.replace(bench_budget_s=settings.bench_budget_s / rounds,
-                                          min_reps=3, precision=0.0))
+        for i, rot in enumerate(rotations):
+            if isinstance(out[i], str):
+                continue
+            try:
+                s, _ = bench(backend, rot.call, short, between=rot.verify)
+            except Caught as e:
+                out[i] = f"re-timing: {e}"
+                continue
             out[i].extend(s)
     return out
-

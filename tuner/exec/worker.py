@@ -322,7 +322,7 @@ def main() -> None:
                     prof.enable()
                 try:
                     value = m.measure(backend, kw["artifact"], kw["spec"], kw["settings"],
-                                      kw.get("best_s"), kw.get("reference_s"))
+                                      kw.get("best_s"), kw.get("reference_s"), kw.get("floor"))
                 finally:
                     if prof is not None:
                         prof.disable()

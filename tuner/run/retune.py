@@ -154,7 +154,7 @@ def retune(old_run: str | Path, settings: Settings, *, device: str | None = None
                 store.append(old_rec)
             if new_rec is not None and old_rec.status is Status.OK and new_cfg != old_winner:
                 samples = ev.retime([old_rec, new_rec])
-                if samples is not None:
+                if samples is not None and not any(isinstance(x, str) for x in samples):
                     import statistics
                     old_s, new_s = statistics.median(samples[0]), statistics.median(samples[1])
                     note = "re-timed interleaved"

@@ -215,12 +215,18 @@ def pick_winner(store: Store, evaluator: Evaluator, settings: Settings,
         return None
     samples = evaluator.retime(top) if len(top) > 1 else None
     if samples is not None:
-        top = [Record(r.op_key, r.skeleton_hash, r.config, r.build,
-                      Measurement(Status.OK, tuple(s), r.measurement.max_abs_err,
-                                  r.measurement.max_rel_err, "re-timed interleaved with the top "
-                                  f"{len(top)}"), r.device, r.toolchain, time.time(), r.trial)
-               for r, s in zip(top, samples)]
-        top.sort(key=lambda r: r.seconds)
+        retimed = []
+        for r, s in zip(top, samples):
+            if isinstance(s, str):  # its re-timed calls were wrong: recorded, out of the running
+                store.append(Record(r.op_key, r.skeleton_hash, r.config, r.build,
+                                    Measurement(Status.WRONG_RESULT, detail=s), r.device, r.toolchain,
+                                    time.time(), r.trial))
+                continue
+            retimed.append(Record(r.op_key, r.skeleton_hash, r.config, r.build,
+                                  Measurement(Status.OK, tuple(s), r.measurement.max_abs_err,
+                                              r.measurement.max_rel_err, "re-timed interleaved with the top "
+                                              f"{len(top)}"), r.device, r.toolchain, time.time(), r.trial))
+        top = sorted(retimed, key=lambda r: r.seconds)
     for r in top:
         why = evaluator.recheck(r)
         if why is None:

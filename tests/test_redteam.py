@@ -1,0 +1,125 @@
+"""Hostile kernels (tests/fixtures/redteam/): each tries to win without doing the work, or to
+reach outside its buffers, and each is pinned to the status and reason it must get. The honest
+kernel beside them must still pass: the checks cost no false positive."""
+
+import subprocess
+
+import pytest
+
+from tests.conftest import FIXTURES
+from tuner.codecheck import check_object
+from tuner.core.ops import builtin_spec
+from tuner.core.skeleton import load_skeleton
+from tuner.core.values import Status
+from tuner.exec.evaluate import Evaluator
+
+REDTEAM = FIXTURES / "redteam"
+SHAPE = "128x1024"  # large enough that skipped work shows in the times on a busy machine
+
+C_CASES = {
+    "honest": (Status.OK, ""),
+    "poison_only": (Status.WRONG_RESULT, ""),
+    "skip_if_done": (Status.SUSPECT, "depends on the calls before it"),
+    "result_cache": (Status.COMPILE_ERROR, "writable global or static data"),
+    "same_buffers": (Status.COMPILE_ERROR, "writable global or static data"),
+    "restore_input": (Status.RUNTIME_ERROR, "inputs were read-only"),
+    "far_store": (Status.RUNTIME_ERROR, "SIGSEGV"),
+    "hidden_fork": (Status.COMPILE_ERROR, "'fork'"),
+    "hidden_ctor": (Status.COMPILE_ERROR, ".init_array"),
+    "python_api": (Status.COMPILE_ERROR, "'PyEval_GetBuiltins'"),
+    "digraph_system": (Status.COMPILE_ERROR, "system"),
+}
+
+
+def c_skeleton(name: str, tmp_path):
+    body = (REDTEAM / f"{name}.c").read_text()
+    template = tmp_path / f"{name}.c.j2"
+    template.write_text("#define M {{M}}L\n#define N {{N}}L\n{% raw %}" + body + "{% endraw %}\n")
+    space = tmp_path / f"{name}.yaml"
+    space.write_text("language: c\nsizes: [M, N]\nparams:\n  V: [1]\n")
+    return load_skeleton(template, space)
+
+
+@pytest.fixture(scope="module")
+def cpu_records(tmp_path_factory):
+    """Every C case evaluated once by one evaluator per case (a kernel's fault stays its own)."""
+    from tuner.core.settings import Settings
+    tmp = tmp_path_factory.mktemp("redteam")
+    settings = Settings(runs_dir=str(tmp / "runs"), cache_dir=str(tmp / "cache"), bench_budget_s=0.05,
+                        warmup_s=0.0, min_reps=5, max_reps=200, run_timeout_s=60.0, compile_timeout_s=60.0,
+                        compile_workers=1)
+    out = {}
+    for name in C_CASES:
+        sk = c_skeleton(name, tmp)
+        ev = Evaluator("cpu", builtin_spec("softmax", SHAPE), sk, settings, tmp / name)
+        try:
+            ev.start()
+            out[name] = ev.evaluate(sk.space.default_config())
+        finally:
+            ev.close()
+    return out
+
+
+@pytest.mark.parametrize("name", list(C_CASES))
+def test_each_hostile_c_kernel_gets_its_verdict(cpu_records, name):
+    status, words = C_CASES[name]
+    rec = cpu_records[name]
+    assert rec.status is status, (name, rec.status, rec.reason)
+    assert words in rec.reason, (name, rec.reason)
+
+
+def test_a_kernel_faster_than_the_device_allows_is_suspect(fast_settings, tmp_path):
+    """The physics check: however correct, a time under the device's floor is never OK. (An
+    honest kernel against a floor set at one second stands in for one that beats the device.)"""
+    sk = c_skeleton("honest", tmp_path)
+    ev = Evaluator("cpu", builtin_spec("softmax", "8x64"), sk, fast_settings, tmp_path / "run")
+    ev.floor = lambda: (1.0, "a floor of one second, for this test")
+    try:
+        ev.start()
+        rec = ev.evaluate(sk.space.default_config())
+    finally:
+        ev.close()
+    assert rec.status is Status.SUSPECT, rec.reason
+    assert "faster than this device can run it (a floor of one second, for this test)" in rec.reason
+
+
+def test_the_floor_is_the_ops_bytes_and_flops_at_the_measured_peaks(fast_settings, tmp_path):
+    from tuner.core.values import DeviceInfo
+    sk = c_skeleton("honest", tmp_path)
+    ev = Evaluator("cpu", builtin_spec("matmul", "256x256x256"), sk, fast_settings, tmp_path / "run")
+    try:
+        ev.device_info = DeviceInfo(backend="cpu", name="x", cores=1, peaks=(("copy_gbps", 10.0),
+                                                                          ("fp32_gflops", 100.0)))
+        seconds, why = ev.floor()
+        flops = 2 * 256**3
+        assert seconds == pytest.approx(flops / (2.0 * 100e9)) and "GFLOP" in why
+        ev.device_info = DeviceInfo(backend="cpu", name="x", cores=1, simulated=True,
+                                    peaks=(("copy_gbps", 10.0),))
+        assert ev.floor() is None  # a modelled device's times are not measured
+    finally:
+        ev.close()
+
+
+OBJECTS = {
+    "syscall": ('void tuner_kernel(float *x) { __asm__ volatile ("syscall"); x[0] = 1; }', "syscall instruction"),
+    "tls": ("_Thread_local float t; void tuner_kernel(float *x) { t += x[0]; x[0] = t; }", "thread-local"),
+    "static": ("void tuner_kernel(float *x) { static int n; x[0] = n++; }", "writable global or static data"),
+    "getenv": ('char *getenv(const char *); void tuner_kernel(float *x) { x[0] = !!getenv("HOME"); }', "'getenv'"),
+    "no_entry": ("void kernel(float *x) { x[0] = 1; }", "no exported `tuner_kernel`"),
+    "clean": ("#include <math.h>\nvoid tuner_kernel(float *x) { x[0] = expf(x[1]); }", None),
+}
+
+
+@pytest.mark.parametrize("name", list(OBJECTS))
+def test_the_object_check_reads_what_was_built(name, tmp_path):
+    """Sources the source check would refuse, compiled directly: the object check alone
+    refuses each by what the object holds."""
+    code, words = OBJECTS[name]
+    (tmp_path / "k.c").write_text(code)
+    subprocess.run(["cc", "-O2", "-fopenmp", "-shared", "-fPIC", str(tmp_path / "k.c"), "-o",
+                    str(tmp_path / "k.so"), "-lm"], check=True, capture_output=True)
+    findings = check_object(str(tmp_path / "k.so"))
+    if words is None:
+        assert findings == []
+    else:
+        assert any(words in f.why for f in findings), findings
