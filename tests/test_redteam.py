@@ -123,3 +123,29 @@ def test_the_object_check_reads_what_was_built(name, tmp_path):
         assert findings == []
     else:
         assert any(words in f.why for f in findings), findings
+
+
+TRITON_CASES = {
+    "honest": (Status.OK, ""),
+    "poison_only": (Status.WRONG_RESULT, ""),
+    "looks_done": (Status.WRONG_RESULT, "a timed call's result was wrong"),
+    "host_exp": (Status.WRONG_RESULT, "computed with torch on the host (aten.pow)"),
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", list(TRITON_CASES))
+def test_each_hostile_triton_kernel_gets_its_verdict(name, fast_settings, tmp_path):
+    body = (REDTEAM / f"{name}.py").read_text()
+    (tmp_path / "k.py.j2").write_text("{% raw %}" + body + "{% endraw %}\n")
+    (tmp_path / "k.yaml").write_text("language: triton\nsizes: [M, N]\nparams:\n  V: [1]\n")
+    sk = load_skeleton(tmp_path / "k.py.j2", tmp_path / "k.yaml")
+    ev = Evaluator("cuda", builtin_spec("softmax", "1024x1024"), sk, fast_settings, tmp_path / "run")
+    try:
+        ev.start()
+        rec = ev.evaluate(sk.space.default_config())
+    finally:
+        ev.close()
+    status, words = TRITON_CASES[name]
+    assert rec.status is status, (name, rec.status, rec.reason)
+    assert words in rec.reason, (name, rec.reason)

@@ -62,10 +62,15 @@ class Device(Protocol):
     def to_device(self, tensor): ...
     def to_host(self, tensor): ...
     def launch(self, kernel: Any, args: list) -> None: ...
+    def launch_checked(self, kernel: Any, args: list) -> None: ...
     def sync(self) -> None: ...
     def time_call(self, fn: Callable[[], None]) -> float: ...
     def time_calls(self, fn: Callable[[], None], n: int) -> list[float]: ...
     def context_lost(self) -> bool: ...
+
+
+class HostCompute(RuntimeError):
+    """A launch computed with torch on the host side instead of in its kernel."""
 
 
 class BackendUnavailable(RuntimeError):
@@ -133,6 +138,13 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def launch(self, kernel: Any, args: list) -> None: ...
+
+    def launch_checked(self, kernel: Any, args: list) -> None:
+        """`launch`, on verification buffers (never timed), with whatever this backend can
+        check about how the kernel ran; raises HostCompute when it did the op's work outside
+        the kernel. Timed calls cannot be told from checked ones by their buffers, so a
+        kernel that behaves here behaves there (tuner/exec/measure.py)."""
+        self.launch(kernel, args)
 
     def sync(self) -> None:
         pass

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.backends.base import Backend
+from tuner.backends.base import Backend, HostCompute
 from tuner.backends.triton_source import load_module, use_cache
 
 
@@ -76,6 +76,21 @@ class TritonDevice(Backend):
     def launch(self, kernel: Any, args: list) -> None:
         kernel(*args)
 
+    def launch_checked(self, kernel: Any, args: list) -> None:
+        """The launch function may allocate, view and fill tensors, and launch kernels; any
+        other torch operation it runs (arithmetic, a reduction, a copy, a library call,
+        however the code reached it) is the op's work done by torch, not by the kernel. Seen
+        by a dispatch mode around the call, so it holds whatever the source looks like. (Not
+        under Triton's interpreter, which computes with torch itself.)"""
+        if self.interpret:
+            return self.launch(kernel, args)
+        with _NoHostCompute() as mode:
+            kernel(*args)
+        if mode.seen:
+            raise HostCompute(f"forbidden: the launch function computed with torch on the host "
+                              f"({', '.join(sorted(mode.seen)[:5])}); do the op's work in the "
+                              f"@triton.jit kernel")
+
     def sync(self) -> None:
         if not self.interpret:
             self._module().synchronize(self.device)
@@ -120,3 +135,31 @@ class TritonDevice(Backend):
             end.record(stream)
         pairs[-1][1].synchronize()
         return [start.elapsed_time(end) * 1e-3 for start, end in pairs]
+
+
+# What a launch function may ask of torch: allocation, views and metadata, fills of what it
+# allocates. Named by the aten overload packet.
+_HOST_OK = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
+    "new_zeros", "full", "full_like", "new_full", "fill", "fill_", "zero_", "view", "_unsafe_view",
+    "reshape", "as_strided", "t", "transpose", "permute", "unsqueeze", "squeeze", "select", "slice",
+    "expand", "detach", "alias", "lift_fresh", "sym_size", "sym_stride", "sym_numel",
+    "sym_storage_offset", "is_contiguous", "unbind", "split", "chunk", "narrow", "_to_copy_meta",
+})
+
+
+def _NoHostCompute():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NoHostCompute(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name not in _HOST_OK:
+                self.seen.add(f"aten.{name}")
+            return func(*args, **(kwargs or {}))
+
+    return NoHostCompute()

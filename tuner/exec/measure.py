@@ -34,6 +34,7 @@ import traceback
 from collections import OrderedDict
 from typing import Any, Callable, NamedTuple
 
+from tuner.backends.base import HostCompute
 from tuner.core.ops import Op, load_op, out_dtype
 from tuner.core.settings import Settings
 from tuner.core.values import Measurement, OpSpec, Status
@@ -254,7 +255,10 @@ def check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | N
 def _check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | None, float, float]:
     pristine, ref_dev = _device_set(backend, op, seed, ref)
     bufs = _BufferSet(backend, op, pristine, ref_dev)
-    backend.launch(kernel, bufs.args)
+    try:
+        backend.launch_checked(kernel, bufs.args)
+    except HostCompute as e:
+        return str(e), 0.0, 0.0
     backend.sync()
     return bufs.verdict()
 
@@ -276,12 +280,12 @@ class _BufferSet:
         self.poison()
         self.args = [g.view for g in self.inputs + self.outs]
 
-    def poison(self, decoys: list | None = None) -> None:
+    def poison(self, decoys: list | None = None, always: bool = False) -> None:
         """Fill the outputs before the next call: with a random poison, or (half the time,
-        when given) with `decoys`, another input set's reference, so that a stale output
-        looks like a computed one and a kernel that skips work when its output already
-        looks done is caught."""
-        if decoys is not None and _rng.random() < 0.5:
+        or `always`, when given) with `decoys`, another input set's reference, so that a
+        stale output looks like a computed one and a kernel that skips work when its output
+        already looks done is caught."""
+        if decoys is not None and (always or _rng.random() < 0.5):
             self.poisons = [None] * len(self.outs)
             for g, d in zip(self.outs, decoys):
                 g.view.copy_(d)
@@ -364,6 +368,20 @@ class _Rotation:
         self.calls += 1
         self.used.add(k)
         self.backend.launch(self.kernel, self.sets[k].args)
+
+    def decoy_round(self) -> None:
+        """One more call on each set, its outputs holding another set's result: whatever the
+        poisons drawn while timing, a kernel that skips work on outputs that look done is
+        caught (raises Caught)."""
+        n = len(self.sets)
+        if n < 2:
+            return
+        self.backend.sync()
+        for k, s in enumerate(self.sets):
+            s.poison(self.sets[(k + 1) % n].ref, always=True)
+        for _ in range(n):
+            self.call()
+        self.verify()
 
     def verify(self) -> None:
         """Raise Caught when a set's last timed call did not do the work."""
@@ -458,6 +476,7 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
         rotation = _Rotation(backend, kernel, op)
         t2 = time.perf_counter()
         samples, stopped = bench(backend, rotation.call, settings, best_s, rotation.verify)
+        rotation.decoy_round()
         TIMES["reps"] += len(samples)
         median = max(statistics.median(samples), 1e-12)  # 0 s is suspect, not a division by zero
         history = None if stopped else _history(backend, kernel, op, rotation, median)
@@ -498,27 +517,25 @@ _HISTORY_S = 20e-6     # absolute slack: a thread pool waking, a launch not hidd
 
 
 def _history(backend, kernel, op: Op, rotation: _Rotation, median: float) -> str | None:
-    """Why the kernel's time depends on the calls before it, or None. Single calls on inputs
-    it has never seen (new seeds, new buffers, outputs poisoned), timed as the timed calls
-    are: an honest kernel takes about its median; one that caches results or skips work on
-    buffers it has seen is fast only on the rotation's buffers."""
-    import torch
-    where = backend.data_device()
+    """Why the kernel's time depends on the calls before it, or None. Single calls on buffers
+    it has never seen (new ones, made as the timed ones are, from a pooled seed, outputs
+    poisoned), timed as the timed calls are and then checked: an honest kernel takes about
+    its median; one that skips work on buffers it has seen is fast only on the rotation's
+    (and one that skips work here too is wrong here: raises Caught)."""
+    pooled = _pooled(op, backend)
     times = []
     for _ in range(_FRESH_CALLS):
-        seed = _rng.randrange(1, 2**31)
-        xs = op.make_inputs(seed, where) if where is not None else [backend.to_device(x) for x in op.make_inputs(seed)]
-        outs = []
-        for g in rotation.sets[0].outs:
-            o = torch.empty_like(g.view)
-            o.fill_(_poison(o.dtype))
-            outs.append(o)
-        args = xs + outs
-        times.append(backend.time_call(lambda: backend.launch(kernel, args)))
-        del xs, outs, args
+        seed, ref = _rng.choice(pooled)
+        fresh = _BufferSet(backend, op, *_device_set(backend, op, seed, ref))
+        times.append(backend.time_call(lambda: backend.launch(kernel, fresh.args)))
+        why, _, _ = fresh.verdict()
+        if why:
+            raise Caught(f"a call on buffers it had not seen before was wrong (its checks and timed "
+                         f"calls had passed): {why}")
+        del fresh
     cold = min(times)
     if cold > _HISTORY_FACTOR * median and cold - median > _HISTORY_S:
-        return (f"{cold / median:.1f}x slower on inputs it had never seen ({cold * 1e6:.1f} us, the "
+        return (f"{cold / median:.1f}x slower on buffers it had never seen ({cold * 1e6:.1f} us, the "
                 f"fastest of {_FRESH_CALLS} single calls) than on the buffers it was timed on "
                 f"({median * 1e6:.1f} us median): its time depends on the calls before it (results "
                 f"kept between calls, or work skipped on buffers seen before)")
@@ -567,6 +584,7 @@ def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
                 continue
             try:
                 s, _ = bench(backend, rot.call, short, between=rot.verify)
+                rot.decoy_round()
             except Caught as e:
                 out[i] = f"re-timing: {e}"
                 continue
