@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-SECRET_FLAGS = ("--llm-api-key",)
+from tuner.exec.sandbox import SECRET_FLAGS
 
 
 def redacted_argv(argv: list[str]) -> str:

@@ -48,6 +48,7 @@ from tuner.core.settings import Settings
 from tuner.core.values import Build, OpSpec, Status
 from tuner.exec.evaluate import Evaluator
 from tuner.exec.runner import Placement
+from tuner.exec.sandbox import worker_env
 from tuner.exec.worker import COMPILE_NICE, Worker, WorkerError, WorkerFailure
 
 RAY_MISSING = 'the ray executor needs Ray, which is not installed: pip install "tuner[ray]"'
@@ -282,11 +283,22 @@ def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: i
         cpus = num_cpus or os.cpu_count() or 1
         kw.update(address="local", num_cpus=num_cpus, num_gpus=num_gpus, object_store_memory=256 * 2**20,
                   _system_config={"num_workers_soft_limit": 2 * cpus + 16})
+    # A local cluster's processes inherit this process's environment, and every benchmark or
+    # compile Worker can read its parent's (/proc/<ppid>/environ): they start with the
+    # workers' allowlisted one instead (sandbox.worker_env), keys and unknown variables out.
+    saved = dict(os.environ)
     try:
+        if not address:
+            os.environ.clear()
+            os.environ.update(worker_env(saved))
         ray.init(**kw)
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = f"connect to the Ray cluster at {address}" if address else "start a local Ray cluster"
         raise RayUnavailable(f"cannot {where}: {e}") from None
+    finally:
+        if os.environ != saved:
+            os.environ.clear()
+            os.environ.update(saved)
     return True
 
 

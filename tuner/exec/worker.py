@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import re
 import select
 import signal
 import struct
@@ -26,8 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
-
+from tuner.exec.sandbox import isolate_network, worker_env
 
 class WorkerFailure(Exception):
     """The worker died or timed out while serving a request. `kind` is 'timeout' or 'crash'."""
@@ -42,7 +40,8 @@ class WorkerError(RuntimeError):
 
 
 def scrubbed_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not _SECRET.search(k)}
+    """What a worker process starts with: the allowlisted environment (sandbox.worker_env)."""
+    env = worker_env()
     pkg_root = str(Path(__file__).resolve().parents[2])  # the folder that holds the package
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
@@ -281,6 +280,7 @@ def main() -> None:
     os.dup2(devnull, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
+    sandbox = isolate_network()  # before any thread starts (see sandbox.py)
     _die_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid())
     method, init = _recv(in_fd)
     assert method == "init"
@@ -339,6 +339,8 @@ def main() -> None:
                 value = dict(m.TIMES)
             elif method == "ping":
                 value = os.getpid()
+            elif method == "sandbox":
+                value = {"network": sandbox}
             elif method == "warm":
                 backend.warm()
                 value = os.getpid()

@@ -1,0 +1,105 @@
+"""What candidate code can see of the tool and the machine: the parts of the sandbox that do not
+depend on a static check of the code.
+
+* `worker_env()`: a worker's environment is an allowlist (what Python, torch, Triton, the
+  compilers and the device runtimes read), not the user's environment with secret-looking
+  names removed: a secret in a variable with an innocent name stays out too.
+* `hide_from_proc(argv)`: the tool's own process keeps its environment and command line in
+  memory that any process of the same user (or root) reads through /proc/<pid>/environ and
+  /proc/<pid>/cmdline, a worker through /proc/<its parent>/. Once Python has copied both,
+  the original environment block is cleared (the C library's environment is moved to copies
+  first, so getenv in the process still works) and the value of a secret flag in the
+  command line is overwritten.
+* `isolate_network()`: a worker gives itself a network namespace of its own before it runs
+  any candidate code (no interface but a loopback that is down): no socket reaches anything.
+  Where the kernel refuses (no CAP_SYS_ADMIN and no unprivileged user namespaces) it says why
+  and the worker goes on without it.
+
+Linux. Elsewhere each is a no-op that says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import sys
+
+# What a worker's environment keeps: the runtime's own variables and the tool's.
+_KEEP = re.compile(r"^(PATH|HOME|USER|LOGNAME|SHELL|LANG|LANGUAGE|TERM|TZ|TMPDIR|PWD|LC_\w+|"
+                   r"LD_LIBRARY_PATH|LIBRARY_PATH|CPATH|C_INCLUDE_PATH|PYTHONPATH|PYTHONHOME|"
+                   r"VIRTUAL_ENV|CONDA_\w+|XDG_CACHE_HOME|CC|CXX|CFLAGS|OMP_\w+|GOMP_\w+|KMP_\w+|"
+                   r"MKL_\w+|OPENBLAS_\w+|CUDA_\w+|NVIDIA_\w+|NV_\w+|CUBLAS_\w+|CUDNN_\w+|PTXAS_\w+|"
+                   r"TRITON_\w+|TORCH_\w+|PYTORCH_\w+|ASCEND_\w+|ASCEND|NPU_\w+|TUNER_\w+|MLIR_\w+|"
+                   r"HIP_\w+|ROCM_\w+|RAY_\w+)$")
+# Names that look secret: never kept, even where the pattern above would keep them.
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
+SECRET_FLAGS = ("--llm-api-key",)
+
+_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
+
+
+def worker_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if environ is None else environ)
+    return {k: v for k, v in env.items() if _KEEP.match(k) and not SECRET_NAME.search(k)}
+
+
+def _stat_fields() -> list[str] | None:
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].decode().split()
+    except OSError:
+        return None
+
+
+def hide_from_proc(argv: list[str] | None = None) -> bool:
+    """Clear this process's original environment block and the values of secret flags in its
+    original command line. True when done (Linux), False where /proc does not say where they
+    are."""
+    fields = _stat_fields()
+    if fields is None or len(fields) < 49:
+        return False
+    # proc(5): fields 48-51 are arg_start, arg_end, env_start, env_end; `fields` starts at 3.
+    arg_start, arg_end, env_start, env_end = (int(x) for x in fields[45:49])
+    for k, v in os.environ.items():  # the C library's environment: copies, not the block
+        os.putenv(k, v)
+    if env_end > env_start:
+        ctypes.memset(env_start, 0, env_end - env_start)
+    if arg_end > arg_start:  # "--llm-api-key VALUE" and "--llm-api-key=VALUE"
+        words = ctypes.string_at(arg_start, arg_end - arg_start).split(b"\0")
+        pos, hide_next = 0, False
+        for w in words:
+            flag, eq, value = w.partition(b"=")
+            if hide_next:
+                ctypes.memset(arg_start + pos, ord("*"), len(w))
+            elif flag.decode(errors="replace") in SECRET_FLAGS and eq:
+                ctypes.memset(arg_start + pos + len(flag) + 1, ord("*"), len(value))
+            hide_next = not hide_next and not eq and flag.decode(errors="replace") in SECRET_FLAGS
+            pos += len(w) + 1
+    return True
+
+
+def isolate_network() -> str:
+    """Move this process into a network namespace of its own. Must run before any thread
+    starts (the kernel refuses a user namespace to a threaded process). Returns
+    "isolated", or why not."""
+    if not sys.platform.startswith("linux"):
+        return f"not isolated: {sys.platform} has no network namespaces"
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNET) == 0:
+        return "isolated"
+    first = os.strerror(ctypes.get_errno())
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) == 0:
+        try:  # the same uid and gid inside as outside: files keep their owners
+            with open("/proc/self/setgroups", "w") as f:
+                f.write("deny")
+            with open("/proc/self/uid_map", "w") as f:
+                f.write(f"{uid} {uid} 1")
+            with open("/proc/self/gid_map", "w") as f:
+                f.write(f"{gid} {gid} 1")
+        except OSError as e:
+            return f"isolated, but the user namespace has no uid map ({e})"
+        return "isolated"
+    return (f"not isolated: the kernel refused a network namespace ({first}) and a user namespace "
+            f"({os.strerror(ctypes.get_errno())})")
