@@ -10,6 +10,7 @@ from tests.conftest import FIXTURES
 from tuner.cli.main import main
 from tuner.core.ops import builtin_spec
 from tuner.core.space import SpaceError, parse_space
+from tuner.core.values import Config
 from tuner.run.store import Store, StoreError
 
 NULL = ["--backend", "null", "--template", str(FIXTURES / "null/good.txt.j2"),
@@ -382,3 +383,50 @@ def test_a_compile_that_a_full_disk_broke_is_not_the_configs_failure():
         assert e.value.errno == errno.ENOSPC and "(here)" in str(e.value)
     raise_if_disk_full(RuntimeError("out of resource: shared memory"), "here")  # the config's own
     raise_if_disk_full(OSError(errno.ENOENT, "No such file"), "here")
+
+
+# A model writes spaces and templates: an expression or a template built to hang or exhaust
+# the tool's process is refused at once, with a reason, and nothing else escapes.
+@pytest.mark.parametrize("text", [
+    "((2**64)**64)**64", "(((((9**64)**64)**64)**64)**64)", "'%999999999d' % 1", "'a' * 10**9", "-'a'",
+    "not " * 100 + "1", "int(1e308)", "max()", "10.0**400", "cdiv(2**200, 0)", "'a' < 1", "1 in 2",
+    "-" * 100 + "1",
+])
+def test_a_hostile_expression_is_an_expr_error_at_once(text):
+    import time
+
+    from tuner.core.expr import ExprError, parse
+    t0 = time.monotonic()
+    with pytest.raises(ExprError):
+        e = parse(text)
+        e({})
+        e.violation({})
+    assert time.monotonic() - t0 < 1.0
+
+
+@pytest.mark.parametrize("template", [
+    '{{ "x"|center(10**9) }}', '{{ "x".ljust(10**9) }}', '{{ "x".zfill(999999999) }}', '{{ "%999999999d" % 1 }}',
+    '{{ "{:>999999999}".format(1) }}', '{{ "{0:>{1}}".format(1, 999999999) }}', '{{ "x"|indent(10**9) }}',
+    '{{ "%*d"|format(999999999, 1) }}', '{{ "%*d" % (999999999, 1) }}',
+    '{% set s = namespace(v="x" * 1000) %}{% for i in range(30) %}{% set s.v = s.v.replace("x", "xx") %}{% endfor %}',
+    '{% set n = namespace(v=3) %}{% for i in range(40) %}{% set n.v = n.v * n.v %}{% endfor %}',
+])
+def test_a_hostile_template_is_refused_at_once(template):
+    import time
+
+    from tuner.core.skeleton import Skeleton, SkeletonError
+    from tuner.core.space import Space
+    space = Space.from_json({"params": {"V": {"values": [1]}}})
+    t0 = time.monotonic()
+    with pytest.raises(SkeletonError, match="SecurityError"):
+        Skeleton(template, space, "c").render(Config.of({"V": 1}), {})
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_formats_and_filters_of_honest_sizes_still_render():
+    from tuner.core.skeleton import Skeleton
+    from tuner.core.space import Space
+    space = Space.from_json({"params": {"V": {"values": [3]}}})
+    out = Skeleton('{{ "%5.2f" % 1.5 }}|{{ "{:>4}".format(V) }}|{{ "a"|center(5) }}|{{ "x" * 8 }}|{{ "%d"|format(V) }}',
+                   space, "c").render(Config.of({"V": 3}), {})
+    assert out == " 1.50|   3|  a  |xxxxxxxx|3"

@@ -38,6 +38,12 @@ _CMPOPS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast
            ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
            ast.NotIn: lambda a, b: a not in b}
 _MAX_POW = 64  # 2**64 is as large as any tile arithmetic needs; bigger is a typo or an attack
+# Bounds that keep a hostile expression (a model writes spaces) from hanging or exhausting the
+# process: every integer a step makes fits in _MAX_BITS bits, every string in _MAX_STR
+# characters, and the expression nests at most _MAX_DEPTH deep.
+_MAX_BITS = 256
+_MAX_STR = 4096
+_MAX_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -49,14 +55,24 @@ class Expr:
     names: frozenset[str]
 
     def __call__(self, env: dict[str, Any]) -> Any:
-        return _eval(self.tree.body, env, self.text)
+        try:
+            return _eval(self.tree.body, env, self.text)
+        except ExprError:
+            raise
+        except (TypeError, ValueError, OverflowError, ArithmeticError, RecursionError, MemoryError) as e:
+            raise ExprError(f"{type(e).__name__}: {e} in {self.text!r}") from None
 
     def violation(self, env: dict[str, Any]) -> float:
         """0 when the expression holds; else how far it is from holding, for a search that
         walks an invalid config towards a valid one: a failed numeric comparison counts its
         relative gap |a - b| / (|a| + |b|) (so a smem overflow of 2x is further than one of
         10 %), anything else that fails counts 1. `and` adds up, `or` takes the nearest."""
-        return _violation(self.tree.body, env, self.text)
+        try:
+            return _violation(self.tree.body, env, self.text)
+        except ExprError:
+            raise
+        except (TypeError, ValueError, OverflowError, ArithmeticError, RecursionError, MemoryError) as e:
+            raise ExprError(f"{type(e).__name__}: {e} in {self.text!r}") from None
 
     def __reduce__(self):  # AST nodes pickle, but re-parsing is smaller and always valid
         return (parse, (self.text,))
@@ -73,9 +89,31 @@ def parse(text: Any) -> Expr:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
         raise ExprError(f"syntax error in {text!r}: {e.msg}") from None
+    if _depth(tree.body) > _MAX_DEPTH:
+        raise ExprError(f"expression nested more than {_MAX_DEPTH} deep: {text[:80]!r}...")
     names: set[str] = set()
     _check(tree.body, names, text)
     return Expr(text.strip(), tree, frozenset(names))
+
+
+def _depth(node: ast.AST) -> int:
+    """How deep `node` nests, counted without recursion (a deep tree is what is refused)."""
+    deepest, stack = 0, [(node, 1)]
+    while stack:
+        n, d = stack.pop()
+        deepest = max(deepest, d)
+        if d <= _MAX_DEPTH:
+            stack.extend((c, d + 1) for c in ast.iter_child_nodes(n))
+    return deepest
+
+
+def _bounded(value: Any, text: str) -> Any:
+    """`value`, when within the bounds above; else ExprError."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > _MAX_BITS:
+        raise ExprError(f"a value larger than 2**{_MAX_BITS} in {text!r}")
+    if isinstance(value, str) and len(value) > _MAX_STR:
+        raise ExprError(f"a string longer than {_MAX_STR} characters in {text!r}")
+    return value
 
 
 def _check(node: ast.AST, names: set[str], text: str) -> None:
@@ -129,16 +167,25 @@ def _eval(node: ast.AST, env: dict[str, Any], text: str) -> Any:
         a, b = _eval(node.left, env, text), _eval(node.right, env, text)
         if isinstance(node.op, ast.Pow) and isinstance(b, (int, float)) and abs(b) > _MAX_POW:
             raise ExprError(f"exponent {b} too large in {text!r}")
+        if isinstance(a, str) or isinstance(b, str):
+            if not (isinstance(node.op, ast.Add) and isinstance(a, str) and isinstance(b, str)):
+                raise ExprError(f"strings may only be compared or joined with +, in {text!r}")
+        if isinstance(node.op, ast.Pow) and isinstance(a, int) and isinstance(b, int) \
+                and a.bit_length() * abs(b) > 4 * _MAX_BITS:
+            raise ExprError(f"a value larger than 2**{_MAX_BITS} in {text!r}")
         try:
-            return _BINOPS[type(node.op)](a, b)
+            return _bounded(_BINOPS[type(node.op)](a, b), text)
         except ZeroDivisionError:
             raise ExprError(f"division by zero in {text!r}") from None
-        except TypeError as e:
+        except (TypeError, OverflowError) as e:
             raise ExprError(f"{e} in {text!r}") from None
     if isinstance(node, ast.UnaryOp):
         v = _eval(node.operand, env, text)
         if isinstance(node.op, ast.Not):
             return not v
+        if not isinstance(v, (int, float)):
+            raise ExprError(f"unary {'-' if isinstance(node.op, ast.USub) else '+'} of a "
+                            f"{type(v).__name__} in {text!r}")
         return -v if isinstance(node.op, ast.USub) else +v
     if isinstance(node, ast.BoolOp):
         if isinstance(node.op, ast.And):
@@ -163,9 +210,10 @@ def _eval(node: ast.AST, env: dict[str, Any], text: str) -> Any:
     if isinstance(node, ast.Call):
         args = [_eval(a, env, text) for a in node.args]
         try:
-            return FUNCTIONS[node.func.id](*args)  # type: ignore[attr-defined]
+            value = FUNCTIONS[node.func.id](*args)  # type: ignore[attr-defined]
         except (TypeError, ValueError, ZeroDivisionError, OverflowError) as e:
             raise ExprError(f"{node.func.id}(): {e} in {text!r}") from None  # type: ignore[attr-defined]
+        return _bounded(value, text)
     raise ExprError(f"unreachable: {type(node).__name__} in {text!r}")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -133,22 +134,75 @@ class Skeleton:
                    parent=data.get("parent", ""), template_path=data.get("template_path", ""))
 
 
-class _Sandbox(jinja2.sandbox.SandboxedEnvironment):
-    """Also refuses a `*` or `**` whose result would be huge: one C-level operation
-    (`{{ "x" * 10**10 }}`) that no deadline or length check interrupts fills the memory."""
+_BIG_WIDTH = re.compile(r"\d{7,}|%[-+ #0]*\d*\.?\*")  # a width of a million or more, or a % width taken from an argument
 
-    intercepted_binops = frozenset({"*", "**"})
+
+def _check_format(spec: str) -> None:
+    """A format string (`%` or str.format) whose widths could make a huge string in one step."""
+    if isinstance(spec, str) and ("%" in spec or "{" in spec) and _BIG_WIDTH.search(spec):
+        raise jinja2.sandbox.SecurityError("a format width or precision of a million or more (or one "
+                                           "taken from an argument)")
+
+
+def _check_size(value: Any, what: str) -> Any:
+    if isinstance(value, (str, bytes, list, tuple, dict)) and len(value) > MAX_SOURCE_CHARS:
+        raise jinja2.sandbox.SecurityError(f"{what} made a value of {len(value):,} items, more than a "
+                                           f"kernel's source may hold")
+    return value
+
+
+def _check_args(args, kwargs, what: str) -> None:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_SOURCE_CHARS:
+            raise jinja2.sandbox.SecurityError(f"{what}: an argument of {a} is larger than a kernel's "
+                                               f"source may be")
+
+
+def _bounded_filter(f):
+    @functools.wraps(f)
+    def bounded(*args, **kwargs):
+        _check_args(args[1:], kwargs, f"filter {f.__name__}")
+        if f.__name__ == "do_format" and args:
+            _check_format(args[-1] if isinstance(args[0], jinja2.runtime.Context) else args[0])
+        return _check_size(f(*args, **kwargs), f"filter {f.__name__}")
+    return bounded
+
+
+class _Sandbox(jinja2.sandbox.SandboxedEnvironment):
+    """Also bounds what one C-level step may make, which no deadline or length check
+    interrupts: a `*` or `**` whose result would be huge (`{{ "x" * 10**10 }}`, an integer
+    squared again and again), a `%` or `.format` with a huge width, a filter or method given a
+    huge width (`center`, `indent`, `ljust`, `zfill`), or a call whose result is longer than a
+    kernel's source may be (a `replace` doubling a string)."""
+
+    intercepted_binops = frozenset({"*", "**", "%"})
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.filters = {name: _bounded_filter(f) for name, f in self.filters.items()}
 
     def call_binop(self, context, operator, left, right):
         ints = isinstance(left, int) and isinstance(right, int)
         if operator == "**" and ints and abs(left) > 1 and right * math.log10(abs(left)) > 4000:
             raise jinja2.sandbox.SecurityError(f"{left} ** {right} is too large a number")
         if operator == "*":
+            if ints and left.bit_length() + right.bit_length() > 16384:
+                raise jinja2.sandbox.SecurityError("a product of more than 16384 bits")
             for seq, n in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_SOURCE_CHARS:
                     raise jinja2.sandbox.SecurityError(f"a sequence of {len(seq)} repeated {n} times is "
                                                        f"longer than a kernel's source may be")
-        return super().call_binop(context, operator, left, right)
+        if operator == "%" and isinstance(left, str):
+            _check_format(left)
+        return _check_size(super().call_binop(context, operator, left, right), f"`{operator}`")
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's signature
+        name = getattr(__obj, "__name__", type(__obj).__name__)
+        _check_args(args, kwargs, name)
+        bound = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)  # the sandbox wraps str.format
+        if name in ("format", "format_map") and isinstance(bound, str):
+            _check_format(bound)
+        return _check_size(super().call(__context, __obj, *args, **kwargs), name)
 
 
 def _environment() -> jinja2.Environment:
