@@ -430,3 +430,35 @@ def test_formats_and_filters_of_honest_sizes_still_render():
     out = Skeleton('{{ "%5.2f" % 1.5 }}|{{ "{:>4}".format(V) }}|{{ "a"|center(5) }}|{{ "x" * 8 }}|{{ "%d"|format(V) }}',
                    space, "c").render(Config.of({"V": 3}), {})
     assert out == " 1.50|   3|  a  |xxxxxxxx|3"
+
+
+@pytest.mark.parametrize("text, says", [
+    ("params:\n  BM: !foo [32, 64]\n", "s.yaml:2: not valid YAML: the tag '!foo' is not allowed"),
+    ("description: !!binary aGVsbG8=\nparams:\n  BM: [32]\n", "s.yaml:1: not valid YAML: the tag"),
+    ("x: &a [1, 2]\nparams:\n  BM: *a\n", "s.yaml:3: not valid YAML: an alias (*name) is not allowed"),
+    ("a: &a [1,1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: [*b,*b,*b,*b,*b,*b,*b,*b,*b]\nparams:\n  BM: [32]\n",
+     "an alias (*name) is not allowed"),
+])
+def test_a_hostile_space_yaml_is_a_space_error_with_its_line(text, says):
+    with pytest.raises(SpaceError) as e:
+        parse_space(text, "s.yaml")
+    assert says in str(e.value)
+
+
+def test_a_date_in_a_space_stays_text():
+    space = parse_space("description: 2024-01-01\nparams:\n  BM: [32]\n", "s.yaml")
+    assert json.loads(json.dumps(space.to_json()))["meta"]["description"] == "2024-01-01"
+
+
+def test_reply_parsing_is_linear_on_unclosed_tags_and_fences():
+    import time
+
+    from tuner.llm.proposer import Rejection, extract
+    hostile = "<think>" * 20000 + "\n```\n" * 20000 + "x" * 100000
+    t0 = time.monotonic()
+    with pytest.raises(Rejection):
+        extract(hostile)
+    assert time.monotonic() - t0 < 2.0
+    space, template = extract("<think>ignore ```yaml\nno: 1\n```</think>\n```yaml\nparams:\n  V: [1]\n```\n"
+                              "```jinja\n{{ V }}\n```\n<think>unclosed")
+    assert space == "params:\n  V: [1]\n" and template == "{{ V }}\n"

@@ -277,14 +277,52 @@ def load_space(path: str | Path) -> Space:
     return parse_space(text, str(path))
 
 
+class _SpaceLoader(yaml.SafeLoader):
+    """YAML for spaces, which models write: plain mappings, lists and scalars only. No aliases
+    (`*name`: an alias bomb expands exponentially), no tags (`!foo`, `!!binary`), and dates
+    stay strings (a date is not a value a param or a description can hold in JSON)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "an alias (*name) is not allowed in a space: "
+                                              "write the value out", event.start_mark)
+        node = super().compose_node(parent, index)
+        if node.tag not in _PLAIN_TAGS:
+            raise yaml.composer.ComposerError(None, None, f"the tag {node.tag!r} is not allowed in a space; "
+                                              f"write plain values", node.start_mark)
+        return node
+
+
+_PLAIN_TAGS = {"tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "map", "seq")}
+_SpaceLoader.yaml_implicit_resolvers = {
+    ch: [(tag, rx) for tag, rx in resolvers if tag in _PLAIN_TAGS]
+    for ch, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+
+def _refuse_tag(loader, node):
+    raise yaml.constructor.ConstructorError(None, None, f"the tag {node.tag!r} is not allowed in a space; "
+                                            f"write plain values", node.start_mark)
+
+
+for _tag in ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:binary", "tag:yaml.org,2002:set",
+             "tag:yaml.org,2002:omap", "tag:yaml.org,2002:pairs"):
+    _SpaceLoader.add_constructor(_tag, _refuse_tag)
+_SpaceLoader.add_constructor(None, _refuse_tag)
+
+
 def parse_space(text: str, source: str = "<space>") -> Space:
     """Parse and validate a space. Raises SpaceError naming `source` and the line."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        return _parse_space(text, source)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
         raise SpaceError(f"{source}{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+
+
+def _parse_space(text: str, source: str) -> Space:
+    root = yaml.compose(text, Loader=_SpaceLoader)
     if root is None or not isinstance(root, yaml.MappingNode):
         raise SpaceError(f"{source}: a space is a YAML mapping with at least a 'params' key")
 
@@ -389,7 +427,7 @@ def parse_space(text: str, source: str = "<space>") -> Space:
 
 
 def _data(node: yaml.Node) -> Any:
-    return yaml.safe_load(yaml.serialize(node))
+    return yaml.load(yaml.serialize(node), Loader=_SpaceLoader)  # noqa: S506 - the restricted loader above
 
 
 def _rule(node: yaml.Node, known: set[str], err) -> Rule:

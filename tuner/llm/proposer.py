@@ -114,14 +114,45 @@ class LibraryProposer(Proposer):
 
 # ---- extracting and checking a reply ----------------------------------------------------
 
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.S | re.M)
-_THINK = re.compile(r"<think>.*?</think>", re.S)
+_FENCE_TAG = re.compile(r"[ \t]*```[ \t]*([\w+.-]*)")
+
+
+def _without_reasoning(reply: str) -> str:
+    """`reply` less its <think>...</think> spans; from an unclosed <think> on, kept as it is.
+    One pass (a regex that looked for the end from every unclosed tag was quadratic)."""
+    out, i = [], 0
+    while True:
+        j = reply.find("<think>", i)
+        k = reply.find("</think>", j + 7) if j >= 0 else -1
+        if j < 0 or k < 0:
+            out.append(reply[i:])
+            return "".join(out)
+        out.append(reply[i:j])
+        i = k + len("</think>")
+
+
+def _fenced_blocks(reply: str) -> list[tuple[str, str]]:
+    """(tag, body) of each ``` fenced block, read line by line (linear in the reply: a regex
+    that searched ahead from every unclosed fence was quadratic). A fence line opens a block,
+    the next one closes it; an unclosed last block is dropped."""
+    blocks, tag, body = [], None, []
+    for line in reply.splitlines(keepends=True):
+        m = _FENCE_TAG.match(line)
+        if tag is None:
+            if m:
+                tag, body = m.group(1).lower(), []
+        elif m and not line.strip().strip("`"):
+            blocks.append((tag, "".join(body)))
+            tag = None
+        else:
+            body.append(line)
+    return blocks
 
 
 def extract(reply: str, finish_reason: str = "stop") -> tuple[str, str]:
     """(space YAML, template) from the last ```yaml block and the last other block."""
-    reply = _THINK.sub("", reply or "")
-    blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(reply)]
+    reply = _without_reasoning(reply or "")
+    blocks = _fenced_blocks(reply)
     cut = " The reply was cut off at the reply token limit: make it shorter." if finish_reason == "length" else ""
     if not blocks:
         raise Rejection("no code blocks", "the reply has no fenced code blocks. Send the space in "
