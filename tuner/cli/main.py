@@ -15,7 +15,7 @@ from pathlib import Path
 from tuner import __version__
 from tuner.backends import BACKENDS, BackendUnavailable, default_backend, get_backend
 from tuner.cli.argv import redacted_argv
-from tuner.exec.sandbox import hide_from_proc
+from tuner.exec.sandbox import hide_from_proc, not_dumpable
 from tuner.core.landscape import LandscapeError
 from tuner.core.ops import BUILTINS, OpError, builtin_spec, load_op, parse_sizes, render_context
 from tuner.core.problem import probe_import, spec_from_problem_file
@@ -489,6 +489,7 @@ def _disk_full(args, what: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the process's own command line: keys out of /proc before any worker starts
         hide_from_proc()
+        not_dumpable()
     args = parser().parse_args(argv)
     bad = _bad_number(args)
     if bad:

@@ -10,6 +10,8 @@ depend on a static check of the code.
   the original environment block is cleared (the C library's environment is moved to copies
   first, so getenv in the process still works) and the value of a secret flag in the
   command line is overwritten.
+* `not_dumpable()`: the tool's process is not dumpable, so a worker running as the same
+  (non-root) user cannot read its memory or /proc files at all.
 * `isolate_network()`: a worker gives itself a network namespace of its own before it runs
   any candidate code (no interface but a loopback that is down): no socket reaches anything.
   Where the kernel refuses (no CAP_SYS_ADMIN and no unprivileged user namespaces) it says why
@@ -103,3 +105,17 @@ def isolate_network() -> str:
         return "isolated"
     return (f"not isolated: the kernel refused a network namespace ({first}) and a user namespace "
             f"({os.strerror(ctypes.get_errno())})")
+
+
+def sandbox_facts(network: str) -> str:
+    """One line for a record's toolchain: which of the sandbox's parts held in this worker."""
+    return (f"environment: allowlist; network: {network}; limits: memory, CPU time, file size; "
+            f"not confined: exec, file writes, user")
+
+
+def not_dumpable() -> bool:
+    """Make this process non-dumpable: processes of the same user (a worker) can no longer read
+    its memory or /proc/<pid>/environ (root still can). True when done."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE

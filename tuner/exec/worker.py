@@ -13,6 +13,7 @@ first, so a kernel that prints cannot corrupt the protocol.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import select
@@ -25,7 +26,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tuner.exec.sandbox import isolate_network, worker_env
+from tuner.exec.sandbox import isolate_network, sandbox_facts, worker_env
 
 class WorkerFailure(Exception):
     """The worker died or timed out while serving a request. `kind` is 'timeout' or 'crash'."""
@@ -327,8 +328,9 @@ def main() -> None:
                     if prof is not None:
                         prof.disable()
                         _dump_profile(prof, profile_dir)
-            elif method == "device_info":
+            elif method == "device_info":  # with what this process's sandbox could do (run.json, records)
                 value = backend.device_info()
+                value = dataclasses.replace(value, toolchain=(*value.toolchain, ("sandbox", sandbox_facts(sandbox))))
             elif method == "time_reference":
                 value = m.time_reference(backend, kw["spec"], kw["settings"])
             elif method == "recheck":
