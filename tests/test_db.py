@@ -77,7 +77,7 @@ def test_another_toolchain_is_kept_apart_and_never_served(runs, tmp_path):
     newer = copy_run(paths[0], tmp_path / "newer", {"null": "2"}, "2099-01-01T00:00:00+0000")
     assert db.add_run(newer)[0] == "added"
     assert [e["run"] for e in db.entries] == [str(newer.resolve())]
-    assert len(db.stale) == 2 and all(e["toolchain"] == {"null": "1"} for e in db.stale)
+    assert len(db.stale) == 2 and all(e["toolchain"]["null"] == "1" for e in db.stale)
     # An old run of the old toolchain goes straight to stale.
     older = copy_run(paths[1], tmp_path / "older", {"null": "1"}, "2000-01-01T00:00:00+0000")
     what, why = db.add_run(older)
@@ -85,7 +85,7 @@ def test_another_toolchain_is_kept_apart_and_never_served(runs, tmp_path):
     # Exports serve only the current toolchain.
     written = export(db, tmp_path / "out")
     table = json.loads((tmp_path / "out" / "tuning.json").read_text())
-    assert [e["toolchain"] for e in table["entries"]] == [{"null": "2"}]
+    assert [e["toolchain"]["null"] for e in table["entries"]] == ["2"]
     stale = json.loads((tmp_path / "out" / "stale.json").read_text())
     assert len(stale["entries"]) == 2 and "never served" in stale["note"]
     assert (tmp_path / "out" / "tuned_kernels.py") in written
@@ -164,3 +164,19 @@ def test_a_database_file_that_is_not_one_is_refused_clearly(tmp_path, text, says
     (tmp_path / "db.json").write_text(text)
     with pytest.raises(DBError, match=says):
         TuningDB(tmp_path / "db.json")
+
+
+def test_a_run_with_noisy_timing_loses_to_one_without(runs, tmp_path):
+    """The database prefers an entry whose times are not flagged (a busy machine) to a faster
+    one that is."""
+    _, paths, _ = runs
+    db = TuningDB(tmp_path / "db.json")
+    assert db.add_run(paths[0])[0] == "added"
+    entry = db.entries[0]
+    flagged = dict(entry, run="elsewhere", run_id="flagged", median_s=entry["median_s"] / 2,
+                   flags=["winner timing noisy: its IQR is 80% of its median"])
+    assert db._put(db.entries, flagged)[0] == "kept"
+    assert db.entries[0]["run"] == entry["run"]
+    clean = dict(flagged, run="third", run_id="clean", flags=[])
+    assert db._put(db.entries, clean)[0] == "replaced"
+    assert db.entries[0]["run"] == "third"

@@ -537,6 +537,9 @@ def test_a_noisy_winner_timing_is_flagged_in_the_summary(tmp_path, monkeypatch, 
         c = Console(width=300, record=True, file=io.StringIO())
         c.print(summary_table(s))
         return c.export_text()
-    assert "timing noisy" not in shown(summary)  # the null device's times do not spread
+    assert "timing noisy" not in shown(summary) and summary["flags"] == []  # null times do not spread
+    assert summary["reference"]["interleaved"]  # the reference was re-timed beside the winner
     summary["best"]["iqr_s"] = summary["best"]["median_s"] * 2.5
-    assert "timing noisy" in shown(summary) and "the IQR is 250% of the median" in shown(summary)
+    assert "timing noisy" in shown(summary) and "winner timing noisy: its IQR is 250% of its median" in shown(summary)
+    summary["reference"]["iqr_s"] = summary["reference"]["median_s"] * 0.6
+    assert "reference timing noisy: its IQR is 60% of its median" in shown(summary)

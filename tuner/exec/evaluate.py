@@ -62,6 +62,7 @@ class Evaluator:
         self._device_ready = threading.Event()  # set when they came (or failed to)
         self.reference_samples: list[float] = []
         self.reference_s: float | None = None
+        self.reference_retimed = False  # re-timed interleaved with the top configs (pick_winner)
         self.reference_done: float | None = None  # time.monotonic() when it was timed
         self._reference_thread: threading.Thread | None = None  # see start(wait=False)
         self._reference_error: BaseException | None = None
@@ -258,14 +259,15 @@ class Evaluator:
         build = self.compile(source, hashlib.sha256(source.encode()).hexdigest()[:16])
         return build.artifact if build.status is Status.OK else path
 
-    def retime(self, records: list[Record]) -> list[list[float] | str] | None:
+    def retime(self, records: list[Record], with_reference: bool = False) -> list[list[float] | str] | None:
         """The top few, re-timed interleaved in one process so that drift hits all alike: for
-        each its samples, or why its re-timed calls were wrong. None when that fails (a kernel
+        each its samples, or why its re-timed calls were wrong; `with_reference`: the
+        reference's samples from the same interleave, last. None when that fails (a kernel
         that passed once and then hung): keep the first times."""
         try:
-            return self._device("time_many", self.settings.run_timeout_s * len(records), "retime",
-                                artifacts=[self.artifact(r) for r in records], spec=self.spec,
-                                settings=self.settings)
+            return self._device("time_many", self.settings.run_timeout_s * (len(records) + with_reference),
+                                "retime", artifacts=[self.artifact(r) for r in records], spec=self.spec,
+                                settings=self.settings, with_reference=with_reference)
         except WorkerFailure:
             return None
 

@@ -336,7 +336,8 @@ def main() -> None:
             elif method == "recheck":
                 value = m.recheck(backend, kw["artifact"], kw["spec"])
             elif method == "time_many":
-                value = m.time_many(backend, kw["artifacts"], kw["spec"], kw["settings"])
+                value = m.time_many(backend, kw["artifacts"], kw["spec"], kw["settings"],
+                                    with_reference=kw.get("with_reference", False))
             elif method == "stats":
                 value = dict(m.TIMES)
             elif method == "ping":

@@ -17,6 +17,7 @@ run directory, so `tuner show --feedback` works for library runs too.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import warnings
@@ -261,7 +262,10 @@ def feedback_for_run(store) -> Feedback:
     summary = store.read_json("summary.json") or {}
     op = load_op(store.op_spec())
     peaks = dict(meta.device.peaks) if meta.device else {}
-    return build_feedback(store.records(), skeleton.space, flops=op.flops, nbytes=op.bytes, peaks=peaks,
-                          dtype=op.spec.dtype,
-                          reference_s=(summary.get("reference") or {}).get("median_s"),
-                          round=skeleton.round or 1, skeleton_hash=skeleton.hash)
+    fb = build_feedback(store.records(), skeleton.space, flops=op.flops, nbytes=op.bytes, peaks=peaks,
+                        dtype=op.spec.dtype,
+                        reference_s=(summary.get("reference") or {}).get("median_s"),
+                        round=skeleton.round or 1, skeleton_hash=skeleton.hash)
+    flags = tuple(f"{flag}: the machine was busy, so these times and speedups may be off"
+                  for flag in summary.get("flags") or ())
+    return dataclasses.replace(fb, notes=(*fb.notes, *flags)) if flags else fb

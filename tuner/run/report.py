@@ -113,10 +113,10 @@ def summary_table(s: dict[str, Any], run_dir: str = "") -> Table:
         t.add_row("best config", " ".join(f"{k}={v}" for k, v in best["config"].items()))
         t.add_row("median time", f"{fmt_time(best['median_s'])} (IQR {fmt_time(best['iqr_s'])}, "
                                  f"{best['samples']} samples)")
-        if best.get("iqr_s") and best["iqr_s"] > NOISY * best["median_s"]:
-            t.add_row("timing noisy", f"the IQR is {best['iqr_s'] / best['median_s']:.0%} of the median: "
-                                      f"something else was using the device or its cores, so these times "
-                                      f"and the choice may be off; re-run on an idle machine")
+        for flag in timing_flags(s):
+            t.add_row("timing noisy", f"{flag}: something else was using the device or its cores, so "
+                                      f"these times, the speedup and the choice may be off; re-run on an "
+                                      f"idle machine")
         rate = f"{best['gbps']:.2f} GB/s"
         if best.get("gflops"):
             rate += f", {best['gflops']:.1f} GFLOP/s"
@@ -125,8 +125,9 @@ def summary_table(s: dict[str, Any], run_dir: str = "") -> Table:
         if c:
             t.add_row("% of ceiling", f"{c['percent']:.1f} % of {c['value']:g} {c['unit']} ({c['what']})")
         if best.get("speedup_vs_reference"):
+            how = ", timed interleaved with the winner" if ref.get("interleaved") else ""
             t.add_row(f"vs {ref.get('what', 'reference')}",
-                      f"{best['speedup_vs_reference']:.2f}x (reference {fmt_time(ref.get('median_s'))})")
+                      f"{best['speedup_vs_reference']:.2f}x (reference {fmt_time(ref.get('median_s'))}{how})")
     else:
         if not s["evaluations"] and s["invalid"]:
             t.add_row("best config", f"none: every config the sampler proposed ({s['invalid']}) broke the "
@@ -280,3 +281,14 @@ def sweep_table(summary: dict, folder: str = "") -> Table:
                   f"{r['evaluations']}/{r['budget']}" if r["evaluations"] is not None else "-",
                   fmt_time(r["best_s"]), pct, sp, fails)
     return t
+
+
+def timing_flags(summary: dict) -> list[str]:
+    """Why a summary's times (and so its speedup) may be off: a winner or a reference whose
+    samples spread wider than NOISY of their median (the machine was busy). Shown by the
+    summary table and `tuner show`, given to the model, kept by the tuning database."""
+    flags = []
+    for what, part in (("winner", summary.get("best")), ("reference", summary.get("reference"))):
+        if part and part.get("iqr_s") and part.get("median_s") and part["iqr_s"] > NOISY * part["median_s"]:
+            flags.append(f"{what} timing noisy: its IQR is {part['iqr_s'] / part['median_s']:.0%} of its median")
+    return flags

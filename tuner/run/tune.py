@@ -15,6 +15,7 @@ import functools
 import random
 import re
 import shutil
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ from tuner.core.settings import Settings
 from tuner.core.skeleton import Skeleton
 from tuner.core.values import Config, Measurement, OpSpec, Record, RunMeta, Status
 from tuner.exec.evaluate import Evaluator
-from tuner.run.report import Progress
+from tuner.run.report import Progress, timing_flags
 from tuner.run.store import Store
 from tuner.run.warm import any_passed, warm_starts, warm_timings
 from tuner.search.searcher import STALL_GAIN, Searcher, prepare_searcher
@@ -213,7 +214,14 @@ def pick_winner(store: Store, evaluator: Evaluator, settings: Settings,
             break
     if not top:
         return None
-    samples = evaluator.retime(top) if len(top) > 1 else None
+    # The reference is re-timed in the same interleave: a speedup measured on a busy machine
+    # then compares times taken under the same load.
+    samples = evaluator.retime(top, with_reference=True)
+    if samples is not None and samples and not isinstance(samples[-1], str) and samples[-1]:
+        evaluator.reference_samples = list(samples[-1])
+        evaluator.reference_s = statistics.median(samples[-1])
+        evaluator.reference_retimed = True
+        samples = samples[:-1]
     if samples is not None:
         retimed = []
         for r, s in zip(top, samples):
@@ -259,7 +267,9 @@ def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s:
         "failures": failures, "wall_s": round(wall_s, 2), "timeline": timeline or {},
         "reference": {"what": "the modelled roofline bound (simulated)" if info and info.simulated
                       else "torch " + ("eager" if meta.op.kind == "builtin" else "Model.forward"),
-                      "median_s": ref_s, "samples": evaluator.reference_samples[:200]},
+                      "median_s": ref_s, "iqr_s": _iqr(evaluator.reference_samples),
+                      "interleaved": evaluator.reference_retimed,
+                      "samples": evaluator.reference_samples[:200]},
         "flops": op.flops, "bytes": op.bytes, "best": None,
     }
     if stopped:
@@ -277,8 +287,11 @@ def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s:
                 c["what"] = c["what"].replace("(measured)", "(simulated)")
             best["ceiling"] = c
         summary["best"] = best
+    summary["flags"] = timing_flags(summary)
     store.write_json("summary.json", summary)
     return summary
+
+
 
 
 def write_best(store: Store, skeleton: Skeleton, evaluator: Evaluator, winner: Record) -> None:
@@ -476,3 +489,10 @@ def with_backend_options(make_evaluator, options: dict | None, devices: tuple[in
     if devices:
         kw["devices"] = tuple(devices)
     return functools.partial(make_evaluator, **kw)
+
+
+def _iqr(samples: list[float]) -> float | None:
+    if len(samples) < 4:
+        return None
+    q = statistics.quantiles(samples, n=4)
+    return q[2] - q[0]

@@ -37,8 +37,9 @@ from tuner.run.store import Store, StoreError
 
 DB_FORMAT = 1
 DEFAULT_DB = "tuning-db.json"
-# Toolchain items that describe the device's state, not the software that built the kernel.
-VOLATILE = frozenset({"sm_clock_max_mhz"})
+# Toolchain items that describe the device's state or the worker's sandbox, not the software
+# that built the kernel.
+VOLATILE = frozenset({"sm_clock_max_mhz", "sandbox"})
 
 
 class DBError(StoreError):
@@ -145,6 +146,7 @@ class TuningDB:
                 "toolchain": toolchain, "fingerprint": fingerprint(toolchain),
                 "config": best["config"], "median_s": best["median_s"], "iqr_s": best.get("iqr_s"),
                 "speedup_vs_reference": best.get("speedup_vs_reference"),
+                "flags": list(summary.get("flags") or ()),
                 "ceiling_percent": ceiling.get("percent"), "skeleton": h,
                 "skeleton_name": skel.get("name", ""), "language": skel["language"],
                 "kernel": kernels[0].read_text(), "kernel_file": kernels[0].name,
@@ -187,10 +189,15 @@ class TuningDB:
                 if e["run"] == entry["run"]:
                     table[i] = entry
                     return "kept", "already collected"
-                if (entry["median_s"], -entry["created"]) < (e["median_s"], -e["created"]):
+                # A run whose times are flagged (a busy machine) loses to one that is not.
+                def rank(x: dict) -> tuple:
+                    return (bool(x.get("flags")), x["median_s"], -x["created"])
+                if rank(entry) < rank(e):
                     table[i] = entry
-                    return "replaced", f"faster than {e['run_id']} ({e['median_s']:.3g} s)"
-                return "kept", f"{e['run_id']} is faster ({e['median_s']:.3g} s)"
+                    why = "not flagged, unlike" if e.get("flags") and not entry.get("flags") else "faster than"
+                    return "replaced", f"{why} {e['run_id']} ({e['median_s']:.3g} s)"
+                return "kept", (f"{e['run_id']} is not flagged" if entry.get("flags") and not e.get("flags")
+                                else f"{e['run_id']} is faster ({e['median_s']:.3g} s)")
         table.append(entry)
         return "added", ""
 
