@@ -172,12 +172,34 @@ def _device_set(backend, op: Op, seed: int, ref: list | None) -> tuple[list, lis
     else:
         xs = [backend.to_device(x.clone()) for x in _inputs(op, seed)]
         rs = [backend.to_device(r) for r in ref]
+    for t in xs + rs:  # what a check later compares them with (see _untouched)
+        t._tuner_digest = _digest(t)
     if seed in {s for s, _ in _pool.get(key[0], ())} or seed in _seeds.get(key[0], ()):
         _on_device[key] = (backend, xs, rs)
         budget = _device_budget(xs + rs)
         while len(_on_device) > 1 and sum(_nbytes(v[1]) + _nbytes(v[2]) for v in _on_device.values()) > budget:
             _on_device.popitem(last=False)
     return xs, rs
+
+
+def _digest(t) -> int:
+    """A byte sum of `t`, kept on the host, out of a kernel's reach."""
+    import torch
+    return int(t.detach().reshape(-1).contiguous().view(torch.uint8).sum(dtype=torch.int64))
+
+
+def _untouched(op: Op, tensors: list) -> str | None:
+    """Why the harness's own copies (pristine inputs, the reference) are no longer what they
+    were made as, or None: a kernel that stores far outside its buffers, on a device where
+    nothing faults, can land in them, and one that wrote its own output over the reference
+    would pass every comparison."""
+    for t in tensors:
+        want = getattr(t, "_tuner_digest", None)
+        if want is not None and _digest(t) != want:
+            _drop_device(_op_key(op))
+            return ("the kernel wrote outside its buffers, into the harness's own copy of the inputs "
+                    "or the reference")
+    return None
 
 
 # Every buffer a check hands the kernel sits between two guard bands of a known byte: a
@@ -296,6 +318,9 @@ class _BufferSet:
 
     def verdict(self, decoys: list | None = None) -> tuple[str | None, float, float]:
         try:
+            touched = _untouched(self.op, self.pristine + self.ref)
+            if touched:
+                return touched, 0.0, 0.0
             return _verdict(self.op, self.pristine, self.ref, self.inputs, self.outs, self.poisons)
         finally:
             self.poison(decoys)
