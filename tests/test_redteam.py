@@ -149,3 +149,29 @@ def test_each_hostile_triton_kernel_gets_its_verdict(name, fast_settings, tmp_pa
     status, words = TRITON_CASES[name]
     assert rec.status is status, (name, rec.status, rec.reason)
     assert words in rec.reason, (name, rec.reason)
+
+
+@pytest.mark.cuda
+def test_the_winners_memcheck_run_sees_a_store_far_from_any_buffer(fast_settings, tmp_path):
+    """Guard bands see a store near a buffer; one 4 MiB past it lands, on a GPU, in memory
+    nothing checks. The winner runs once under compute-sanitizer's memcheck, which sees it;
+    an honest kernel comes out clean."""
+    import shutil
+    from pathlib import Path
+    if not (shutil.which("compute-sanitizer") or Path("/usr/local/cuda/bin/compute-sanitizer").is_file()):
+        pytest.skip("compute-sanitizer is not installed here")
+    results = {}
+    for name in ("honest", "far_store"):
+        body = (REDTEAM / f"{name}.py").read_text()
+        (tmp_path / f"{name}.py.j2").write_text("{% raw %}" + body + "{% endraw %}\n")
+        (tmp_path / f"{name}.yaml").write_text("language: triton\nsizes: [M, N]\nparams:\n  V: [1]\n")
+        sk = load_skeleton(tmp_path / f"{name}.py.j2", tmp_path / f"{name}.yaml")
+        ev = Evaluator("cuda", builtin_spec("softmax", "256x1024"), sk, fast_settings, tmp_path / name)
+        try:
+            ev.start()
+            rec = ev.evaluate(sk.space.default_config())
+            results[name] = (rec, ev.memcheck(rec) if rec.build.artifact else "no artifact")
+        finally:
+            ev.close()
+    assert results["honest"][1] == "clean", results["honest"]
+    assert results["far_store"][1].startswith("errors"), results["far_store"]

@@ -117,6 +117,38 @@ class CudaBackend(TritonDevice):
             return {}
         return {"arch": self._arch(), "smem_bytes": self.limits()["smem_bytes"]}
 
+    def memcheck(self, artifact: str, op: OpSpec, timeout_s: float) -> str:
+        """compute-sanitizer's memcheck over one checked launch (tuner.exec.memcheck): an
+        out-of-bounds or misaligned access anywhere in device memory, which guard bands near
+        the buffers do not see. Minutes at most for one launch; not under the interpreter."""
+        if self.interpret:
+            return "not run: Triton's interpreter runs on the host"
+        tool = shutil.which("compute-sanitizer") or next(
+            (str(p) for p in (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "compute-sanitizer",
+                              Path("/usr/local/cuda/bin/compute-sanitizer")) if p.is_file()), None)
+        if tool is None:
+            return "not run: compute-sanitizer not found (it comes with the CUDA toolkit)"
+        import sys
+        cmd = [tool, "--tool", "memcheck", "--error-exitcode", "9", "--print-limit", "5", sys.executable,
+               "-m", "tuner.exec.memcheck", "cuda", artifact, op.to_json()]
+        # Without torch's caching allocator every tensor is its own allocation, so a store past a
+        # buffer's guard bands is outside any allocation, which is what memcheck sees.
+        env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
+               "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", str(self.device))}
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        except subprocess.TimeoutExpired:
+            return f"not run: memcheck took more than {timeout_s:g} s"
+        text = (out.stdout + out.stderr).strip()
+        if out.returncode == 0:
+            return "clean"
+        found = [ln.strip() for ln in text.splitlines() if "=========" in ln and ("Invalid" in ln or "Error" in ln)]
+        if out.returncode == 9 or found:
+            return "errors: " + "; ".join(found[:3] or text.splitlines()[-3:])[:600]
+        if out.returncode == 3:
+            return "errors: " + text.splitlines()[-1][:600]
+        return f"not run: the checker exited {out.returncode}: " + " ".join(text.splitlines()[-2:])[:400]
+
     def device_info(self, peaks: bool = True) -> DeviceInfo:
         import torch
         import triton

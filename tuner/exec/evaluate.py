@@ -63,6 +63,7 @@ class Evaluator:
         self.reference_samples: list[float] = []
         self.reference_s: float | None = None
         self.reference_retimed = False  # re-timed interleaved with the top configs (pick_winner)
+        self.memcheck_result = "not run"  # the winner under the device's memory checker (pick_winner)
         self.reference_done: float | None = None  # time.monotonic() when it was timed
         self._reference_thread: threading.Thread | None = None  # see start(wait=False)
         self._reference_error: BaseException | None = None
@@ -270,6 +271,16 @@ class Evaluator:
                                 settings=self.settings, with_reference=with_reference)
         except WorkerFailure:
             return None
+
+    def memcheck(self, record: Record) -> str:
+        """The record's kernel once under the device's memory checker: "clean", "errors: ...",
+        or "not run: why" (Backend.memcheck)."""
+        timeout = max(300.0, self.settings.run_timeout_s)
+        try:
+            return self._device("memcheck", timeout + 60, "memcheck", artifact=self.artifact(record),
+                                spec=self.spec, timeout_s=timeout)
+        except WorkerFailure as e:
+            return f"not run: {e.reason}"
 
     def recheck(self, record: Record) -> str | None:
         try:

@@ -333,6 +333,8 @@ def main() -> None:
                 value = dataclasses.replace(value, toolchain=(*value.toolchain, ("sandbox", sandbox_facts(sandbox))))
             elif method == "time_reference":
                 value = m.time_reference(backend, kw["spec"], kw["settings"])
+            elif method == "memcheck":
+                value = backend.memcheck(kw["artifact"], kw["spec"], kw["timeout_s"])
             elif method == "recheck":
                 value = m.recheck(backend, kw["artifact"], kw["spec"])
             elif method == "time_many":

@@ -238,7 +238,13 @@ def pick_winner(store: Store, evaluator: Evaluator, settings: Settings,
     for r in top:
         why = evaluator.recheck(r)
         if why is None:
-            return r
+            # Where the device has a memory checker, the winner runs once under it: a stray
+            # access far from any buffer is seen there and nowhere else.
+            checked = evaluator.memcheck(r)
+            evaluator.memcheck_result = checked
+            if not checked.startswith("errors"):
+                return r
+            why = f"memcheck: {checked}"
         store.append(Record(r.op_key, r.skeleton_hash, r.config, r.build,
                             Measurement(Status.WRONG_RESULT, detail=f"winner re-check: {why}"),
                             r.device, r.toolchain, time.time(), r.trial))
@@ -280,7 +286,8 @@ def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s:
                 "samples": len(winner.measurement.samples), "gbps": op.bytes / t / 1e9,
                 "gflops": (op.flops / t / 1e9) if op.flops else None,
                 "speedup_vs_reference": (ref_s / t) if ref_s else None,
-                "max_abs_err": winner.measurement.max_abs_err, "trial": winner.trial}
+                "max_abs_err": winner.measurement.max_abs_err, "trial": winner.trial,
+                "memcheck": evaluator.memcheck_result}
         c = ceiling(op.flops, op.bytes, t, op.spec.dtype, dict(info.peaks) if info else {})
         if c is not None:
             if info and info.simulated:

@@ -1,0 +1,33 @@
+"""One checked launch of a compiled kernel, for a memory checker to run (the cuda backend runs
+this module under compute-sanitizer's memcheck for the winner: `Backend.memcheck`).
+
+    python -m tuner.exec.memcheck BACKEND ARTIFACT OP_JSON
+
+Exit 0: the launch ran and its outputs, inputs and guard bands check; 3: they do not (the
+reason on stderr). What the memory checker itself finds, it reports on its own."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+
+def main() -> int:
+    from tuner.backends import get_backend
+    from tuner.core.ops import load_op
+    from tuner.core.values import OpSpec
+    from tuner.exec import measure
+    backend_name, artifact, op_json = sys.argv[1:4]
+    backend = get_backend(backend_name, 0)
+    op = load_op(OpSpec.from_json(op_json))
+    kernel = backend.load(artifact, op)
+    seed = random.SystemRandom().randrange(1, 2**31)
+    why, _, _ = measure.check(backend, kernel, op, seed, measure._reference(op, seed, backend.data_device()))
+    if why:
+        print(why, file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
