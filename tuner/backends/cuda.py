@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import os
 import platform
 import re
@@ -130,7 +131,7 @@ class CudaBackend(TritonDevice):
             return "not run: compute-sanitizer not found (it comes with the CUDA toolkit)"
         import sys
         cmd = [tool, "--tool", "memcheck", "--error-exitcode", "9", "--print-limit", "5", sys.executable,
-               "-m", "tuner.exec.memcheck", "cuda", artifact, op.to_json()]
+               "-m", "tuner.exec.memcheck", "cuda", artifact, json.dumps(op.to_json())]
         # Without torch's caching allocator every tensor is its own allocation, so a store past a
         # buffer's guard bands is outside any allocation, which is what memcheck sees.
         env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",

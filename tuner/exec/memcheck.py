@@ -8,6 +8,7 @@ reason on stderr). What the memory checker itself finds, it reports on its own."
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 
@@ -19,7 +20,7 @@ def main() -> int:
     from tuner.exec import measure
     backend_name, artifact, op_json = sys.argv[1:4]
     backend = get_backend(backend_name, 0)
-    op = load_op(OpSpec.from_json(op_json))
+    op = load_op(OpSpec.from_json(json.loads(op_json)))
     kernel = backend.load(artifact, op)
     seed = random.SystemRandom().randrange(1, 2**31)
     why, _, _ = measure.check(backend, kernel, op, seed, measure._reference(op, seed, backend.data_device()))
