@@ -45,9 +45,12 @@ def cpu_records(tmp_path_factory):
     """Every C case evaluated once by one evaluator per case (a kernel's fault stays its own)."""
     from tuner.core.settings import Settings
     tmp = tmp_path_factory.mktemp("redteam")
-    settings = Settings(runs_dir=str(tmp / "runs"), cache_dir=str(tmp / "cache"), bench_budget_s=0.05,
-                        warmup_s=0.0, min_reps=5, max_reps=200, run_timeout_s=60.0, compile_timeout_s=60.0,
-                        compile_workers=1)
+    # A budget for a few dozen timed calls: a kernel that skips work on buffers it has seen
+    # gains only from the second call on a set between two checks, and on a busy 2-core machine
+    # (each call's cache flush takes milliseconds) 0.05 s bought five calls, none of them a second.
+    settings = Settings(runs_dir=str(tmp / "runs"), cache_dir=str(tmp / "cache"), bench_budget_s=0.6,
+                        warmup_s=0.0, min_reps=5, max_reps=400, precision=0.0, run_timeout_s=120.0,
+                        compile_timeout_s=60.0, compile_workers=1)
     out = {}
     for name in C_CASES:
         sk = c_skeleton(name, tmp)
