@@ -64,7 +64,7 @@ try:
     reached = "reached"
 except OSError:
     reached = "unreachable"
-print(state.split(":")[0], reached)
+print("isolated" if state.startswith("isolated") else "not-isolated", reached)
 """
 
 
@@ -82,10 +82,10 @@ def test_a_worker_has_no_network_where_the_kernel_allows_a_namespace(fast_settin
         server.close()
     assert out.returncode == 0, out.stderr
     state, reached = out.stdout.split()
-    assert (state, reached) in (("isolated", "unreachable"), ("not isolated", "reached")), out.stdout
+    assert (state, reached) in (("isolated", "unreachable"), ("not-isolated", "reached")), out.stdout
     w = Worker("null", 0, {}, fast_settings, str(tmp_path / "w.log"))
     try:
         said = w.call("sandbox", timeout=60)["network"]
     finally:
         w.close()
-    assert said.split(":")[0] == state, said
+    assert ("isolated" if said.startswith("isolated") else "not-isolated") == state, said
