@@ -167,6 +167,8 @@ def _eval(node: ast.AST, env: dict[str, Any], text: str) -> Any:
         a, b = _eval(node.left, env, text), _eval(node.right, env, text)
         if isinstance(node.op, ast.Pow) and isinstance(b, (int, float)) and abs(b) > _MAX_POW:
             raise ExprError(f"exponent {b} too large in {text!r}")
+        if isinstance(a, tuple) or isinstance(b, tuple):  # `[x] * 10**9` would build it
+            raise ExprError(f"a list may only be the right side of `in`, in {text!r}")
         if isinstance(a, str) or isinstance(b, str):
             if not (isinstance(node.op, ast.Add) and isinstance(a, str) and isinstance(b, str)):
                 raise ExprError(f"strings may only be compared or joined with +, in {text!r}")
