@@ -382,7 +382,6 @@ class _Rotation:
         pooled = _pooled(op, backend)
         self.sets = [_BufferSet(backend, op, *_device_set(backend, op, seed, ref))
                      for seed, ref in _rng.sample(pooled, min(n, len(pooled)))]
-        self.seeds = [seed for seed, _ in pooled]
         self.i = 0
         self.calls = 0
         self.used: set[int] = set()  # sets called since the last verify
