@@ -15,7 +15,6 @@ from pathlib import Path
 from tuner import __version__
 from tuner.backends import BACKENDS, BackendUnavailable, default_backend, get_backend
 from tuner.cli.argv import redacted_argv
-from tuner.exec.sandbox import hide_from_proc, not_dumpable
 from tuner.core.landscape import LandscapeError
 from tuner.core.ops import BUILTINS, OpError, builtin_spec, load_op, parse_sizes, render_context
 from tuner.core.problem import probe_import, spec_from_problem_file
@@ -23,6 +22,7 @@ from tuner.core.settings import Settings
 from tuner.core.skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
 from tuner.core.space import SpaceError
 from tuner.core.values import OpSpec, Status
+from tuner.exec.sandbox import hide_from_proc, not_dumpable
 from tuner.exec.worker import WorkerError, WorkerFailure
 from tuner.llm.client import LLMConfig, LLMError
 from tuner.llm.proposer import ProposerError, make_proposer, openai_meta

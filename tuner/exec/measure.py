@@ -556,7 +556,6 @@ def _history(backend, kernel, op: Op, rotation: _Rotation, median: float) -> str
         if why:
             raise Caught(f"a call on buffers it had not seen before was wrong (its checks and timed "
                          f"calls had passed): {why}")
-        del fresh
     cold = min(times)
     if cold > _HISTORY_FACTOR * median and cold - median > _HISTORY_S:
         return (f"{cold / median:.1f}x slower on buffers it had never seen ({cold * 1e6:.1f} us, the "

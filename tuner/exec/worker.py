@@ -28,6 +28,7 @@ from typing import Any
 
 from tuner.exec.sandbox import isolate_network, sandbox_facts, worker_env
 
+
 class WorkerFailure(Exception):
     """The worker died or timed out while serving a request. `kind` is 'timeout' or 'crash'."""
 
