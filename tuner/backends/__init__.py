@@ -19,6 +19,12 @@ BACKENDS = {
     "sim": ("tuner.backends.sim", "SimBackend", "nothing (an analytical Ascend model; --chip picks the chip)"),
 }
 
+# Backends whose workers may not be confined to writing under the run folder and the caches
+# (tuner/exec/sandbox.confine_writes), and why. Read before the backend's module is imported.
+UNCONFINED_WRITES = {
+    "npu": "CANN writes its logs and kernel_meta folders where it is configured to, outside the run",
+}
+
 
 def backend_class(name: str) -> type[Backend]:
     if name not in BACKENDS:
@@ -49,5 +55,5 @@ def default_backend() -> str:
     return "cpu"
 
 
-__all__ = ["Backend", "BackendUnavailable", "BACKENDS", "backend_class", "get_backend",
+__all__ = ["Backend", "BackendUnavailable", "BACKENDS", "UNCONFINED_WRITES", "backend_class", "get_backend",
            "default_backend"]

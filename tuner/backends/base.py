@@ -36,6 +36,7 @@ from __future__ import annotations
 import abc
 import functools
 import json
+import signal
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -72,6 +73,21 @@ class Device(Protocol):
 
 class HostCompute(RuntimeError):
     """A launch computed with torch on the host side instead of in its kernel."""
+
+
+# Signals only the outside sends to a process that runs candidate code (the OOM killer, an
+# operator, a shutdown): a kernel cannot signal anything (the cpu host's filter, the code checks).
+OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT})
+
+
+class OutsideKill(RuntimeError):
+    """The process running a kernel was killed from outside (the OOM killer, an operator): the
+    machine's failure, not the candidate's. Raised through measurement to the worker, which
+    reports it so that the request is sent once more (tuner/exec/evaluate.py)."""
+
+
+class ClockMismatch(RuntimeError):
+    """A kernel's process reported a time that the judge's own clock contradicts."""
 
 
 class BackendUnavailable(RuntimeError):
@@ -136,6 +152,24 @@ class Backend(abc.ABC):
 
     def to_host(self, tensor):
         return tensor
+
+    def load_for_serving(self, artifact: str, op) -> Any:
+        """`load`, for a kernel served in the caller's own process (tuner.runtime): already
+        verified, launched on the caller's tensors. The same as `load` where the harness runs
+        kernels in-process anyway."""
+        return self.load(artifact, op)
+
+    def host_buffer(self, nbytes: int):
+        """Host memory for a buffer the harness hands a kernel on this device's host: an object
+        with `raw` (a writable buffer of at least BAND_BYTES + nbytes + BAND_BYTES bytes) and
+        `read_only()`. Here: fenced pages of this process (kernels that run in it)."""
+        from tuner.backends.fence import FencedBuffer
+        return FencedBuffer(nbytes)
+
+    def sandbox(self) -> str:
+        """What confines this device's candidate code beyond the worker's own sandbox, in words
+        (a record's toolchain, the run summary); "" for nothing more."""
+        return ""
 
     @abc.abstractmethod
     def launch(self, kernel: Any, args: list) -> None: ...

@@ -1,8 +1,11 @@
-"""The `cpu` backend: C with OpenMP, compiled by the system C compiler, loaded with ctypes.
+"""The `cpu` backend: C with OpenMP, compiled by the system C compiler.
 
-Timing uses a monotonic clock around one call, after evicting the caches by writing a
-buffer twice the size of the last-level cache. Peaks (copy bandwidth, fp32 matmul rate)
-are measured once per machine with torch and cached.
+Under the harness a kernel runs in a native host process of its own (cpu_host.c, driven by
+cpu_host.py), never in the Python process that judges it: its buffers are shared memory, its
+time is the host's monotonic clock around the call, checked against the judge's. Before each
+timed call the caches are evicted by writing a buffer twice the size of the last-level cache.
+A served kernel (tuner.runtime) is loaded into the caller's process with ctypes (`load_for_serving`).
+Peaks (copy bandwidth, fp32 matmul rate) are measured with torch, per machine.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ class CpuBackend(Backend):
     def __init__(self, device: int = 0, **options: Any) -> None:
         super().__init__(device, **options)
         self._flush_buf = None
+        self._buffers = None  # cpu_host.Buffers, made at the first host_buffer
+        self._timed: list[float] | None = None  # host times of the launches inside a time_call
 
     @classmethod
     def check_available(cls) -> None:
@@ -130,19 +135,59 @@ class CpuBackend(Backend):
             limits=tuple(sorted(self.limits().items())), peaks=tuple(sorted(peaks.items())),
             toolchain=(("cc", ccv), ("python", platform.python_version()), ("torch", torch.__version__)))
 
+    def _host(self) -> str:
+        from tuner.backends.cpu_host import host_binary
+        return host_binary(self.options.get("cache_dir"))[0]
+
     def load(self, artifact: str, op) -> Any:
+        """The kernel in a host process of its own (cpu_host.HostKernel); `launch` it on
+        buffers from `host_buffer`. An object that does not load raises LoadError."""
+        from tuner.backends.cpu_host import Buffers, HostKernel
+        if self._buffers is None:
+            self._buffers = Buffers()
+        return HostKernel(self._host(), str(Path(artifact).resolve()), self._buffers)
+
+    def load_for_serving(self, artifact: str, op) -> Any:
         fn = ctypes.CDLL(artifact).tuner_kernel
         fn.restype = None
         return fn
 
+    def host_buffer(self, nbytes: int):
+        from tuner.backends.cpu_host import Buffers
+        if self._buffers is None:
+            self._buffers = Buffers()
+        return self._buffers.new(nbytes)
+
+    def sandbox(self) -> str:
+        from tuner.backends.cpu_host import HostUnavailable, probe
+        try:
+            binary, note = self._host(), ""
+            return probe(binary) + (f"; {note}" if note else "")
+        except (HostUnavailable, OSError, subprocess.SubprocessError) as e:
+            return f"kernel process: MISSING ({e})"
+
     def launch(self, kernel: Any, args: list) -> None:
-        kernel(*[ctypes.c_void_p(t.data_ptr()) for t in args])
+        from tuner.backends.cpu_host import HostKernel
+        if isinstance(kernel, HostKernel):
+            took = kernel.call(args)
+            if self._timed is not None:
+                self._timed.append(took)
+        else:  # a served kernel, in this process
+            kernel(*[ctypes.c_void_p(t.data_ptr()) for t in args])
 
     def time_call(self, fn: Callable[[], None]) -> float:
+        """The caches flushed, then `fn` once: the seconds its host launches took by the host's
+        clock (checked against this process's), or, when it launched nothing on a host (the
+        torch reference), its time here."""
         self._flush()
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
+        self._timed = []
+        try:
+            t0 = time.perf_counter()
+            fn()
+            wall = time.perf_counter() - t0
+            return sum(self._timed) if self._timed else wall
+        finally:
+            self._timed = None
 
     def _flush(self) -> None:
         import numpy as np

@@ -34,7 +34,7 @@ import traceback
 from collections import OrderedDict
 from typing import Any, Callable, NamedTuple
 
-from tuner.backends.base import HostCompute
+from tuner.backends.base import BackendUnavailable, ClockMismatch, HostCompute, OutsideKill
 from tuner.core.ops import Op, load_op, out_dtype
 from tuner.core.settings import Settings
 from tuner.core.values import Measurement, OpSpec, Status
@@ -220,12 +220,12 @@ class _Guarded(NamedTuple):
     fence: Any   # the FencedBuffer on the host, else None
 
 
-def _guarded(shape, dtype, device) -> _Guarded:
+def _guarded(backend, shape, dtype, device) -> _Guarded:
     import torch
     n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if device.type == "cpu":
-        from tuner.exec.fence import BAND_BYTES, FencedBuffer
-        fb = FencedBuffer(n)
+        from tuner.backends.fence import BAND_BYTES
+        fb = backend.host_buffer(n)
         buf = torch.frombuffer(fb.raw, dtype=torch.uint8)
         buf.fill_(_GUARD_BYTE)
         return _Guarded(buf[BAND_BYTES:BAND_BYTES + n].view(dtype).view(shape), buf, BAND_BYTES, fb)
@@ -292,13 +292,13 @@ class _BufferSet:
 
     def __init__(self, backend, op: Op, pristine: list, ref_dev: list):
         self.op, self.pristine, self.ref = op, pristine, ref_dev
-        self.inputs = [_guarded(x.shape, x.dtype, x.device) for x in pristine]
+        self.inputs = [_guarded(backend, x.shape, x.dtype, x.device) for x in pristine]
         for g, x in zip(self.inputs, pristine):
             g.view.copy_(x)
             if g.fence is not None:
                 g.fence.read_only()
         # Made where the reference lives, so on the device: no host buffer copied over per check.
-        self.outs = [_guarded(r.shape, out_dtype(op, r), r.device) for r in ref_dev]
+        self.outs = [_guarded(backend, r.shape, out_dtype(op, r), r.device) for r in ref_dev]
         self.poison()
         self.args = [g.view for g in self.inputs + self.outs]
 
@@ -483,6 +483,8 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
     TIMES["measures"] += 1
     try:
         kernel = backend.load(artifact, op)
+    except (BackendUnavailable, OutsideKill):
+        raise  # the tool's or the machine's failure, not the candidate's
     except Exception as e:
         return Measurement(Status.RUNTIME_ERROR, detail=f"load failed: {type(e).__name__}: {e}"[:2000])
     finally:
@@ -506,6 +508,10 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
         history = None if stopped else _history(backend, kernel, op, rotation, median)
     except Caught as e:
         return Measurement(Status.WRONG_RESULT, max_abs_err=max_abs, max_rel_err=max_rel, detail=str(e))
+    except ClockMismatch as e:
+        return Measurement(Status.SUSPECT, max_abs_err=max_abs, max_rel_err=max_rel, detail=str(e))
+    except OutsideKill:
+        raise  # the machine's failure: the worker reports it, the request is sent once more
     except Exception as e:  # a candidate that raises at run time (e.g. a Triton launch error)
         tb = traceback.format_exception_only(type(e), e)
         return Measurement(Status.RUNTIME_ERROR, detail="".join(tb).strip()[:2000])
@@ -587,7 +593,12 @@ def recheck(backend, artifact: str, spec: OpSpec) -> str | None:
     op = load_op(spec)
     kernel = backend.load(artifact, op)
     seed = _rng.randrange(1, 2**31)
-    why, _, _ = check(backend, kernel, op, seed, _reference(op, seed, backend.data_device()))
+    try:
+        why, _, _ = check(backend, kernel, op, seed, _reference(op, seed, backend.data_device()))
+    except (OutsideKill, BackendUnavailable):
+        raise
+    except Exception as e:  # its process died under it (cpu), a launch error
+        return f"{type(e).__name__}: {e}"[:2000]
     return why
 
 
@@ -619,6 +630,11 @@ def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
                 rot.decoy_round()
             except Caught as e:
                 out[i] = f"re-timing: {e}"
+                continue
+            except (OutsideKill, BackendUnavailable):
+                raise
+            except Exception as e:  # its process died under it (cpu), its clock did not fit the judge's
+                out[i] = f"re-timing: {type(e).__name__}: {e}"[:2000]
                 continue
             out[i].extend(s)
     return out

@@ -16,8 +16,13 @@ depend on a static check of the code.
   any candidate code (no interface but a loopback that is down): no socket reaches anything.
   Where the kernel refuses (no CAP_SYS_ADMIN and no unprivileged user namespaces) it says why
   and the worker goes on without it.
+* `confine_writes(dirs)`: Landlock: from then on the worker and everything it starts (the
+  compilers) may create, write, truncate, rename or remove files only under `dirs` (the run
+  folder, the caches, the temporary folder, /dev for device nodes). Root is confined too.
+  Where the kernel has no Landlock it says so and the worker goes on without it.
 
-Linux. Elsewhere each is a no-op that says so.
+The cpu backend's kernels run in a process confined further (a seccomp filter, user nobody:
+tuner/backends/cpu_host.c). Linux. Elsewhere each is a no-op that says so.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import struct
 import sys
+from pathlib import Path
 
 # What a worker's environment keeps: the runtime's own variables and the tool's.
 _KEEP = re.compile(r"^(PATH|HOME|USER|LOGNAME|SHELL|LANG|LANGUAGE|TERM|TZ|TMPDIR|PWD|LC_\w+|"
@@ -107,10 +114,83 @@ def isolate_network() -> str:
             f"({os.strerror(ctypes.get_errno())})")
 
 
-def sandbox_facts(network: str) -> str:
-    """One line for a record's toolchain: which of the sandbox's parts held in this worker."""
-    return (f"environment: allowlist; network: {network}; limits: memory, CPU time, file size; "
-            f"not confined: exec, file writes, user")
+# Landlock's write rights (linux/landlock.h): WRITE_FILE, REMOVE_DIR, REMOVE_FILE, MAKE_CHAR,
+# MAKE_DIR, MAKE_REG, MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM; REFER from ABI 2, TRUNCATE
+# from ABI 3. Reading and executing are not handled: compilers read the whole system.
+_LL_WRITE = sum(1 << b for b in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12))
+_LL_CREATE_RULESET, _LL_ADD_RULE, _LL_RESTRICT_SELF = 444, 445, 446  # the same on every architecture
+_PR_SET_NO_NEW_PRIVS = 38
+
+
+def confine_writes(dirs: list[str]) -> str:
+    """Allow file writes only under `dirs` from now on, for this process and what it starts.
+    Must run before any thread starts (Landlock confines the calling thread and its future
+    children). Returns what held, in words."""
+    if not sys.platform.startswith("linux"):
+        return f"not confined ({sys.platform} has no Landlock)"
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    abi = libc.syscall(ctypes.c_long(_LL_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    if abi < 1:
+        return f"not confined (the kernel has no Landlock: {os.strerror(ctypes.get_errno())})"
+    handled = _LL_WRITE | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0)
+    attr = ctypes.c_uint64(handled)
+    ruleset = libc.syscall(ctypes.c_long(_LL_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(8),
+                           ctypes.c_uint32(0))
+    if ruleset < 0:
+        return f"not confined (Landlock refused a ruleset: {os.strerror(ctypes.get_errno())})"
+    kept = []
+    try:
+        for d in dict.fromkeys(os.path.realpath(d) for d in dirs if d):
+            try:
+                fd = os.open(d, os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY)
+            except OSError:
+                continue  # a folder that does not exist cannot be written under either
+            try:
+                rule = struct.pack("<Qi", handled, fd)  # landlock_path_beneath_attr, packed
+                if libc.syscall(ctypes.c_long(_LL_ADD_RULE), ctypes.c_int(ruleset), ctypes.c_int(1),
+                                ctypes.c_char_p(rule), ctypes.c_uint32(0)) == 0:
+                    kept.append(d)
+            finally:
+                os.close(fd)
+        libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        if libc.syscall(ctypes.c_long(_LL_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+            return f"not confined (Landlock: {os.strerror(ctypes.get_errno())})"
+    finally:
+        os.close(ruleset)
+    return f"Landlock ABI {abi}: only under {', '.join(kept)}"
+
+
+def write_dirs(run_dir: str | None, settings=None) -> list[str]:
+    """Where a worker may write: its run folder (builds, logs), the runs folder, the tool's
+    cache, Triton's and CUDA's caches, the temporary folder, /dev (device nodes are opened for
+    writing) and a profile folder if one is asked for. Made here if missing, so that a cache
+    created later is still writable."""
+    import tempfile
+    home = Path.home()
+    dirs = [run_dir, getattr(settings, "runs_dir", None),
+            getattr(settings, "cache_dir", None) or str(home / ".cache" / "tuner"),
+            os.environ.get("TRITON_CACHE_DIR") or str(home / ".triton"), str(home / ".nv"),
+            tempfile.gettempdir(), "/dev", os.environ.get("TUNER_PROFILE")]
+    out = []
+    for d in dirs:
+        if not d:
+            continue
+        try:
+            Path(d).mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        out.append(str(Path(d).resolve()))
+    return out
+
+
+def sandbox_facts(network: str, writes: str, device: str = "") -> str:
+    """One line for a record's toolchain: which of the sandbox's parts held in this worker (and,
+    from the device, in the processes that run its kernels). "MISSING" or "not confined" marks
+    what did not hold here (the run summary lists them)."""
+    return "; ".join(x for x in (
+        "environment: allowlist", f"network: {network}", f"file writes: {writes}",
+        "limits: memory, CPU time, file size", device) if x)
 
 
 def not_dumpable() -> bool:

@@ -26,15 +26,22 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tuner.exec.sandbox import isolate_network, sandbox_facts, worker_env
+from tuner.backends.base import OUTSIDE_SIGNALS
+from tuner.exec.sandbox import confine_writes, isolate_network, sandbox_facts, worker_env, write_dirs
 
 
 class WorkerFailure(Exception):
-    """The worker died or timed out while serving a request. `kind` is 'timeout' or 'crash'."""
+    """The worker died or timed out while serving a request. `kind` is 'timeout', 'crash', or
+    'outside': killed by a signal only the outside sends (SIGKILL or SIGTERM that its parent did
+    not send: the OOM killer, an operator), the process or the kernel host it ran, which is the
+    machine's failure and not the request's."""
 
     def __init__(self, kind: str, reason: str):
         super().__init__(reason)
         self.kind, self.reason = kind, reason
+
+
+_OUTSIDE = "worker killed from outside"
 
 
 class WorkerError(RuntimeError):
@@ -128,7 +135,8 @@ class Worker:
         cpu = self.settings.worker_cpu_s if self.settings else 0
         _send(self.proc.stdin.fileno(), ("init", {
             "backend": self.backend, "device": self.device, "options": self.options,
-            "memory_bytes": mem, "cpu_s": cpu, "nice": self.nice, "file_bytes": LOG_LIMIT}))
+            "memory_bytes": mem, "cpu_s": cpu, "nice": self.nice, "file_bytes": LOG_LIMIT,
+            "write_dirs": write_dirs(str(Path(self.log_path).parent) if self.log_path else None, self.settings)}))
 
     def _env(self) -> dict[str, str]:
         env = scrubbed_env()
@@ -157,7 +165,10 @@ class Worker:
             self.kill()
             raise WorkerFailure("timeout", f"no answer after {timeout:g} s; worker killed") from None
         except (EOFError, BrokenPipeError, OSError):
-            raise WorkerFailure("crash", self._death()) from None
+            why = self._death()
+            raise WorkerFailure("outside" if why.startswith(_OUTSIDE) else "crash", why) from None
+        if status == "outside":  # the kernel's own process was killed from outside
+            raise WorkerFailure("outside", value)
         if status == "last":  # the worker's device context is gone: replace it before reuse
             self.kill()
         elif status == "error":
@@ -178,10 +189,12 @@ class Worker:
         self.proc = None
         if code < 0:
             try:
-                name = signal.Signals(-code).name
+                sig = signal.Signals(-code)
             except ValueError:
-                name = f"signal {-code}"
-            return f"worker died with {name}"
+                return f"worker died with signal {-code}"
+            if sig in OUTSIDE_SIGNALS:  # this handle sends SIGKILL only in kill(), which is not here
+                return f"{_OUTSIDE} ({sig.name}: the OOM killer, or an operator)"
+            return f"worker died with {sig.name}"
         return f"worker exited with code {code}" + (" (the kernel ended the process: exit() or similar)"
                                                      if code == 0 else "")
 
@@ -282,14 +295,18 @@ def main() -> None:
     os.dup2(devnull, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
-    sandbox = isolate_network()  # before any thread starts (see sandbox.py)
-    _die_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid())
-    method, init = _recv(in_fd)
+    network = isolate_network()  # before any thread starts (see sandbox.py)
+    method, init = _recv(in_fd)  # a parent that dies first closes the pipe: EOFError ends us
     assert method == "init"
+    from tuner.backends import UNCONFINED_WRITES
+    why_not = UNCONFINED_WRITES.get(init["backend"])  # also before any thread starts:
+    writes = f"not confined ({why_not})" if why_not else confine_writes(init["write_dirs"])
+    _die_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid())
     _limit(init["memory_bytes"], init["file_bytes"])
     if init.get("nice"):
         os.nice(init["nice"])  # the compilers it starts (ptxas, cc) inherit it
     from tuner.backends import get_backend
+    from tuner.backends.base import OutsideKill
     from tuner.core.values import OpSpec
     from tuner.exec import measure as m
     # TUNER_PROFILE=<folder>: a benchmark Worker profiles its measurements and writes the
@@ -331,7 +348,8 @@ def main() -> None:
                         _dump_profile(prof, profile_dir)
             elif method == "device_info":  # with what this process's sandbox could do (run.json, records)
                 value = backend.device_info()
-                value = dataclasses.replace(value, toolchain=(*value.toolchain, ("sandbox", sandbox_facts(sandbox))))
+                facts = sandbox_facts(network, writes, backend.sandbox())
+                value = dataclasses.replace(value, toolchain=(*value.toolchain, ("sandbox", facts)))
             elif method == "time_reference":
                 value = m.time_reference(backend, kw["spec"], kw["settings"])
             elif method == "memcheck":
@@ -346,13 +364,15 @@ def main() -> None:
             elif method == "ping":
                 value = os.getpid()
             elif method == "sandbox":
-                value = {"network": sandbox}
+                value = {"network": network, "writes": writes}
             elif method == "warm":
                 backend.warm()
                 value = os.getpid()
             else:
                 raise ValueError(f"unknown worker method {method!r}")
             reply = ("ok", value)
+        except OutsideKill as e:
+            reply = ("outside", str(e))
         except Exception:
             reply = ("error", traceback.format_exc())
         if reply[0] == "ok" and backend.context_lost():

@@ -1,0 +1,322 @@
+"""The judge's side of the cpu backend's kernel host (cpu_host.c): a C kernel runs in a small
+native process of its own, never in the Python process that checks and times it.
+
+* `SharedBuffer`: a buffer the harness hands a kernel, in memory shared with the host (a memfd)
+  and nothing else of this process. The host maps it between unmapped fences, an input
+  read-only (through a read-only descriptor: no mprotect can make it writable).
+* `HostKernel`: one loaded kernel, one host process. `call(buffers)` runs it once and returns
+  the seconds it took by the host's clock, checked against the judge's own reading of the same
+  clock (the host writes its start time to a pipe only the judge reads before the kernel runs).
+* `host_binary()`: the host, built once per machine and compiler with the system C compiler.
+
+Contract: a candidate's fault while it runs is `KernelFault` (its process died: the signal and
+what it means; a forbidden system call is SIGSYS); a kill from outside (SIGKILL, SIGTERM) is
+`OutsideKill`, the machine's failure and not the kernel's; a host whose reported times do not fit
+the judge's clock is `ClockMismatch`. Linux; elsewhere `host_binary` raises `HostUnavailable`.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import itertools
+import mmap
+import os
+import re
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import weakref
+from pathlib import Path
+
+from tuner.backends.base import OUTSIDE_SIGNALS, BackendUnavailable, ClockMismatch, OutsideKill
+from tuner.backends.fence import BAND_BYTES, FENCE_BYTES
+
+SOURCE = Path(__file__).with_name("cpu_host.c")
+_OP_MAP, _OP_CALL, _OP_EXIT = 1, 2, 3
+_HELD_SECCOMP, _HELD_USER_DROPPED, _HELD_NOT_ROOT, _HELD_NO_NEW_PRIVS = 1, 2, 4, 8
+_REPLY = struct.Struct("<qq")
+_MAX_ARGS = 16
+_START_S = 60.0  # the host's set-up (dlopen, OpenMP's threads) answers within this
+_HOST_ENV = re.compile(r"^(OMP_\w+|GOMP_\w+|KMP_\w+|LD_LIBRARY_PATH)$")
+
+
+class HostUnavailable(BackendUnavailable):
+    """The kernel host cannot be built or started here (not Linux, no compiler)."""
+
+
+class KernelFault(RuntimeError):
+    """The kernel's process died under it (the candidate's fault)."""
+
+
+class LoadError(RuntimeError):
+    """The kernel's object did not load (an unknown symbol, no entry)."""
+
+
+# ---- the binary -------------------------------------------------------------------------------
+
+def _cc() -> str:
+    from tuner.backends.cpu import compiler
+    cc = compiler()
+    if cc is None:
+        raise HostUnavailable("no C compiler found; install gcc or set CC")
+    return cc
+
+
+def host_binary(cache_dir: str | None = None) -> tuple[str, str]:
+    """(path to the host, a note: "" or why seccomp is missing from this build). Built once per
+    source, compiler and machine under the cache folder; a concurrent build by another worker is
+    harmless (each writes its own file and renames it into place)."""
+    if not sys.platform.startswith("linux"):
+        raise HostUnavailable(f"the kernel host needs Linux (memfd, seccomp); this is {sys.platform}")
+    cc = _cc()
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise HostUnavailable(f"{cc} --version failed: {e}") from None
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + version.encode() + os.uname().machine.encode()).hexdigest()[:16]
+    folder = Path(cache_dir or Path.home() / ".cache" / "tuner") / "cpu_host" / key
+    exe, note_file = folder / "cpu_host", folder / "note.txt"
+    if exe.is_file() and note_file.is_file():
+        return str(exe), note_file.read_text()
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f"cpu_host.{os.getpid()}.tmp"
+    note = ""
+    for extra in ([], ["-DTUNER_NO_SECCOMP"]):
+        proc = subprocess.run([cc, "-O2", "-std=gnu11", "-fopenmp", *extra, str(SOURCE), "-o", str(tmp), "-ldl"],
+                              capture_output=True, text=True, timeout=120)
+        if proc.returncode == 0:
+            break
+        note = "seccomp: not built in (" + (proc.stderr.strip().splitlines() or ["?"])[0][:200] + ")"
+    else:
+        raise HostUnavailable(f"the kernel host did not compile with {cc}: {proc.stderr.strip()[:1000]}")
+    note_file.write_text(note)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, exe)
+    return str(exe), note
+
+
+# ---- shared buffers ---------------------------------------------------------------------------
+
+_ids = itertools.count(1)
+
+
+class SharedBuffer:
+    """`open_bytes` of shared memory (the caller's data plus BAND_BYTES of band on each side,
+    rounded to pages) in `raw`, a writable buffer of this process. `read_only()`: the kernel
+    gets it read-only from its next mapping on (the harness fills inputs first)."""
+
+    def __init__(self, nbytes: int):
+        self.open_bytes = -(-(BAND_BYTES + nbytes + BAND_BYTES) // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.id = next(_ids)
+        self.fd = os.memfd_create(f"tuner-buffer-{self.id}", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.open_bytes)
+        self.raw = mmap.mmap(self.fd, self.open_bytes)
+        import ctypes
+        view = ctypes.c_char.from_buffer(self.raw)
+        self.start = ctypes.addressof(view)
+        del view  # a live export would keep the mapping from ever closing
+        self.readonly = False
+        weakref.finalize(self, os.close, self.fd)
+
+    def read_only(self) -> None:
+        self.readonly = True
+
+    def holds(self, addr: int) -> bool:
+        return self.start <= addr < self.start + self.open_bytes
+
+
+class Buffers:
+    """The live shared buffers of a process, found by address (a tensor's data_ptr)."""
+
+    def __init__(self):
+        self._live: weakref.WeakValueDictionary[int, SharedBuffer] = weakref.WeakValueDictionary()
+
+    def new(self, nbytes: int) -> SharedBuffer:
+        b = SharedBuffer(nbytes)
+        self._live[b.id] = b
+        return b
+
+    def find(self, addr: int) -> SharedBuffer | None:
+        for b in list(self._live.values()):
+            if b.holds(addr):
+                return b
+        return None
+
+
+# ---- the host process -------------------------------------------------------------------------
+
+def _host_env() -> dict[str, str]:
+    """Empty but for the OpenMP runtime's settings (and where its libraries are)."""
+    return {k: v for k, v in os.environ.items() if _HOST_ENV.match(k)}
+
+
+class HostKernel:
+    """One kernel in its own host process. Not thread-safe (a benchmark worker is one thread)."""
+
+    def __init__(self, binary: str, artifact: str, buffers: Buffers):
+        self.artifact, self.buffers = artifact, buffers
+        self._sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._clock, clock_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [binary, artifact, str(os.getpid()), str(FENCE_BYTES), str(child.fileno()), str(clock_w)],
+                stdin=subprocess.DEVNULL, env=_host_env(), pass_fds=(child.fileno(), clock_w), close_fds=True)
+        finally:
+            child.close()
+            os.close(clock_w)
+        self._mapped: set[int] = set()
+        self._finalizer = weakref.finalize(self, _stop, self.proc, self._sock, self._clock)
+        self._sock.settimeout(_START_S)
+        try:
+            held, value = self._reply()
+        except socket.timeout:
+            self.close()
+            raise HostUnavailable(f"the kernel host did not start within {_START_S:g} s") from None
+        finally:
+            self._sock.settimeout(None)
+        if held < 0:
+            msg = self._sock.recv(4096).decode(errors="replace") if value > 0 else "?"
+            self.close()
+            raise LoadError(msg)
+        self.threads = value & 0xFFFFFFFF
+        self.facts = _facts(held, value >> 32)
+
+    def _reply(self) -> tuple[int, int]:
+        try:
+            data = self._sock.recv(_REPLY.size)
+        except socket.timeout:
+            raise
+        except OSError:
+            data = b""
+        if len(data) != _REPLY.size:
+            raise self._death()
+        return _REPLY.unpack(data)
+
+    def _death(self) -> Exception:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return KernelFault("the kernel's process stopped answering (its channel closed); killed")
+        if code >= 0:
+            return KernelFault(f"the kernel's process exited with code {code}")
+        sig = signal.Signals(-code)
+        if sig in OUTSIDE_SIGNALS:
+            return OutsideKill(f"the kernel's process was killed from outside ({sig.name}: the OOM "
+                               f"killer, or an operator)")
+        return KernelFault(f"the kernel's process died with {sig.name}" + _MEANING.get(sig, ""))
+
+    def _send(self, header: bytes, fd: int | None = None) -> None:
+        try:
+            if fd is None:
+                self._sock.sendmsg([header])
+            else:
+                self._sock.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+        except (BrokenPipeError, ConnectionResetError):
+            raise self._death() from None
+
+    def _map(self, b: SharedBuffer) -> None:
+        # A read-only buffer goes as a read-only descriptor: its mapping can never be made writable.
+        fd = os.open(f"/proc/self/fd/{b.fd}", os.O_RDONLY) if b.readonly else b.fd
+        try:
+            self._send(struct.pack("<IIQQ", _OP_MAP, b.id, b.open_bytes, int(b.readonly)), fd)
+        finally:
+            if fd != b.fd:
+                os.close(fd)
+        status, _ = self._reply()
+        if status < 0:
+            raise OSError(-status, f"the kernel host could not map a buffer of {b.open_bytes} bytes: "
+                                   f"{os.strerror(-status)}")
+        self._mapped.add(b.id)
+
+    def call(self, tensors: list) -> float:
+        """Run the kernel once on `tensors` (views into SharedBuffers); its seconds by the host's
+        clock, checked against the judge's."""
+        if len(tensors) > _MAX_ARGS:
+            raise ValueError(f"a C kernel takes at most {_MAX_ARGS} buffers; this op has {len(tensors)}")
+        args = []
+        for t in tensors:
+            addr = t.data_ptr()
+            b = self.buffers.find(addr)
+            if b is None:
+                raise ValueError("a cpu kernel runs only on buffers made by CpuBackend.host_buffer")
+            if b.id not in self._mapped:
+                self._map(b)
+            args.append(struct.pack("<IIQ", b.id, 0, addr - b.start))
+        sent = time.monotonic_ns()
+        self._send(struct.pack("<IIQQ", _OP_CALL, len(args), 0, 0) + b"".join(args))
+        status, t1 = self._reply()
+        came = time.monotonic_ns()
+        if status < 0:
+            raise OSError(-status, f"the kernel host refused a call: {os.strerror(-status)}")
+        ready, _, _ = select.select([self._clock], [], [], 0)
+        raw = os.read(self._clock, 8) if ready else b""
+        if len(raw) != 8:
+            raise ClockMismatch("the kernel's process answered a call without first reporting when it began")
+        (t0,) = struct.unpack("<q", raw)
+        if not sent <= t0 <= t1 <= came:
+            raise ClockMismatch(f"the kernel's process reported a call from {t0} to {t1} ns, outside the "
+                                f"judge's own reading of the clock ({sent} to {came} ns)")
+        return (t1 - t0) * 1e-9
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _stop(proc: subprocess.Popen, sock: socket.socket, clock: int) -> None:
+    try:
+        sock.sendmsg([struct.pack("<IIQQ", _OP_EXIT, 0, 0, 0)])
+    except OSError:
+        pass
+    sock.close()
+    os.close(clock)
+    try:
+        proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+_MEANING = {
+    signal.SIGSEGV: " (a store outside its buffers, or to a read-only input, faults: its inputs were "
+                    "read-only and every buffer fenced by unmapped pages)",
+    signal.SIGBUS: " (a store outside its buffers, or a misaligned access)",
+    signal.SIGSYS: " (it made a system call the sandbox forbids: a kernel may not open files or "
+                   "sockets, start processes or signal them)",
+    signal.SIGXCPU: " (it ran past its CPU time)",
+    signal.SIGFPE: " (an integer division by zero, or an arithmetic trap)",
+    signal.SIGILL: " (an illegal instruction: compiled for another CPU?)",
+    signal.SIGABRT: " (it aborted: an assert, or the C library found its heap corrupt)",
+}
+
+
+def _facts(held: int, err: int) -> str:
+    """What held in a host, in words (records' toolchain, the run summary)."""
+    parts = ["kernel process: native, no interpreter, judged from another process"]
+    if held & _HELD_SECCOMP:
+        parts.append("seccomp: on (files, sockets, exec, fork, ptrace, signals refused)")
+    else:
+        parts.append(f"seccomp: MISSING ({os.strerror(err) if err else 'not built in'})")
+    if held & _HELD_USER_DROPPED:
+        parts.append("user: nobody (dropped from root)")
+    elif held & _HELD_NOT_ROOT:
+        parts.append(f"user: {os.getuid()} (not root)")
+    else:
+        parts.append("user: root (MISSING: could not drop to nobody)")
+    return "; ".join(parts)
+
+
+def probe(binary: str) -> str:
+    """What the sandbox holds for a kernel host on this machine, in words (starts one, loads
+    nothing)."""
+    host = HostKernel(binary, "-", Buffers())
+    try:
+        return host.facts
+    finally:
+        host.close()
