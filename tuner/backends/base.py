@@ -168,8 +168,12 @@ class Backend(abc.ABC):
 
     def sandbox(self) -> str:
         """What confines this device's candidate code beyond the worker's own sandbox, in words
-        (a record's toolchain, the run summary); "" for nothing more."""
-        return ""
+        (a record's toolchain, the run summary; "MISSING" marks what does not hold). Here: the
+        candidate's launch code runs in the worker itself, under the Python code check."""
+        import os
+        user = "root (MISSING: a Python worker is not dropped to nobody)" if os.geteuid() == 0 else str(os.geteuid())
+        return ("kernel process: the worker (Python; candidate code only through the code check); "
+                f"exec, fork: MISSING (refused by the code check only, no seccomp filter); user: {user}")
 
     @abc.abstractmethod
     def launch(self, kernel: Any, args: list) -> None: ...

@@ -179,7 +179,8 @@ static int seccomp_on(int *err) {
         ALLOW(__NR_clock_gettime), ALLOW(__NR_clock_getres), ALLOW(__NR_gettimeofday),
         ALLOW(__NR_clock_nanosleep), ALLOW(__NR_nanosleep), ALLOW(__NR_exit), ALLOW(__NR_exit_group),
         ALLOW(__NR_rt_sigprocmask), ALLOW(__NR_rt_sigreturn), ALLOW(__NR_sigaltstack),
-        ALLOW(__NR_getpid), ALLOW(__NR_gettid), ALLOW(__NR_set_robust_list), ALLOW(__NR_set_tid_address),
+        ALLOW(__NR_getpid), ALLOW(__NR_gettid), ALLOW(__NR_getppid), ALLOW(__NR_getuid), ALLOW(__NR_geteuid),
+        ALLOW(__NR_getgid), ALLOW(__NR_getegid), ALLOW(__NR_set_robust_list), ALLOW(__NR_set_tid_address),
         ALLOW(__NR_getrandom), ALLOW(__NR_restart_syscall), ALLOW(__NR_sched_setaffinity),
         ALLOW(__NR_sched_getparam), ALLOW(__NR_sched_getscheduler),
 #ifdef __NR_membarrier

@@ -117,6 +117,9 @@ class NullBackend(Backend):
     def launch(self, kernel: Any, args: list) -> None:
         kernel(args)
 
+    def sandbox(self) -> str:
+        return "kernel process: none (no candidate code runs on this backend)"
+
     def time_call(self, fn: Callable[[], None]) -> float:
         fn()  # sets self._time to the scripted time of the kernel it launches
         return self._time

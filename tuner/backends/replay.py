@@ -90,6 +90,9 @@ class ReplayBackend(Backend):
     def launch(self, kernel: Any, args: list) -> None:
         kernel(args)
 
+    def sandbox(self) -> str:
+        return "kernel process: none (no candidate code runs on this backend)"
+
     def time_call(self, fn: Callable[[], None]) -> float:
         self._time = None
         t0 = time.perf_counter()

@@ -27,6 +27,9 @@ class Status(str, enum.Enum):
     RUN_TIMEOUT = "RUN_TIMEOUT"  # the kernel hung
     WRONG_RESULT = "WRONG_RESULT"
     SUSPECT = "SUSPECT"  # passed, but tripped an anti-cheat check
+    # The machine failed under it twice (its process killed from outside: the OOM killer, an
+    # operator): not the config's failure. The search learns nothing from it; a resume tries it again.
+    INFRA_ERROR = "INFRA_ERROR"
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 Where compiles and timings run is its Runner's (tuner/exec/runner.py: local worker processes,
 or a Ray cluster); what a request and its failure mean is decided here, once for every runner:
 a request whose process died under it is sent once more (an outside kill, the OOM killer, a
-lost node is not the config's fault), a second death is the config's, and a hang is never
-retried. `evaluate` is thread-safe: the searcher calls it from several threads at once.
+lost node is not the config's fault), a second death is the config's unless both were kills
+from outside (then the record is INFRA_ERROR: the machine's, not the config's), and a hang is
+never retried. `evaluate` is thread-safe: the searcher calls it from several threads at once.
 
 A candidate's fault is always a Record; only faults of the tool raise.
 """
@@ -167,7 +168,7 @@ class Evaluator:
         else:
             self.wait_reference()
             meas = self.measure(build, best_s, what=f"measure {config}")
-        if meas.status is not Status.RUN_TIMEOUT:  # a hang may be load-dependent; allow a retry
+        if meas.status not in (Status.RUN_TIMEOUT, Status.INFRA_ERROR):  # may be the load's; allow a retry
             with self._source_lock:
                 self._by_source[digest] = (build, meas)
         return self._record(config, build, meas, trial)
@@ -176,7 +177,8 @@ class Evaluator:
 
     def _once_more(self, request: Callable[[], T]) -> T:
         """`request()`, sent once more when the process serving it died under it. A second
-        death, or a hang, raises WorkerFailure with both reasons."""
+        death, or a hang, raises WorkerFailure with both reasons: kind 'outside' when both
+        deaths were kills from outside, else 'crash' (or 'timeout')."""
         try:
             return request()
         except WorkerFailure as first:
@@ -188,7 +190,8 @@ class Evaluator:
             except WorkerFailure as second:
                 if second.kind == "timeout":
                     raise WorkerFailure("timeout", f"{second.reason} (after a retry: {first.reason})") from None
-                raise WorkerFailure("crash", f"{second.reason} (a process died under this config twice, "
+                kind = "outside" if first.kind == second.kind == "outside" else "crash"
+                raise WorkerFailure(kind, f"{second.reason} (a process died under this config twice, "
                                     f"first: {first.reason}; not sent again)") from None
 
     def _exclusive(self):
@@ -220,6 +223,8 @@ class Evaluator:
         except WorkerFailure as e:
             if e.kind == "timeout":
                 return Measurement(Status.RUN_TIMEOUT, detail=f"kernel hung: {e.reason}")
+            if e.kind == "outside":
+                return Measurement(Status.INFRA_ERROR, detail=f"not the kernel's failure: {e.reason}")
             fenced = (" (its inputs were read-only and every buffer fenced by unmapped pages: a write "
                       "to an input, or past a buffer, ends the process)") if self.backend.data_device() is None else ""
             return Measurement(Status.RUNTIME_ERROR, detail=f"kernel crashed: {e.reason}{fenced}")

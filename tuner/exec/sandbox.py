@@ -193,6 +193,13 @@ def sandbox_facts(network: str, writes: str, device: str = "") -> str:
         "limits: memory, CPU time, file size", device) if x)
 
 
+def missing(facts: str) -> list[str]:
+    """The parts of a sandbox line (`sandbox_facts`) that did not hold: what the run summary
+    lists so that a user sees what this machine could not confine."""
+    return [part.strip() for part in facts.split("; ")
+            if any(w in part for w in ("MISSING", "not confined", "not isolated"))]
+
+
 def not_dumpable() -> bool:
     """Make this process non-dumpable: processes of the same user (a worker) can no longer read
     its memory or /proc/<pid>/environ (root still can). True when done."""

@@ -102,7 +102,7 @@ def build_feedback(records: list[Record], space: Space, *, flops: float | None =
         if reference_s:
             entry["speedup"] = round_(reference_s / r.seconds, 3)
         best.append(entry)
-    failures = _group_failures([r for r in recs if r.status is not Status.OK])
+    failures = _group_failures([r for r in recs if r.status not in (Status.OK, Status.INFRA_ERROR)])
     edges = _edges(space, ok[0]) if ok else []
     importance, notes = _importance(space, ok)
     return Feedback(round=round, skeleton_hash=skeleton_hash, space_size=space.size,

@@ -45,7 +45,8 @@ MAX_COVER = 48  # configs rendered and checked statically per candidate
 _FAIL = {Status.COMPILE_ERROR, Status.RUNTIME_ERROR, Status.WRONG_RESULT, Status.SUSPECT}
 _KIND = {Status.COMPILE_ERROR: "compile error", Status.COMPILE_TIMEOUT: "compile timeout",
          Status.RUNTIME_ERROR: "runtime error", Status.RUN_TIMEOUT: "the kernel hung",
-         Status.WRONG_RESULT: "wrong result", Status.SUSPECT: "suspect result"}
+         Status.WRONG_RESULT: "wrong result", Status.SUSPECT: "suspect result",
+         Status.INFRA_ERROR: "the machine failed under it"}
 
 
 class Rejection(Exception):

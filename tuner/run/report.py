@@ -128,7 +128,11 @@ def summary_table(s: dict[str, Any], run_dir: str = "") -> Table:
             how = ", timed interleaved with the winner" if ref.get("interleaved") else ""
             t.add_row(f"vs {ref.get('what', 'reference')}",
                       f"{best['speedup_vs_reference']:.2f}x (reference {fmt_time(ref.get('median_s'))}{how})")
-    else:
+    sandbox = s.get("sandbox") or {}
+    if sandbox.get("missing"):
+        t.add_row("sandbox", "not held on this machine: " + "; ".join(sandbox["missing"])
+                  + " (README, 'Threat model')")
+    if not best:
         if not s["evaluations"] and s["invalid"]:
             t.add_row("best config", f"none: every config the sampler proposed ({s['invalid']}) broke the "
                                      f"space's constraints; give the space a `default:` that satisfies "

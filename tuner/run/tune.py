@@ -27,6 +27,7 @@ from tuner.core.settings import Settings
 from tuner.core.skeleton import Skeleton
 from tuner.core.values import Config, Measurement, OpSpec, Record, RunMeta, Status
 from tuner.exec.evaluate import Evaluator
+from tuner.exec.sandbox import missing as missing_sandbox
 from tuner.run.report import Progress, timing_flags
 from tuner.run.store import Store
 from tuner.run.warm import any_passed, warm_starts, warm_timings
@@ -57,7 +58,7 @@ def _count(progress: Progress, record: Record) -> None:
         progress.invalid += 1
         return
     progress.evaluations += 1
-    if progress.best_s is None and status is not Status.OK:
+    if progress.best_s is None and status not in (Status.OK, Status.INFRA_ERROR):
         sig = _failure_signature(record)
         seen, n = progress.same_failure
         progress.same_failure = (sig, n + 1 if sig is not None and sig == seen else 1)
@@ -119,6 +120,8 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
     known: dict[str, Record] = {}
     progress = Progress(budget=budget)
     for r in store.records():
+        if r.status is Status.INFRA_ERROR:
+            continue  # the machine failed under it, not the config: tried again
         known[r.config.key] = r
         _count(progress, r)
 
@@ -295,6 +298,9 @@ def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s:
             best["ceiling"] = c
         summary["best"] = best
     summary["flags"] = timing_flags(summary)
+    facts = dict(info.toolchain).get("sandbox", "") if info else ""
+    summary["sandbox"] = {"facts": facts, "missing": missing_sandbox(facts) if facts else
+                          ["no sandbox facts: the device did not report them"]}
     store.write_json("summary.json", summary)
     return summary
 

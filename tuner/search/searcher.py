@@ -194,7 +194,7 @@ class Searcher:
         a persistent Optuna storage, and far cheaper per trial."""
         trials = []
         for r in records:
-            if not self.space.contains(r.config):
+            if not self.space.contains(r.config) or r.status is Status.INFRA_ERROR:
                 continue
             ok = r.status is Status.OK
             trials.append(optuna.trial.create_trial(
@@ -214,6 +214,9 @@ class Searcher:
     def tell(self, trial: optuna.Trial | int, record: Record, repeat: bool = False) -> None:
         """`repeat`: the sampler asked for a config already evaluated, answered from its record
         (it cost nothing, so `patience` does not count it)."""
+        if record.status is Status.INFRA_ERROR:  # the machine's failure: teaches the sampler nothing
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            return
         t = trial if isinstance(trial, optuna.Trial) else optuna.Trial(self.study, self._trial_id(trial))
         ok = record.status is Status.OK
         t.set_constraint("failed", 0.0 if ok else 1.0)

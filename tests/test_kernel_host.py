@@ -1,0 +1,167 @@
+"""The cpu backend's kernel host (tuner/backends/cpu_host.c): the process a C kernel runs in.
+Its own confinement is tested with kernels built straight with cc (the source and object checks
+would refuse them), so that what holds here holds even for a kernel the checks let through."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURES
+from tuner.core.values import Status
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel host is Linux-only")
+torch = pytest.importorskip("torch")
+
+
+def _so(name: str, tmp_path: Path, src: Path | None = None) -> str:
+    out = tmp_path / f"{name}.so"
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-DM=1", "-DN=4", str(src or FIXTURES / "host" / f"{name}.c"),
+                    "-o", str(out)], check=True, capture_output=True)
+    return str(out)
+
+
+@pytest.fixture
+def backend(cache_dir):
+    from tuner.backends.cpu import CpuBackend
+    return CpuBackend(0, cache_dir=cache_dir)
+
+
+class _Tensors:
+    """Tensors over host buffers, the buffers kept alive with them (their owner's contract)."""
+
+    def __init__(self, backend):
+        self.backend, self.buffers = backend, []
+
+    def __call__(self, values: list[float], read_only: bool = False):
+        from tuner.backends.fence import BAND_BYTES
+        b = self.backend.host_buffer(4 * len(values))
+        self.buffers.append(b)
+        t = torch.frombuffer(b.raw, dtype=torch.uint8)[BAND_BYTES:BAND_BYTES + 4 * len(values)].view(torch.float32)
+        t.copy_(torch.tensor(values))
+        if read_only:
+            b.read_only()
+        return t
+
+
+def _attempt(backend, so: str, what: int):
+    tensors = _Tensors(backend)
+    x, out = tensors([float(what), 0, 0, 0], read_only=True), tensors([0.0] * 4)
+    kernel = backend.load(so, None)
+    try:
+        backend.launch(kernel, [x, out])
+        return out.tolist()
+    finally:
+        kernel.close()
+
+
+ESCAPES = {1: "read a file", 2: "write a file", 3: "open a socket", 4: "exec a program",
+           5: "fork", 6: "kill the judge", 7: "ptrace the judge", 8: "become root again"}
+
+
+@pytest.mark.parametrize("what", list(ESCAPES), ids=list(ESCAPES.values()))
+def test_each_escape_ends_the_kernels_process(backend, tmp_path, what):
+    from tuner.backends.cpu_host import KernelFault
+    so = _so("escapes", tmp_path)
+    with pytest.raises(KernelFault, match="SIGSYS.*forbids"):
+        _attempt(backend, so, what)
+    assert not Path("/tmp/tuner-host-escape").exists()
+
+
+def test_the_kernel_runs_elsewhere_as_nobody_without_the_tools_environment(backend, tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_SECRET_PROBE", "1")
+    uid, pid, _, secret = _attempt(backend, _so("escapes", tmp_path), 0)
+    assert int(pid) != os.getpid()  # not the judge's process
+    assert int(uid) == (65534 if os.getuid() == 0 else os.getuid())
+    assert secret == 0
+
+
+def test_the_python_api_is_not_there_to_call(backend, tmp_path):
+    from tuner.backends.cpu_host import LoadError
+    with pytest.raises(LoadError, match="PyEval_GetBuiltins"):
+        backend.load(_so("python_api", tmp_path, FIXTURES / "redteam" / "python_api.c"), None)
+
+
+def test_what_the_host_holds_is_said(backend):
+    facts = backend.sandbox()
+    assert "no interpreter" in facts and "seccomp: on" in facts, facts
+    assert ("user: nobody" in facts) if os.getuid() == 0 else ("not root" in facts)
+
+
+def _hosts_of(parent: int) -> list[int]:
+    """Kernel hosts (a kernel loaded) started by `parent`."""
+    out = []
+    for p in Path("/proc").iterdir():
+        try:
+            if not p.name.isdigit():
+                continue
+            argv = (p / "cmdline").read_bytes().split(b"\0")
+            ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and argv[0].endswith(b"cpu_host") and argv[1] != b"-":
+            out.append(int(p.name))
+    return out
+
+
+def test_an_outside_kill_twice_is_the_machines_failure_not_the_configs(fast_settings, tmp_path):
+    """The kernel's process SIGKILLed from outside (as the OOM killer does), twice: retried once,
+    then INFRA_ERROR, which the search does not learn from and a resume tries again."""
+    from tuner.core.ops import builtin_spec
+    from tuner.exec.evaluate import Evaluator
+    sk = _spin_skeleton(tmp_path)
+    ev = Evaluator("cpu", builtin_spec("softmax", "1x4"), sk, fast_settings.replace(run_timeout_s=120.0), tmp_path / "run")
+    kills = []
+
+    def killer():
+        deadline = time.monotonic() + 100
+        while len(kills) < 2 and time.monotonic() < deadline:
+            worker = ev.runner.bench_workers[0].proc if ev.runner.bench_workers else None
+            hosts = _hosts_of(worker.pid) if worker is not None else []
+            for h in hosts:
+                if h not in kills:
+                    os.kill(h, signal.SIGKILL)
+                    kills.append(h)
+            time.sleep(0.05)
+    try:
+        ev.start()
+        t = threading.Thread(target=killer, daemon=True)
+        t.start()
+        rec = ev.evaluate(sk.space.default_config())
+        t.join(timeout=5)
+    finally:
+        ev.close()
+    assert len(kills) == 2
+    assert rec.status is Status.INFRA_ERROR, (rec.status, rec.reason)
+    assert "killed from outside" in rec.reason and "twice" in rec.reason, rec.reason
+
+
+def _spin_skeleton(tmp_path):
+    from tuner.core.skeleton import load_skeleton
+    template = tmp_path / "spin.c.j2"
+    template.write_text("#define M {{M}}L\n#define N {{N}}L\n{% raw %}" + (FIXTURES / "host" / "spin.c").read_text()
+                        + "{% endraw %}\n")
+    space = tmp_path / "spin.yaml"
+    space.write_text("language: c\nsizes: [M, N]\nparams:\n  V: [1]\n")
+    return load_skeleton(template, space)
+
+
+def test_the_search_learns_nothing_from_the_machines_failure():
+    from tuner.core.space import parse_space
+    from tuner.core.values import Build, Config, Measurement, Record
+    from tuner.search.searcher import Searcher
+    space = parse_space("params:\n  A: [1, 2, 3]\n")
+    s = Searcher(space, "random", 0)
+    trial, config = s.ask()
+    s.tell(trial, Record("op", "h", config, Build(Status.OK, artifact="a"),
+                         Measurement(Status.INFRA_ERROR, detail="killed from outside"), "dev", (), 0.0))
+    import optuna
+    assert s.study.trials[0].state is optuna.trial.TrialState.FAIL
+    s.replay([Record("op", "h", Config.of({"A": 2}), Build(Status.OK, artifact="a"),
+                     Measurement(Status.INFRA_ERROR), "dev", (), 0.0)])
+    assert len(s.study.trials) == 1
