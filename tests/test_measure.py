@@ -20,6 +20,10 @@ class HostBackend:
 
     launch_checked = launch
 
+    def host_buffer(self, nbytes):
+        from tuner.backends.fence import FencedBuffer
+        return FencedBuffer(nbytes)
+
     def sync(self):
         pass
 

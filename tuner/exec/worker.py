@@ -296,12 +296,15 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
     network = isolate_network()  # before any thread starts (see sandbox.py)
+    parent = int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid()
+    if os.getppid() != parent:
+        os._exit(1)  # see _die_with_parent
     method, init = _recv(in_fd)  # a parent that dies first closes the pipe: EOFError ends us
     assert method == "init"
     from tuner.backends import UNCONFINED_WRITES
     why_not = UNCONFINED_WRITES.get(init["backend"])  # also before any thread starts:
     writes = f"not confined ({why_not})" if why_not else confine_writes(init["write_dirs"])
-    _die_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid())
+    _die_with_parent(parent)
     _limit(init["memory_bytes"], init["file_bytes"])
     if init.get("nice"):
         os.nice(init["nice"])  # the compilers it starts (ptxas, cc) inherit it
