@@ -25,6 +25,13 @@ UNCONFINED_WRITES = {
     "npu": "CANN writes its logs and kernel_meta folders where it is configured to, outside the run",
 }
 
+# Folders beyond the run's and the caches that a backend's workers must write under, and why.
+EXTRA_WRITE_DIRS = {
+    # The CUDA driver writes to /proc/<pid> of every process that uses it: a worker's own entry
+    # is always allowed, but the memory checker's target is a process of its own.
+    "cuda": ("/proc",),
+}
+
 
 def backend_class(name: str) -> type[Backend]:
     if name not in BACKENDS:
@@ -55,5 +62,5 @@ def default_backend() -> str:
     return "cpu"
 
 
-__all__ = ["Backend", "BackendUnavailable", "BACKENDS", "UNCONFINED_WRITES", "backend_class", "get_backend",
+__all__ = ["Backend", "BackendUnavailable", "BACKENDS", "UNCONFINED_WRITES", "EXTRA_WRITE_DIRS", "backend_class", "get_backend",
            "default_backend"]

@@ -140,8 +140,11 @@ def confine_writes(dirs: list[str]) -> str:
     if ruleset < 0:
         return f"not confined (Landlock refused a ruleset: {os.strerror(ctypes.get_errno())})"
     kept = []
+    # The process's own /proc entries: the CUDA driver writes there (cudaGetDeviceCount fails
+    # with "OS call failed" without), and they are no one else's.
+    own = f"/proc/{os.getpid()}"
     try:
-        for d in dict.fromkeys(os.path.realpath(d) for d in dirs if d):
+        for d in dict.fromkeys([*(os.path.realpath(d) for d in dirs if d), own]):
             try:
                 fd = os.open(d, os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY)
             except OSError:

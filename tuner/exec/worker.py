@@ -301,9 +301,10 @@ def main() -> None:
         os._exit(1)  # see _die_with_parent
     method, init = _recv(in_fd)  # a parent that dies first closes the pipe: EOFError ends us
     assert method == "init"
-    from tuner.backends import UNCONFINED_WRITES
+    from tuner.backends import EXTRA_WRITE_DIRS, UNCONFINED_WRITES
     why_not = UNCONFINED_WRITES.get(init["backend"])  # also before any thread starts:
-    writes = f"not confined ({why_not})" if why_not else confine_writes(init["write_dirs"])
+    writes = (f"not confined ({why_not})" if why_not else
+              confine_writes([*init["write_dirs"], *EXTRA_WRITE_DIRS.get(init["backend"], ())]))
     _die_with_parent(parent)
     _limit(init["memory_bytes"], init["file_bytes"])
     if init.get("nice"):
