@@ -135,9 +135,13 @@ class CpuBackend(Backend):
             limits=tuple(sorted(self.limits().items())), peaks=tuple(sorted(peaks.items())),
             toolchain=(("cc", ccv), ("python", platform.python_version()), ("torch", torch.__version__)))
 
-    def _host(self) -> str:
+    def _host(self) -> tuple[str, str]:
+        """(the kernel host's path, "" or why it lacks seccomp): cpu_host.host_binary."""
         from tuner.backends.cpu_host import host_binary
-        return host_binary(self.options.get("cache_dir"))[0]
+        cc = compiler()
+        if cc is None:
+            raise BackendUnavailable("no C compiler found; install gcc or set CC")
+        return host_binary(cc, self.options.get("cache_dir"))
 
     def load(self, artifact: str, op) -> Any:
         """The kernel in a host process of its own (cpu_host.HostKernel); `launch` it on
@@ -145,7 +149,7 @@ class CpuBackend(Backend):
         from tuner.backends.cpu_host import Buffers, HostKernel
         if self._buffers is None:
             self._buffers = Buffers()
-        return HostKernel(self._host(), str(Path(artifact).resolve()), self._buffers)
+        return HostKernel(self._host()[0], str(Path(artifact).resolve()), self._buffers)
 
     def load_for_serving(self, artifact: str, op) -> Any:
         fn = ctypes.CDLL(artifact).tuner_kernel
@@ -161,7 +165,7 @@ class CpuBackend(Backend):
     def sandbox(self) -> str:
         from tuner.backends.cpu_host import HostUnavailable, probe
         try:
-            binary, note = self._host(), ""
+            binary, note = self._host()
             return probe(binary) + (f"; {note}" if note else "")
         except (HostUnavailable, OSError, subprocess.SubprocessError) as e:
             return f"kernel process: MISSING ({e})"

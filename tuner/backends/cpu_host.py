@@ -18,6 +18,7 @@ the judge's clock is `ClockMismatch`. Linux; elsewhere `host_binary` raises `Hos
 from __future__ import annotations
 
 import array
+import functools
 import hashlib
 import itertools
 import mmap
@@ -59,21 +60,14 @@ class LoadError(RuntimeError):
 
 # ---- the binary -------------------------------------------------------------------------------
 
-def _cc() -> str:
-    from tuner.backends.cpu import compiler
-    cc = compiler()
-    if cc is None:
-        raise HostUnavailable("no C compiler found; install gcc or set CC")
-    return cc
-
-
-def host_binary(cache_dir: str | None = None) -> tuple[str, str]:
-    """(path to the host, a note: "" or why seccomp is missing from this build). Built once per
-    source, compiler and machine under the cache folder; a concurrent build by another worker is
-    harmless (each writes its own file and renames it into place)."""
+@functools.lru_cache(maxsize=4)
+def host_binary(cc: str, cache_dir: str | None = None) -> tuple[str, str]:
+    """(path to the host, a note: "" or why seccomp is missing from this build), built with the
+    C compiler `cc`. Built once per source, compiler and machine under the cache folder (and
+    looked up once per process); a concurrent build by another worker is harmless (each writes
+    its own file and renames it into place)."""
     if not sys.platform.startswith("linux"):
         raise HostUnavailable(f"the kernel host needs Linux (memfd, seccomp); this is {sys.platform}")
-    cc = _cc()
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired) as e:

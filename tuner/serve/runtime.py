@@ -449,7 +449,7 @@ class Table:
         artifact = self._artifact(e, backend, skel.language, source, op.spec)
         if artifact is None:
             return None
-        fn = backend.load(artifact, op)
+        fn = backend.load_for_serving(artifact, op)
         k = Kernel(e, dict(sizes), c.exact, c.distance, backend, op, fn)
         if self.verify == "always" or (self.verify == "nearest" and not c.exact):
             if not self._verified(k):
