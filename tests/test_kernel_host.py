@@ -165,3 +165,21 @@ def test_the_search_learns_nothing_from_the_machines_failure():
     s.replay([Record("op", "h", Config.of({"A": 2}), Build(Status.OK, artifact="a"),
                      Measurement(Status.INFRA_ERROR), "dev", (), 0.0)])
     assert len(s.study.trials) == 1
+
+
+@pytest.mark.parametrize("lie", ["early", "silent", "made_up"])
+def test_a_host_whose_times_do_not_fit_the_judges_clock_is_refused(backend, tmp_path, lie):
+    """What a kernel that took over its host could report: a time it did not measure. The judge
+    reads the clock itself around each call and refuses a time outside what it saw."""
+    from tuner.backends.base import ClockMismatch
+    from tuner.backends.cpu_host import Buffers, HostKernel
+    liar = tmp_path / "lying_host"
+    subprocess.run(["cc", "-O1", str(FIXTURES / "host" / "lying_host.c"), "-o", str(liar)], check=True)
+    tensors = _Tensors(backend)
+    x, out = tensors([1.0]), tensors([0.0])
+    host = HostKernel(str(liar), f"/{lie}", backend._buffers or Buffers())
+    try:
+        with pytest.raises(ClockMismatch):
+            host.call([x, out])
+    finally:
+        host.close()

@@ -19,6 +19,7 @@ class HostBackend:
         kernel(*args)
 
     launch_checked = launch
+    isolated_kernels = False
 
     def host_buffer(self, nbytes):
         from tuner.backends.fence import FencedBuffer

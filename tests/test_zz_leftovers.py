@@ -1,5 +1,6 @@
 """Runs last (named so): no worker process outlives the tool that started it, after every
-fault case the suite has run (crashes, hangs, killed actors, forked children)."""
+fault case the suite has run (crashes, hangs, killed actors, forked children), and no C kernel's
+host process outlives the worker that started it."""
 
 import os
 import time
@@ -14,7 +15,8 @@ def _orphaned_workers() -> list[str]:
             ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if "tuner.exec.worker" in cmd and ppid == 1:
+        exe = cmd.split(" ", 1)[0]
+        if ("tuner.exec.worker" in cmd or exe.endswith("/cpu_host")) and ppid == 1:
             out.append(f"{pid}: {cmd}")
     return out
 

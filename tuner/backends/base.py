@@ -103,6 +103,10 @@ class Backend(abc.ABC):
     exclusive_timing: bool = False
     # Whether workers may cap their address space (breaks CUDA's large virtual reservations).
     limit_memory: bool = True
+    # Whether kernels run in a process of their own that maps nothing of the harness's but their
+    # buffers (cpu): the harness's copies of inputs and references are then out of their reach
+    # and need no digest (tuner/exec/measure.py).
+    isolated_kernels: bool = False
 
     def __init__(self, device: int = 0, **options: Any) -> None:
         self.device = device

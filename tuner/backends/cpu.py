@@ -57,6 +57,7 @@ class CpuBackend(Backend):
     name = "cpu"
     language = "c"
     exclusive_timing = True
+    isolated_kernels = True  # cpu_host: a process of its own
 
     def __init__(self, device: int = 0, **options: Any) -> None:
         super().__init__(device, **options)
