@@ -20,6 +20,7 @@ C_CASES = {
     "honest": (Status.OK, ""),
     "poison_only": (Status.WRONG_RESULT, ""),
     "skip_if_done": (Status.SUSPECT, "depends on the calls before it"),
+    "stack_cache": (Status.SUSPECT, "depends on the calls before it"),
     "result_cache": (Status.COMPILE_ERROR, "writable global or static data"),
     "same_buffers": (Status.COMPILE_ERROR, "writable global or static data"),
     "restore_input": (Status.RUNTIME_ERROR, "inputs were read-only"),

@@ -548,16 +548,18 @@ _HISTORY_S = 20e-6     # absolute slack: a thread pool waking, a launch not hidd
 
 
 def _history(backend, kernel, op: Op, rotation: _Rotation, median: float) -> str | None:
-    """Why the kernel's time depends on the calls before it, or None. Single calls on buffers
-    it has never seen (new ones, made as the timed ones are, from a pooled seed, outputs
-    poisoned), timed as the timed calls are and then checked: an honest kernel takes about
-    its median; one that skips work on buffers it has seen is fast only on the rotation's
-    (and one that skips work here too is wrong here: raises Caught)."""
-    pooled = _pooled(op, backend)
+    """Why the kernel's time depends on the calls before it, or None. Single calls on inputs
+    it has never seen (each from a brand-new seed, its reference made here, in new buffers,
+    outputs poisoned), timed as the timed calls are and then checked: an honest kernel takes
+    about its median; one that skips work on buffers or inputs it has seen (a result cache
+    keyed by the inputs, wherever it keeps it: even an uninitialised local array that the next
+    call finds where the last one left it) is fast only on the rotation's, and one that skips
+    work here too is wrong here (raises Caught). Pooled seeds would not do: the rotation's
+    inputs come from the pool, and a cache keyed by their contents would hit here too."""
     times = []
     for _ in range(_FRESH_CALLS):
-        seed, ref = _rng.choice(pooled)
-        fresh = _BufferSet(backend, op, *_device_set(backend, op, seed, ref))
+        seed = _rng.randrange(1, 2**31)
+        fresh = _BufferSet(backend, op, *_device_set(backend, op, seed, _reference(op, seed, backend.data_device())))
         times.append(backend.time_call(lambda: backend.launch(kernel, fresh.args)))
         why, _, _ = fresh.verdict()
         if why:
