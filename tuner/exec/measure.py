@@ -557,9 +557,13 @@ def _history(backend, kernel, op: Op, rotation: _Rotation, median: float) -> str
     work here too is wrong here (raises Caught). Pooled seeds would not do: the rotation's
     inputs come from the pool, and a cache keyed by their contents would hit here too."""
     times = []
+    where = backend.data_device()
     for _ in range(_FRESH_CALLS):
-        seed = _rng.randrange(1, 2**31)
-        fresh = _BufferSet(backend, op, *_device_set(backend, op, seed, _reference(op, seed, backend.data_device())))
+        xs = op.make_inputs(_rng.randrange(1, 2**31), where)  # made once: they are not kept
+        ref = _reference_of(op, xs)
+        if where is None:
+            xs, ref = [backend.to_device(x) for x in xs], [backend.to_device(r) for r in ref]
+        fresh = _BufferSet(backend, op, xs, ref)
         times.append(backend.time_call(lambda: backend.launch(kernel, fresh.args)))
         why, _, _ = fresh.verdict()
         if why:
