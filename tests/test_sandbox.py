@@ -89,3 +89,42 @@ def test_a_worker_has_no_network_where_the_kernel_allows_a_namespace(fast_settin
     finally:
         w.close()
     assert ("isolated" if said.startswith("isolated") else "not-isolated") == state, said
+
+
+WRITES = """
+import os, sys
+from tuner.exec.sandbox import confine_writes
+said = confine_writes([sys.argv[1]])
+out = []
+for path in (os.path.join(sys.argv[1], "inside"), sys.argv[2]):
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+        out.append("written")
+    except OSError:
+        out.append("refused")
+print("confined" if said.startswith("Landlock") else "not-confined", *out)
+"""
+
+
+def test_a_worker_writes_files_only_where_it_is_allowed(fast_settings, tmp_path):
+    """Where the kernel has Landlock: a write under the allowed folder works, one outside it is
+    refused (root included); where it has none, the worker says so."""
+    allowed, outside = tmp_path / "run", tmp_path / "elsewhere.txt"
+    allowed.mkdir()
+    out = subprocess.run([sys.executable, "-c", WRITES, str(allowed), str(outside)], capture_output=True,
+                         text=True, cwd=ROOT, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    state, inside, elsewhere = out.stdout.split()
+    assert inside == "written"
+    assert (state, elsewhere) in (("confined", "refused"), ("not-confined", "written")), out.stdout
+    assert (state == "confined") == (not outside.exists())
+    w = Worker("null", 0, {}, fast_settings, str(tmp_path / "w" / "w.log"))
+    (tmp_path / "w").mkdir()
+    try:
+        said = w.call("sandbox", timeout=60)["writes"]
+    finally:
+        w.close()
+    assert said.startswith("Landlock") == (state == "confined"), said
+    if state == "confined":
+        assert str((tmp_path / "w").resolve()) in said
