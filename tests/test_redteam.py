@@ -20,7 +20,9 @@ C_CASES = {
     "honest": (Status.OK, ""),
     "poison_only": (Status.WRONG_RESULT, ""),
     "skip_if_done": (Status.SUSPECT, "depends on the calls before it"),
-    "stack_cache": (Status.SUSPECT, "depends on the calls before it"),
+    # Slower on inputs it never saw; or, when the host's own calls after the kernel's return
+    # overwrote the tail of its stash, a wrong timed result. Never OK.
+    "stack_cache": ((Status.SUSPECT, Status.WRONG_RESULT), ""),
     "result_cache": (Status.COMPILE_ERROR, "writable global or static data"),
     "same_buffers": (Status.COMPILE_ERROR, "writable global or static data"),
     "restore_input": (Status.RUNTIME_ERROR, "inputs were read-only"),
@@ -68,7 +70,7 @@ def cpu_records(tmp_path_factory):
 def test_each_hostile_c_kernel_gets_its_verdict(cpu_records, name):
     status, words = C_CASES[name]
     rec = cpu_records[name]
-    assert rec.status is status, (name, rec.status, rec.reason)
+    assert rec.status in (status if isinstance(status, tuple) else (status,)), (name, rec.status, rec.reason)
     assert words in rec.reason, (name, rec.reason)
 
 
