@@ -1,7 +1,7 @@
 /* The cpu backend's kernel host: the only process a C kernel ever runs in.
  *
  * A benchmark worker (Python: the judge) starts one per loaded kernel:
- *     cpu_host <kernel.so | -> <parent pid> <fence bytes> <socket fd> <clock fd>
+ *     cpu_host <kernel.so | -> <parent pid> <fence bytes> <socket fd> <clock fd> <flush bytes>
  * the socket a SOCK_SEQPACKET one to the judge, the clock fd the write end of a pipe whose
  * read end only the judge holds. "-" loads no kernel: it reports what the sandbox holds.
  * There is no interpreter here to rewrite, the judge's copies of the inputs and the reference
@@ -20,10 +20,14 @@
  *   MAP  id nbytes readonly + one fd (SCM_RIGHTS): map a shared buffer between PROT_NONE fences
  *        of `fence` bytes on each side; read-only buffers come as a read-only fd, so no mprotect
  *        can make them writable;
- *   CALL n flags + n (id, offset): t0 = CLOCK_MONOTONIC, t0 written to the clock pipe, the
- *        kernel called with the n pointers, t1 read, (0, t1) replied. t0 leaves this process
- *        before the kernel runs, so nothing the kernel does can move it; the judge checks
- *        send <= t0 <= t1 <= receive on its own reading of the same clock.
+ *   CALL n flush + n (id, offset): r = CLOCK_MONOTONIC when the request was read; with
+ *        `flush`, the caches evicted (a buffer of `flush bytes` written); t0 read; (r, t0)
+ *        written to the clock pipe; the kernel called with the n pointers; t1 read; (0, t1)
+ *        replied. r and t0 leave this process before the kernel runs, so nothing the kernel
+ *        does can move them. The judge checks send <= r <= t0 <= t1 <= receive on its own
+ *        reading of the same clock, and that calls begin promptly after they are sent: a
+ *        kernel that made its host answer early (calling into the host's code) and worked on
+ *        delays the host's next read, which shows in r.
  *   EXIT.
  * Replies are two int64: (status, value); status < 0 is -errno.
  */
@@ -63,6 +67,8 @@ struct arg { uint32_t buf, pad; uint64_t offset; };
 static char *bufs[MAX_BUFS];
 static uint64_t sizes[MAX_BUFS];
 static uint64_t fence;
+static unsigned char *flush_buf;
+static size_t flush_bytes;
 static int CTL = -1, CLK = -1;
 typedef void *P;
 typedef void (*kernel_t)(void);
@@ -238,10 +244,12 @@ static int seccomp_on(int *err) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: cpu_host <kernel.so | -> <parent pid> <fence bytes> <socket fd> <clock fd>\n");
+    if (argc != 7) {
+        fprintf(stderr, "usage: cpu_host <kernel.so | -> <parent pid> <fence bytes> <socket fd> <clock fd> "
+                        "<flush bytes>\n");
         return 2;
     }
+    flush_bytes = strtoull(argv[6], NULL, 10);
     CTL = atoi(argv[4]);
     CLK = atoi(argv[5]);
     prctl(PR_SET_PDEATHSIG, SIGKILL);  /* dies with the benchmark worker, */
@@ -268,6 +276,8 @@ int main(int argc, char **argv) {
         return 5;
     }
     int held = drop_user();
+    flush_buf = flush_bytes ? malloc(flush_bytes) : NULL;
+    if (flush_buf) memset(flush_buf, 1, flush_bytes);
     int threads = 0;
 #pragma omp parallel
     {
@@ -289,6 +299,7 @@ int main(int argc, char **argv) {
         m.msg_control = ctrl;
         m.msg_controllen = sizeof ctrl;
         ssize_t got = recvmsg(CTL, &m, 0);
+        int64_t r = now_ns();
         if (got <= 0) return 0;  /* the judge has gone */
         if ((size_t)got < sizeof(struct req)) { reply(-EINVAL, 0); continue; }
         struct req *q = (struct req *)data;
@@ -313,8 +324,13 @@ int main(int argc, char **argv) {
                 else a[i] = bufs[as[i].buf] + as[i].offset;
             }
             if (bad) { reply(-EINVAL, 0); continue; }
-            int64_t t0 = now_ns();
-            if (write(CLK, &t0, sizeof t0) != (ssize_t)sizeof t0) _exit(3);
+            if (q->a && flush_buf) {  /* evict the caches: write a buffer twice the last level's size */
+                static unsigned char fill;
+                memset(flush_buf, ++fill, flush_bytes);
+                __asm__ volatile("" : : "r"(flush_buf) : "memory");
+            }
+            int64_t t[2] = {r, now_ns()};
+            if (write(CLK, t, sizeof t) != (ssize_t)sizeof t) _exit(3);
             call((int)q->n, a);
             int64_t t1 = now_ns();
             reply(0, t1);

@@ -4,9 +4,12 @@ native process of its own, never in the Python process that checks and times it.
 * `SharedBuffer`: a buffer the harness hands a kernel, in memory shared with the host (a memfd)
   and nothing else of this process. The host maps it between unmapped fences, an input
   read-only (through a read-only descriptor: no mprotect can make it writable).
-* `HostKernel`: one loaded kernel, one host process. `call(buffers)` runs it once and returns
-  the seconds it took by the host's clock, checked against the judge's own reading of the same
-  clock (the host writes its start time to a pipe only the judge reads before the kernel runs).
+* `HostKernel`: one loaded kernel, one host process. `call(buffers, flush)` runs it once (the
+  caches evicted first, in the host, with `flush`) and returns the seconds it took by the
+  host's clock, checked against the judge's own reading of the same clock: the host writes
+  when it read the request and when the kernel began to a pipe only the judge reads, before
+  the kernel runs; and calls must begin promptly after they are sent (a kernel that made its
+  host answer early and worked on delays the next call's start).
 * `host_binary()`: the host, built once per machine and compiler with the system C compiler.
 
 Contract: a candidate's fault while it runs is `KernelFault` (its process died: the signal and
@@ -27,6 +30,7 @@ import re
 import select
 import signal
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -43,6 +47,11 @@ _HELD_SECCOMP, _HELD_USER_DROPPED, _HELD_NOT_ROOT, _HELD_NO_NEW_PRIVS = 1, 2, 4,
 _REPLY = struct.Struct("<qq")
 _MAX_ARGS = 16
 _START_S = 60.0  # the host's set-up (dlopen, OpenMP's threads) answers within this
+# A call's start after it was sent (the host waking to read it: tens of microseconds) may not
+# be late by more than this, or a quarter of the kernel's own time, in the median of the last
+# _LATE_WINDOW calls: more means the host was still busy when it was asked.
+_LATE_S = 200e-6
+_LATE_WINDOW = 16
 _HOST_ENV = re.compile(r"^(OMP_\w+|GOMP_\w+|KMP_\w+|LD_LIBRARY_PATH)$")
 
 
@@ -153,13 +162,16 @@ def _host_env() -> dict[str, str]:
 class HostKernel:
     """One kernel in its own host process. Not thread-safe (a benchmark worker is one thread)."""
 
-    def __init__(self, binary: str, artifact: str, buffers: Buffers):
+    def __init__(self, binary: str, artifact: str, buffers: Buffers, flush_bytes: int = 0):
         self.artifact, self.buffers = artifact, buffers
+        self._late: list[int] = []  # ns from sending each recent call to the host reading it
+        self._took: list[int] = []  # ns each recent call took by the host's clock
         self._sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._clock, clock_w = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                [binary, artifact, str(os.getpid()), str(FENCE_BYTES), str(child.fileno()), str(clock_w)],
+                [binary, artifact, str(os.getpid()), str(FENCE_BYTES), str(child.fileno()), str(clock_w),
+                 str(flush_bytes)],
                 stdin=subprocess.DEVNULL, env=_host_env(), pass_fds=(child.fileno(), clock_w), close_fds=True)
         finally:
             child.close()
@@ -229,9 +241,10 @@ class HostKernel:
                                    f"{os.strerror(-status)}")
         self._mapped.add(b.id)
 
-    def call(self, tensors: list) -> float:
-        """Run the kernel once on `tensors` (views into SharedBuffers); its seconds by the host's
-        clock, checked against the judge's."""
+    def call(self, tensors: list, flush: bool = False) -> float:
+        """Run the kernel once on `tensors` (views into SharedBuffers), with the caches evicted
+        first (in the host, untimed) when `flush`; its seconds by the host's clock, checked
+        against the judge's. Raises ClockMismatch when they disagree."""
         if len(tensors) > _MAX_ARGS:
             raise ValueError(f"a C kernel takes at most {_MAX_ARGS} buffers; this op has {len(tensors)}")
         args = []
@@ -244,19 +257,28 @@ class HostKernel:
                 self._map(b)
             args.append(struct.pack("<IIQ", b.id, 0, addr - b.start))
         sent = time.monotonic_ns()
-        self._send(struct.pack("<IIQQ", _OP_CALL, len(args), 0, 0) + b"".join(args))
+        self._send(struct.pack("<IIQQ", _OP_CALL, len(args), int(flush), 0) + b"".join(args))
         status, t1 = self._reply()
         came = time.monotonic_ns()
         if status < 0:
             raise OSError(-status, f"the kernel host refused a call: {os.strerror(-status)}")
         ready, _, _ = select.select([self._clock], [], [], 0)
-        raw = os.read(self._clock, 8) if ready else b""
-        if len(raw) != 8:
+        raw = os.read(self._clock, 16) if ready else b""
+        if len(raw) != 16:
             raise ClockMismatch("the kernel's process answered a call without first reporting when it began")
-        (t0,) = struct.unpack("<q", raw)
-        if not sent <= t0 <= t1 <= came:
-            raise ClockMismatch(f"the kernel's process reported a call from {t0} to {t1} ns, outside the "
-                                f"judge's own reading of the clock ({sent} to {came} ns)")
+        read, t0 = struct.unpack("<qq", raw)
+        if not sent <= read <= t0 <= t1 <= came:
+            raise ClockMismatch(f"the kernel's process reported a call read at {read}, run from {t0} to {t1} "
+                                f"ns, outside the judge's own reading of the clock ({sent} to {came} ns)")
+        self._late = [*self._late[1 - _LATE_WINDOW:], read - sent]
+        self._took = [*self._took[1 - _LATE_WINDOW:], t1 - t0]
+        if len(self._late) == _LATE_WINDOW:
+            late, took = statistics.median(self._late) * 1e-9, statistics.median(self._took) * 1e-9
+            if late > max(_LATE_S, 0.25 * took):
+                raise ClockMismatch(
+                    f"the kernel's process began its calls late: {late * 1e6:.0f} us after they were sent "
+                    f"(the median of {_LATE_WINDOW}), against {took * 1e6:.0f} us a call: it was still busy "
+                    f"after it had answered (an answer sent early, the work finished after)")
         return (t1 - t0) * 1e-9
 
     def close(self) -> None:
