@@ -116,6 +116,11 @@ class Backend(abc.ABC):
     def check_available(cls) -> None:
         """Raise BackendUnavailable with a fix-it message if this backend cannot run here."""
 
+    @classmethod
+    def bench_env(cls, env: dict[str, str]) -> dict[str, str]:
+        """The environment of this backend's benchmark workers, given the allowlisted one."""
+        return env
+
     def render_context(self, op) -> dict[str, Any]:
         """Names the backend adds to a template's render context (e.g. `ctype`, `CORES`)."""
         return {}

@@ -74,6 +74,17 @@ class CpuBackend(Backend):
                 + "The cpu backend needs a C compiler with OpenMP: install gcc (e.g. "
                 "`apt-get install gcc`) or set CC to one")
 
+    @classmethod
+    def bench_env(cls, env: dict[str, str]) -> dict[str, str]:
+        """The judge's own OpenMP threads (torch's, checking results) sleep as soon as their work
+        is done instead of spinning on the cores the next kernel call is timed on (they slowed
+        calls right after a check); the kernel's host gets the user's policy back (cpu_host)."""
+        env = dict(env)
+        if "OMP_WAIT_POLICY" in env:
+            env["TUNER_KERNEL_OMP_WAIT_POLICY"] = env["OMP_WAIT_POLICY"]
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+        return env
+
     def render_context(self, op) -> dict[str, Any]:
         if op.spec.dtype not in CTYPES:
             raise BackendUnavailable(f"the cpu backend supports dtypes {', '.join(CTYPES)}, "

@@ -155,8 +155,12 @@ class Buffers:
 # ---- the host process -------------------------------------------------------------------------
 
 def _host_env() -> dict[str, str]:
-    """Empty but for the OpenMP runtime's settings (and where its libraries are)."""
-    return {k: v for k, v in os.environ.items() if _HOST_ENV.match(k)}
+    """Empty but for the OpenMP runtime's settings (and where its libraries are): the user's,
+    not the judge's own wait policy (CpuBackend.bench_env)."""
+    env = {k: v for k, v in os.environ.items() if _HOST_ENV.match(k) and k != "OMP_WAIT_POLICY"}
+    if "TUNER_KERNEL_OMP_WAIT_POLICY" in os.environ:
+        env["OMP_WAIT_POLICY"] = os.environ["TUNER_KERNEL_OMP_WAIT_POLICY"]
+    return env
 
 
 class HostKernel:

@@ -149,7 +149,9 @@ class Worker:
         env["MLIR_DISABLE_MULTITHREADING"] = "1"
         if self.nice:
             env["OMP_NUM_THREADS"] = "1"
-        return env
+            return env
+        from tuner.backends import backend_class
+        return backend_class(self.backend).bench_env(env)
 
     def call(self, method: str, timeout: float | None, **kwargs) -> Any:
         if self.proc is None or self.proc.poll() is not None:
