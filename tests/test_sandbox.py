@@ -128,3 +128,25 @@ def test_a_worker_writes_files_only_where_it_is_allowed(fast_settings, tmp_path)
     assert said.startswith("Landlock") == (state == "confined"), said
     if state == "confined":
         assert str((tmp_path / "w").resolve()) in said
+
+
+def test_a_worker_opens_no_internet_socket_even_without_a_namespace(fast_settings, tmp_path):
+    """The worker's seccomp filter refuses internet and raw sockets (EACCES) whatever the
+    namespace did, and says it holds."""
+    code = ("import socket, sys\nfrom tuner.exec.sandbox import restrict_syscalls\nsaid = restrict_syscalls()\n"
+            "out = []\nfor fam in (socket.AF_INET, socket.AF_INET6, socket.AF_UNIX):\n"
+            "    try:\n        socket.socket(fam, socket.SOCK_STREAM).close(); out.append('open')\n"
+            "    except OSError:\n        out.append('refused')\n"
+            "print('on' if said.startswith('on') else 'off', *out)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    state, inet, inet6, unix = out.stdout.split()
+    assert unix == "open"
+    assert (state, inet, inet6) in (("on", "refused", "refused"), ("off", "open", "open")), out.stdout
+    w = Worker("null", 0, {}, fast_settings, str(tmp_path / "w.log"))
+    try:
+        said = w.call("sandbox", timeout=60)["syscalls"]
+    finally:
+        w.close()
+    assert said.startswith("on") == (state == "on"), said

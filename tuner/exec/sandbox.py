@@ -16,6 +16,9 @@ depend on a static check of the code.
   any candidate code (no interface but a loopback that is down): no socket reaches anything.
   Where the kernel refuses (no CAP_SYS_ADMIN and no unprivileged user namespaces) it says why
   and the worker goes on without it.
+* `restrict_syscalls()`: a seccomp filter: no internet or raw socket (the network, also where
+  no namespace could be had) and no access to another process's memory (process_vm_*). Exec
+  and fork stay: workers run compilers.
 * `confine_writes(dirs)`: Landlock: from then on the worker and everything it starts (the
   compilers) may create, write, truncate, rename or remove files only under `dirs` (the run
   folder, the caches, the temporary folder, /dev for device nodes). Root is confined too.
@@ -187,13 +190,60 @@ def write_dirs(run_dir: str | None, settings=None) -> list[str]:
     return out
 
 
-def sandbox_facts(network: str, writes: str, device: str = "") -> str:
+def sandbox_facts(network: str, writes: str, syscalls: str = "", device: str = "") -> str:
     """One line for a record's toolchain: which of the sandbox's parts held in this worker (and,
     from the device, in the processes that run its kernels). "MISSING" or "not confined" marks
     what did not hold here (the run summary lists them)."""
     return "; ".join(x for x in (
         "environment: allowlist", f"network: {network}", f"file writes: {writes}",
-        "limits: memory, CPU time, file size", device) if x)
+        f"worker seccomp: {syscalls}" if syscalls else "", "limits: memory, CPU time, file size", device) if x)
+
+
+# seccomp for a worker: sockets of the internet and raw packets refused (the network where no
+# namespace could be had, and in depth where it could), and reading or writing another
+# process's memory. Not exec or fork: workers run compilers. Per architecture: its audit value,
+# then socket, process_vm_readv, process_vm_writev.
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 310, 311), "aarch64": (0xC00000B7, 198, 270, 271)}
+_NET_FAMILIES = (2, 10, 17)  # AF_INET, AF_INET6, AF_PACKET
+
+
+def restrict_syscalls() -> str:
+    """Install this worker's seccomp filter (inherited by everything it starts). Returns what
+    held, in words. Must run before any thread starts."""
+    import platform
+    if not sys.platform.startswith("linux"):
+        return f"not confined ({sys.platform} has no seccomp)"
+    arch = _SECCOMP_ARCH.get(platform.machine())
+    if arch is None:
+        return f"not confined (no filter written for {platform.machine()})"
+    audit, nr_socket, nr_vm_read, nr_vm_write = arch
+    ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
+    allow, deny = 0x7FFF0000, 0x00050000  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO
+    eacces, eperm = 13, 1
+    prog = [(ld, 0, 0, 4),                       # arch
+            (jeq, 1, 0, audit), (ret, 0, 0, deny | eperm),
+            (ld, 0, 0, 0),                       # nr
+            (jeq, 0, 1 + 2 * len(_NET_FAMILIES) + 1, nr_socket), (ld, 0, 0, 16)]  # args[0]: the family
+    for fam in _NET_FAMILIES:
+        prog += [(jeq, 0, 1, fam), (ret, 0, 0, deny | eacces)]
+    prog += [(ret, 0, 0, allow),
+             (jeq, 0, 1, nr_vm_read), (ret, 0, 0, deny | eperm),
+             (jeq, 0, 1, nr_vm_write), (ret, 0, 0, deny | eperm),
+             (ret, 0, 0, allow)]
+    if platform.machine() == "x86_64":  # x32 system call numbers: refused
+        prog[4:4] = [(0x35, 0, 1, 0x40000000), (ret, 0, 0, deny | eperm)]  # BPF_JMP|BPF_JGE|BPF_K
+    filt = (ctypes.c_uint8 * (8 * len(prog)))()
+    for i, (code, jt, jf, k) in enumerate(prog):
+        struct.pack_into("<HBBI", filt, 8 * i, code, jt, jf, k)
+
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    fprog = Fprog(len(prog), ctypes.addressof(filt))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        return f"not confined (seccomp: {os.strerror(ctypes.get_errno())})"
+    return "on (internet sockets, other processes' memory refused)"
 
 
 def missing(facts: str) -> list[str]:

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner.backends.base import OUTSIDE_SIGNALS
-from tuner.exec.sandbox import confine_writes, isolate_network, sandbox_facts, worker_env, write_dirs
+from tuner.exec.sandbox import (confine_writes, isolate_network, restrict_syscalls, sandbox_facts, worker_env,
+                                write_dirs)
 
 
 class WorkerFailure(Exception):
@@ -307,6 +308,7 @@ def main() -> None:
     why_not = UNCONFINED_WRITES.get(init["backend"])  # also before any thread starts:
     writes = (f"not confined ({why_not})" if why_not else
               confine_writes([*init["write_dirs"], *EXTRA_WRITE_DIRS.get(init["backend"], ())]))
+    syscalls = restrict_syscalls()  # and this
     _die_with_parent(parent)
     _limit(init["memory_bytes"], init["file_bytes"])
     if init.get("nice"):
@@ -354,7 +356,7 @@ def main() -> None:
                         _dump_profile(prof, profile_dir)
             elif method == "device_info":  # with what this process's sandbox could do (run.json, records)
                 value = backend.device_info()
-                facts = sandbox_facts(network, writes, backend.sandbox())
+                facts = sandbox_facts(network, writes, syscalls, backend.sandbox())
                 value = dataclasses.replace(value, toolchain=(*value.toolchain, ("sandbox", facts)))
             elif method == "time_reference":
                 value = m.time_reference(backend, kw["spec"], kw["settings"])
@@ -370,7 +372,7 @@ def main() -> None:
             elif method == "ping":
                 value = os.getpid()
             elif method == "sandbox":
-                value = {"network": network, "writes": writes}
+                value = {"network": network, "writes": writes, "syscalls": syscalls}
             elif method == "warm":
                 backend.warm()
                 value = os.getpid()
