@@ -174,3 +174,28 @@ def test_a_worker_whose_parent_died_while_it_started_exits():
         assert child.wait(timeout=60) == 1
     finally:
         child.kill()
+
+
+def test_a_kernel_that_ignores_parameters_constant_at_init_is_wrong(fast_settings, tmp_path):
+    """A LayerNorm's weight is ones and its bias zeros at init: verified with those, a kernel
+    that ignores both passed, and its export was wrong with real weights. Each verification set
+    now draws the parameters anew (the reference with the same values)."""
+    from tests.conftest import FIXTURES
+    from tuner.core.ops import load_op
+    from tuner.core.problem import spec_from_problem_file
+    from tuner.core.skeleton import load_skeleton
+    from tuner.core.values import Status
+    from tuner.exec.evaluate import Evaluator
+    kb = FIXTURES / "kernelbench"
+    spec = spec_from_problem_file(kb / "layernorm.py")
+    op = load_op(spec)
+    x, w, b = op.make_inputs(3)
+    assert not bool((w == 1).all()) and not bool((b == 0).all())
+    sk = load_skeleton(kb / "layernorm.c.j2", kb / "layernorm.yaml")
+    ev = Evaluator("cpu", spec, sk, fast_settings, tmp_path)
+    try:
+        ev.start()
+        statuses = {c["AFFINE"]: ev.evaluate(c).status for c in sk.space.configs()}
+    finally:
+        ev.close()
+    assert statuses == {True: Status.OK, False: Status.WRONG_RESULT}, statuses

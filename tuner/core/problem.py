@@ -1,6 +1,8 @@
 """KernelBench-format problem files as ops: a module with `class Model`, `get_inputs()` and
 `get_init_inputs()`, its module-level integer constants the sizes (overridable). The reference
-is `Model.forward` in float64; the kernel receives the inputs, then the Model's parameters.
+is `Model.forward` in float64; the kernel receives the inputs, then the Model's parameters and
+buffers, which each verification set draws anew around their values at init (`redrawn`): a
+kernel that ignores a weight that happens to be all ones at init fails.
 
 The file is imported in a bounded time (a file that loops at import is refused), in a child
 process first (one that kills or ends the process at import is refused), and every way
@@ -212,10 +214,11 @@ def _problem_op(spec: OpSpec) -> Op:
 
     def make(seed: int, device=None) -> list:
         # get_inputs draws on the host (moved where asked after), seeded without changing the
-        # caller's random state: `tuner.runtime` makes inputs in the user's own process.
+        # caller's random state: `tuner.runtime` makes inputs in the user's own process. The
+        # parameters and buffers are drawn anew for each seed too (`redrawn`).
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # a GPU's generators too (a get_inputs that draws there)
-            xs = [cast(x) for x in module.get_inputs()] + [cast(t.clone()) for _, t in params]
+            xs = [cast(x) for x in module.get_inputs()] + [cast(redrawn(t)) for _, t in params]
         return [x.to(device) if device is not None and isinstance(x, torch.Tensor) else x for x in xs]
 
     try:
@@ -247,15 +250,18 @@ def _problem_op(spec: OpSpec) -> Op:
             on_device[key] = copy.deepcopy(model).to(dev)
         return on_device[key]
 
-    def ref(xs):  # parameters come from the model itself; the kernel receives them as inputs
+    param_names = [n for n, _ in params]
+
+    def ref(xs):  # with the parameters and buffers the kernel receives (after the inputs)
         with torch.no_grad():
-            return as_list(on_inputs_device(model64, xs)(*xs[:n_in]))
+            if not params:
+                return as_list(on_inputs_device(model64, xs)(*xs[:n_in]))
+            return as_list(torch.func.functional_call(on_inputs_device(model64, xs),
+                                                      dict(zip(param_names, xs[n_in:])), tuple(xs[:n_in])))
 
     def impl(xs):
         with torch.no_grad():
             return as_list(on_inputs_device(model_dt, xs)(*xs[:n_in]))
-
-    param_names = [n for n, _ in params]
 
     def call(xs):  # the caller's parameters, not the model's own (`Op.torch_call`)
         with torch.no_grad():
@@ -302,6 +308,24 @@ def _problem_op(spec: OpSpec) -> Op:
         o.numel() * DTYPE_BYTES[spec.dtype] for o in outs)
     return Op(spec, names, tuple(f"out{i}" for i in range(len(outs))), make, ref, impl,
               flops, float(moved), TOLERANCE[spec.dtype], call if params else None)
+
+
+def redrawn(t):
+    """A parameter or buffer drawn anew around its values at init, for one verification set:
+    every finite entry scaled by a random factor in [1/2, 2] and moved up by a random amount of
+    up to a tenth of the tensor's typical size. A value that is constant at init (LayerNorm's
+    weight of ones, a bias of zeros) is so no more, so a kernel that ignores it fails; signs
+    are kept and a non-negative tensor stays positive (a running variance stays a variance);
+    entries that are not finite (a mask of -inf) and integer tensors are kept as they are."""
+    import torch
+    if not t.is_floating_point():
+        return t.clone()
+    x = t.detach().double()
+    finite = torch.isfinite(x)
+    scale = float(x[finite].abs().mean()) if bool(finite.any()) else 1.0
+    factor = torch.exp2(torch.rand(x.shape, dtype=torch.float64) * 2 - 1)
+    shift = torch.rand(x.shape, dtype=torch.float64) * 0.1 * (scale if scale > 0 else 1.0)
+    return torch.where(finite, x * factor + shift, x).to(t.dtype)
 
 
 def _check_deterministic(spec: OpSpec, ref, sample: list, first: list) -> None:
