@@ -67,6 +67,12 @@ class CpuBackend(Backend):
 
     @classmethod
     def check_available(cls) -> None:
+        import sys
+        if not sys.platform.startswith("linux"):
+            raise BackendUnavailable(
+                f"the cpu backend runs each kernel in a sandboxed host process that needs Linux "
+                f"(shared memory files, seccomp); this is {sys.platform}. Run it on a Linux machine "
+                f"(a container or VM will do)")
         if compiler() is None:
             cc = os.environ.get("CC")
             raise BackendUnavailable(
