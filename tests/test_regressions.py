@@ -199,3 +199,34 @@ def test_a_kernel_that_ignores_parameters_constant_at_init_is_wrong(fast_setting
     finally:
         ev.close()
     assert statuses == {True: Status.OK, False: Status.WRONG_RESULT}, statuses
+
+
+def test_a_c_kernel_calling_an_undeclared_function_is_told_so_with_its_line(tmp_path):
+    """It was reported as "no exported tuner_kernel entry: undefined symbol: max" (the
+    compiler's warning, with its line, was dropped); now the compiler refuses it and says where."""
+    from tuner.backends.cpu import CpuBackend
+    from tuner.core.ops import builtin_spec
+    from tuner.core.values import Status
+    src = ("void tuner_kernel(const float *x, float *y) {\n"
+           "  for (long i = 0; i < 4; i++)\n"
+           "    y[i] = max(x[i], 0.0f);\n"
+           "}\n")
+    build = CpuBackend(0).compile(src, builtin_spec("softmax", "2x2"), str(tmp_path), 60)
+    assert build.status is Status.COMPILE_ERROR
+    assert "implicit declaration of function 'max'" in build.error and ":3:" in build.error, build.error
+
+
+def test_a_compilers_own_diagnostics_reach_the_compile_error():
+    """MLIR prints the failing op with its location to stderr; the exception only says
+    "PassManager::run failed". What native code writes to fd 2 during a compile is kept."""
+    import os
+
+    from tuner.backends.base import CapturedStderr, with_diagnostics
+    try:
+        with CapturedStderr() as captured:
+            os.write(2, b'loc("kernel.py":12:5): error: \'tt.dot\' op operand #0 must be a tensor\nunrelated\n')
+            raise RuntimeError("PassManager::run failed")
+    except RuntimeError as e:
+        said = with_diagnostics(f"compile error: {e}", captured)
+    assert said.startswith("compile error: PassManager::run failed")
+    assert 'kernel.py":12:5): error: \'tt.dot\'' in said and "unrelated" not in said

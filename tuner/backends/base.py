@@ -36,6 +36,8 @@ from __future__ import annotations
 import abc
 import functools
 import json
+import os
+import re
 import signal
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -230,6 +232,51 @@ def _arg_specs(op: OpSpec):
     """Per op, once per process: a compile worker serves every config (and a sweep's ops)."""
     from tuner.core.ops import arg_specs, load_op
     return arg_specs(load_op(op))
+
+
+class CapturedStderr:
+    """What native code wrote to this process's stderr (fd 2) inside the `with` block: MLIR's
+    diagnostics (the failing op, with its location in the kernel's source) go there, not into
+    the Python exception, which only says "PassManager::run failed". The text is also passed
+    on to the real stderr (the workers' log) afterwards. `diagnostics()`: its lines that name
+    an error or a location, for a compile error's excerpt."""
+
+    LIMIT = 1 << 20  # bytes kept
+
+    def __init__(self):
+        self.text = ""
+
+    def __enter__(self) -> "CapturedStderr":
+        import sys
+        import tempfile
+        sys.stderr.flush()
+        self._file = tempfile.TemporaryFile()
+        self._saved = os.dup(2)
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import sys
+        sys.stderr.flush()
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._file.seek(0)
+        data = self._file.read(self.LIMIT)
+        self._file.close()
+        if data:
+            os.write(2, data)
+        self.text = data.decode(errors="replace")
+
+    def diagnostics(self, lines: int = 12) -> str:
+        keep = [ln.rstrip() for ln in self.text.splitlines()
+                if re.search(r"error|:\d+:\d+|^\s*\^|note:", ln, re.I) and "Warning" not in ln]
+        return "\n".join(keep[:lines])
+
+
+def with_diagnostics(excerpt: str, captured: "CapturedStderr", limit: int = 2000) -> str:
+    """A compile error's excerpt with the compiler's own diagnostics after it, when it printed any."""
+    diag = captured.diagnostics()
+    return (f"{excerpt}\ncompiler diagnostics:\n{diag}" if diag else excerpt)[:limit]
 
 
 _DISK_FULL = ("No space left on device", "Disk quota exceeded")

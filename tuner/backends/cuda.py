@@ -41,7 +41,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tuner.backends.base import BackendUnavailable, measured_peaks, meta_args, raise_if_disk_full
+from tuner.backends.base import (BackendUnavailable, CapturedStderr, measured_peaks, meta_args, raise_if_disk_full,
+                                 with_diagnostics)
 from tuner.backends.triton_device import TritonDevice
 from tuner.backends.triton_source import load_module, use_cache, warm_launch
 from tuner.codecheck import Forbidden, require_clean
@@ -192,11 +193,13 @@ class CudaBackend(TritonDevice):
                          binary_hash=digest)
         use_cache(path)
         try:
-            module = load_module(path, f"tuner_triton_{digest}")
-            kernels = self._warm(module, op)
+            with CapturedStderr() as captured:  # MLIR's diagnostics: the op and line that failed
+                module = load_module(path, f"tuner_triton_{digest}")
+                kernels = self._warm(module, op)
         except Exception as e:
             raise_if_disk_full(e, "Triton's compile and cache")  # the disk, not the config
-            return Build(Status.COMPILE_ERROR, error=_excerpt(e), compile_s=time.monotonic() - t0)
+            return Build(Status.COMPILE_ERROR, error=with_diagnostics(_excerpt(e), captured),
+                         compile_s=time.monotonic() - t0)
         dt = time.monotonic() - t0
         if not kernels:
             return Build(Status.COMPILE_ERROR, compile_s=dt,

@@ -53,7 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.backends.base import BackendUnavailable, measured_peaks, meta_args, raise_if_disk_full
+from tuner.backends.base import (BackendUnavailable, CapturedStderr, measured_peaks, meta_args, raise_if_disk_full,
+                                 with_diagnostics)
 from tuner.backends.triton_device import TritonDevice
 from tuner.backends.triton_source import load_module, use_cache, warm_launch
 from tuner.codecheck import Forbidden, require_clean
@@ -464,11 +465,12 @@ class NpuBackend(TritonDevice):
         use_cache(path)
         os.environ.setdefault("ENABLE_PRINT_UB_BITS", "1")  # the backend records metadata["required_ub_bits"]
         try:
-            module = load_module(path, f"tuner_ascend_{digest}", "triton_ascend")
-            kernels = self._warm(module, op)
+            with CapturedStderr() as captured:  # MLIR's and bishengir's diagnostics
+                module = load_module(path, f"tuner_ascend_{digest}", "triton_ascend")
+                kernels = self._warm(module, op)
         except Exception as e:  # MLIRCompilationError and any other compile failure
             raise_if_disk_full(e, "Triton's compile and cache")  # the disk, not the config
-            return Build(Status.COMPILE_ERROR, error=compile_excerpt(_exc_text(e)),
+            return Build(Status.COMPILE_ERROR, error=with_diagnostics(compile_excerpt(_exc_text(e)), captured),
                          compile_s=time.monotonic() - t0)
         dt = time.monotonic() - t0
         if not kernels:
