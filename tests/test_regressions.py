@@ -230,3 +230,22 @@ def test_a_compilers_own_diagnostics_reach_the_compile_error():
         said = with_diagnostics(f"compile error: {e}", captured)
     assert said.startswith("compile error: PassManager::run failed")
     assert 'kernel.py":12:5): error: \'tt.dot\'' in said and "unrelated" not in said
+
+
+def test_the_roofline_holds_an_op_to_the_bound_that_binds():
+    """A matmul whose bytes take longer than its FLOPs at the measured peaks (a skinny shape)
+    is held to bandwidth, and one whose FLOPs take longer to the FLOP rate, whatever its
+    FLOPs per byte; the percent is the bound's time over the time taken."""
+    from tuner.core.ops import ceiling
+    peaks = {"copy_gbps": 100.0, "fp32_gflops": 1000.0}
+    # 5 flops a byte, under this device's ridge (1000 / 100 = 10): memory-bound.
+    skinny = ceiling(flops=5e8, nbytes=1e8, seconds=2e-3, dtype="fp32", peaks=peaks)
+    assert skinny["unit"] == "GB/s" and abs(skinny["percent"] - 50.0) < 1e-9
+    # 100 flops a byte: compute-bound.
+    square = ceiling(flops=1e10, nbytes=1e8, seconds=2e-2, dtype="fp32", peaks=peaks)
+    assert square["unit"] == "GFLOP/s" and abs(square["percent"] - 50.0) < 1e-9
+    # 5 flops a byte on a device whose ridge is at 2: compute-bound (the old rule said memory).
+    slow_fpu = ceiling(flops=5e8, nbytes=1e8, seconds=1e-2, dtype="fp32", peaks={"copy_gbps": 100.0,
+                                                                            "fp32_gflops": 200.0})
+    assert slow_fpu["unit"] == "GFLOP/s"
+    assert ceiling(flops=None, nbytes=1e8, seconds=1e-3, dtype="fp32", peaks={}) is None

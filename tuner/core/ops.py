@@ -350,21 +350,25 @@ def dtype_label(dtype, op_dtype: str) -> str:
 
 def ceiling(flops: float | None, nbytes: float, seconds: float, dtype: str,
             peaks: dict[str, float]) -> dict | None:
-    """Where a time sits under the roofline: compute-bound ops (more than 20 flops per byte
-    moved, a matmul) against the device's matmul rate for this dtype (`<dtype>_gflops`, else
-    fp32's), the rest against the measured copy bandwidth. `value` is the peak, `achieved`
-    the op's rate. None when the device reports neither peak."""
-    if flops and nbytes and flops / nbytes > 20:
-        key = f"{dtype}_gflops" if peaks.get(f"{dtype}_gflops") else "fp32_gflops"
-        if peaks.get(key):
-            rate = flops / seconds / 1e9
-            return {"what": f"{key.split('_')[0]} matmul rate (measured)", "value": peaks[key],
-                    "achieved": rate, "unit": "GFLOP/s", "percent": 100 * rate / peaks[key]}
+    """Where a time sits under the roofline, against the bound that binds: the op's FLOPs at the
+    device's matmul rate for this dtype (`<dtype>_gflops`, else fp32's) or its bytes at the
+    measured copy bandwidth, whichever takes longer (a GEMM that is memory-bound at its shape is
+    held to bandwidth, a small-K one no longer to a FLOP rate it could never reach). `value` is
+    the peak, `achieved` the op's rate, `percent` the bound's time over the time taken. None
+    when the device reports neither peak."""
+    bounds = []
+    key = f"{dtype}_gflops" if peaks.get(f"{dtype}_gflops") else "fp32_gflops"
+    if flops and peaks.get(key):
+        rate = flops / seconds / 1e9
+        bounds.append((flops / (peaks[key] * 1e9), {
+            "what": f"{key.split('_')[0]} matmul rate (measured)", "value": peaks[key], "achieved": rate,
+            "unit": "GFLOP/s", "percent": 100 * rate / peaks[key]}))
     if peaks.get("copy_gbps") and nbytes:
         rate = nbytes / seconds / 1e9
-        return {"what": "copy bandwidth (measured)", "value": peaks["copy_gbps"], "achieved": rate,
-                "unit": "GB/s", "percent": 100 * rate / peaks["copy_gbps"]}
-    return None
+        bounds.append((nbytes / (peaks["copy_gbps"] * 1e9), {
+            "what": "copy bandwidth (measured)", "value": peaks["copy_gbps"], "achieved": rate,
+            "unit": "GB/s", "percent": 100 * rate / peaks["copy_gbps"]}))
+    return max(bounds, key=lambda b: b[0])[1] if bounds else None
 
 
 def render_context(op: Op) -> dict[str, Any]:
