@@ -60,7 +60,12 @@ def test_feedback_contents():
     assert inv["count"] == 2 and inv["required"] == [131072, 262144] and inv["available"] == 49152
     assert fb.invalid == 2 and fb.evaluated == 24 and abs(fb.invalid_share - 2 / 26) < 1e-9
     assert {"param": "BM", "value": 256, "side": "high", "low": 16, "high": 256} in fb.edges
-    assert {e["param"] for e in fb.edges} == {"BM", "W"}  # W=1 is the low edge; ONLINE is not ordered
+    # W=1 is its low edge, but a count goes no lower: no hint to widen it; ONLINE is not ordered.
+    assert {e["param"] for e in fb.edges} == {"BM"}
+    # Where the constraints force BM=256 (one step in is invalid), widening is no hint either.
+    forced = build_feedback(landscape(), SPACE, nbytes=1e6, k=3,
+                            check=lambda c: "constraint failed: BM >= N" if c["BM"] < 256 else None)
+    assert forced.edges == ()
     imp = dict(fb.importance)
     assert set(imp) == {"BM", "W"} and imp["BM"] > imp["W"]  # ONLINE never varied among passing configs
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from tuner.core.ops import ceiling
 from tuner.core.space import Space
-from tuner.core.values import Record, Status
+from tuner.core.values import Config, Record, Status
 
 MIN_IMPORTANCE_TRIALS = 8  # fewer passing configs than this say nothing reliable
 
@@ -87,7 +87,9 @@ def signature(text: str) -> str:
 def build_feedback(records: list[Record], space: Space, *, flops: float | None = None,
                    nbytes: float = 0.0, peaks: dict[str, float] | None = None, dtype: str = "fp32",
                    reference_s: float | None = None, round: int = 1, skeleton_hash: str = "",
-                   k: int = 5) -> Feedback:
+                   k: int = 5, check=None) -> Feedback:
+    """`check`: config -> why it is invalid at this op and device, or None (Space.check with the
+    run's context): edge hints leave out values the constraints force."""
     latest: dict[str, Record] = {}
     for r in records:  # a later record of a config (a failed winner re-check) supersedes
         latest[r.config.key] = r
@@ -103,7 +105,7 @@ def build_feedback(records: list[Record], space: Space, *, flops: float | None =
             entry["speedup"] = round_(reference_s / r.seconds, 3)
         best.append(entry)
     failures = _group_failures([r for r in recs if r.status not in (Status.OK, Status.INFRA_ERROR)])
-    edges = _edges(space, ok[0]) if ok else []
+    edges = _edges(space, ok[0], check) if ok else []
     importance, notes = _importance(space, ok)
     return Feedback(round=round, skeleton_hash=skeleton_hash, space_size=space.size,
                     evaluated=sum(r.status is not Status.INVALID for r in recs),
@@ -140,7 +142,11 @@ def _group_failures(failed: list[Record]) -> list[dict[str, Any]]:
     return sorted(groups.values(), key=lambda g: (g["status"] == "INVALID", -g["count"]))
 
 
-def _edges(space: Space, best: Record) -> list[dict[str, Any]]:
+def _edges(space: Space, best: Record, check=None) -> list[dict[str, Any]]:
+    """Ordered params whose best value is an end of their range, where widening could move it:
+    not an integer at 1 or less on the low side (a count or a switch goes no lower), and not a
+    value the constraints force (with `check`, config -> why it is invalid or None: one step
+    inward, the other params kept, is invalid)."""
     out = []
     cfg = best.config.as_dict()
     for p in space.params:
@@ -148,6 +154,12 @@ def _edges(space: Space, best: Record) -> list[dict[str, Any]]:
             continue
         vals = sorted(p.values)
         v = cfg[p.name]
+        if v == vals[0] and isinstance(v, int) and not isinstance(v, bool) and v <= 1:
+            continue
+        if v in (vals[0], vals[-1]) and check is not None:
+            why = check(Config.of({**cfg, p.name: vals[1] if v == vals[0] else vals[-2]}))
+            if why and not why.startswith("expression error"):  # forced here, not chosen
+                continue
         if v in (vals[0], vals[-1]):
             out.append({"param": p.name, "value": v, "side": "low" if v == vals[0] else "high",
                         "low": vals[0], "high": vals[-1]})
@@ -262,8 +274,18 @@ def feedback_for_run(store) -> Feedback:
     summary = store.read_json("summary.json") or {}
     op = load_op(store.op_spec())
     peaks = dict(meta.device.peaks) if meta.device else {}
+    try:  # the context the run's formulas saw (the backend adds CORES, ctype, ...)
+        from tuner.backends import get_backend
+        from tuner.core.ops import render_context
+        backend = get_backend(meta.backend, 0, **dict(meta.backend_options or {}))
+        context, limits = {**render_context(op), **backend.render_context(op)}, backend.limits()
+
+        def check(config):
+            return skeleton.space.check(config, context, limits)
+    except Exception:  # noqa: BLE001 - no backend here: hints are then not filtered by it
+        check = None
     fb = build_feedback(store.records(), skeleton.space, flops=op.flops, nbytes=op.bytes, peaks=peaks,
-                        dtype=op.spec.dtype,
+                        dtype=op.spec.dtype, check=check,
                         reference_s=(summary.get("reference") or {}).get("median_s"),
                         round=skeleton.round or 1, skeleton_hash=skeleton.hash)
     flags = tuple(f"{flag}: the machine was busy, so these times and speedups may be off"
