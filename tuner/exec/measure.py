@@ -556,14 +556,16 @@ def _history(backend, kernel, op: Op, rotation: _Rotation, median: float) -> str
     call finds where the last one left it) is fast only on the rotation's, and one that skips
     work here too is wrong here (raises Caught). Pooled seeds would not do: the rotation's
     inputs come from the pool, and a cache keyed by their contents would hit here too."""
-    times = []
     where = backend.data_device()
+    sets = []  # all made before any is timed: a reference computed just before a call slowed it
     for _ in range(_FRESH_CALLS):
         xs = op.make_inputs(_rng.randrange(1, 2**31), where)  # made once: they are not kept
         ref = _reference_of(op, xs)
         if where is None:
             xs, ref = [backend.to_device(x) for x in xs], [backend.to_device(r) for r in ref]
-        fresh = _BufferSet(backend, op, xs, ref)
+        sets.append(_BufferSet(backend, op, xs, ref))
+    times = []
+    for fresh in sets:
         times.append(backend.time_call(lambda: backend.launch(kernel, fresh.args)))
         why, _, _ = fresh.verdict()
         if why:
