@@ -13,12 +13,15 @@ A candidate's fault is always a Record; only faults of the tool raise.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from tuner import __version__
 from tuner.backends import get_backend
 from tuner.core.ops import load_op, render_context
 from tuner.core.settings import Settings
@@ -28,6 +31,8 @@ from tuner.exec.runner import LocalRunner, Placement, Runner
 from tuner.exec.worker import WorkerFailure
 
 T = TypeVar("T")
+
+REFERENCE_TTL_S = 6 * 3600.0  # a cached reference timing older than this is timed again
 
 
 class Evaluator:
@@ -66,6 +71,7 @@ class Evaluator:
         self.reference_retimed = False  # re-timed interleaved with the top configs (pick_winner)
         self.memcheck_result = "not run"  # the winner under the device's memory checker (pick_winner)
         self.reference_done: float | None = None  # time.monotonic() when it was timed
+        self.reference_cached = ""  # when the samples came from the cache: when they were timed
         self._reference_thread: threading.Thread | None = None  # see start(wait=False)
         self._reference_error: BaseException | None = None
 
@@ -115,10 +121,44 @@ class Evaluator:
             raise self._reference_error
 
     def _take_reference(self) -> None:
-        samples = self._time_reference()
+        """The reference's samples: timed, or taken from the cache of an earlier timing of the
+        same reference on the same device, toolchain and timing settings within
+        REFERENCE_TTL_S (a run's rounds, a proposer's validation and the search after it, the
+        runs of a sweep or of a user's loop time it once). The final speedup never rests on a
+        cached figure: `pick_winner` re-times the reference interleaved with the winner."""
+        path = self._reference_cache_path()
+        samples = _read_cached_reference(path)
+        if samples is None:
+            samples = self._time_reference()
+            _write_cached_reference(path, samples)
+            self.reference_cached = ""
+        else:
+            self.reference_cached = time.strftime("%Y-%m-%dT%H:%M:%S%z",
+                                                  time.localtime(path.stat().st_mtime))
         self.reference_samples = samples
         self.reference_s = sorted(samples)[len(samples) // 2]
         self.reference_done = time.monotonic()
+
+    def _reference_cache_path(self) -> Path | None:
+        """Where this reference's timing is cached, keyed by everything that changes it: the
+        op (a problem file by its content, not its path), the device and its toolchain, the
+        backend's options and the timing settings. None without device facts to key it by."""
+        info = self.device_info
+        if info is None or not self.settings.cache_dir:
+            return None
+        spec = self.spec.to_json()
+        if self.spec.kind != "builtin":
+            try:
+                spec["source"] = hashlib.sha256(Path(self.spec.source).read_bytes()).hexdigest()
+            except OSError:
+                return None
+        s = self.settings
+        tools = [t for t in info.toolchain if t[0] != "sandbox"]  # names this run's folders
+        key = json.dumps([__version__, self.backend_name, info.name, tools, spec,
+                          {k: v for k, v in self.options.items() if k not in ("op", "cache_dir")},
+                          [s.bench_budget_s, s.warmup_s, s.min_reps, s.max_reps, s.precision]],
+                         sort_keys=True, default=str)
+        return Path(s.cache_dir) / "reference" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
 
     def _device_info(self) -> DeviceInfo:
         return self._device("device_info", 600, "device_info")
@@ -307,6 +347,34 @@ class Evaluator:
         return Record(op_key=self.spec.key, skeleton_hash=self.skeleton.hash, config=config,
                       build=build, measurement=meas, device=info.name if info else self.backend_name,
                       toolchain=info.toolchain if info else (), time=time.time(), trial=trial)
+
+
+def _read_cached_reference(path: Path | None) -> list[float] | None:
+    """The cached samples, or None when absent, stale or unreadable (then it is timed)."""
+    if path is None:
+        return None
+    try:
+        if time.time() - path.stat().st_mtime > REFERENCE_TTL_S:
+            return None
+        samples = json.loads(path.read_text())["samples"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not (isinstance(samples, list) and samples
+            and all(isinstance(x, (int, float)) and x > 0 for x in samples)):
+        return None
+    return [float(x) for x in samples]
+
+
+def _write_cached_reference(path: Path | None, samples: list[float]) -> None:
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(json.dumps({"samples": samples}))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache that cannot be written only costs the next run a timing
 
 
 def artifact_in(run_dir: str | Path, artifact: str) -> str:

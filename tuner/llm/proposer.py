@@ -23,6 +23,7 @@ import dataclasses
 import os
 import random
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,9 @@ class RoundContext:
     round: int = 1
     budget: int = 40  # the round's search budget (the prompt mentions it)
     seed: int = 0
+    # Builds the Evaluator that checks replies (the Evaluator signature): the round's own
+    # workers, so that checks and the search after them share warm processes.
+    make_evaluator: Any = None
 
 
 @dataclass
@@ -251,20 +255,34 @@ def cover(space, kit: PromptKit, rng: random.Random, exclude: set[str], tries: i
 
 
 def verify(sk: Skeleton, validator: Evaluator, configs: list[Config], n_random: int,
-           rng: random.Random) -> list[Record]:
-    """Compile, verify and time the default and `n_random` of the other configs."""
+           rng: random.Random, phases: dict[str, float] | None = None) -> list[Record]:
+    """Compile, verify and time the default and `n_random` of the other configs, all at once
+    (their compiles run in parallel; timings take the device one at a time). A failure is
+    reported for the first failing config in that order (the default first). `phases`, when
+    given, gets the unix times at which the default's compile ended and the first config was
+    timed."""
+    from concurrent.futures import ThreadPoolExecutor
     picks = [configs[0]] + rng.sample(configs[1:], min(n_random, len(configs) - 1))
-    records: list[Record] = []
-    for i, c in enumerate(picks):
-        rec = validator.evaluate(c)
-        records.append(rec)
+
+    def one(c: Config) -> tuple[float, Record]:
+        return time.time(), validator.evaluate(c)
+    with ThreadPoolExecutor(max_workers=len(picks), thread_name_prefix="verify") as pool:
+        done = list(pool.map(one, picks))
+    records = [rec for _, rec in done]
+    if phases is not None:
+        began, first = done[0]
+        phases["compiled"] = began + first.build.compile_s
+        timed = [rec.time for rec in records if rec.status is Status.OK]
+        if timed:
+            phases["first_timed"] = min(timed)
+    for i, (c, rec) in enumerate(zip(picks, records)):
         if rec.status in _FAIL or (i == 0 and rec.status is not Status.OK):
             reason = rec.reason.strip() or rec.status.value
             source = sk.render(c, validator.context)
             line = _line_of(reason) if rec.status in (Status.COMPILE_ERROR, Status.RUNTIME_ERROR) else 0
             which = "the default config" if i == 0 else "a config that your space allows"
             raise Rejection(_KIND.get(rec.status, rec.status.value), f"{which} failed: {reason}",
-                            line, _text(source, line), "rendered source", c, tuple(records))
+                            line, _text(source, line), "rendered source", c, tuple(records[:i + 1]))
     return records
 
 
@@ -286,13 +304,15 @@ class LLMProposer(Proposer):
             self.validator = None
 
     def _validator(self, ctx: RoundContext) -> Evaluator:
-        """One Evaluator for the whole run (one compile worker: checks run one at a time). It
-        also measures the device and the reference that the prompts describe."""
+        """One Evaluator for the whole run. It also measures the device and the reference that
+        the prompts describe; its compile workers start (and, where the backend allows, compile
+        a first kernel) meanwhile, so that they are warm when the first reply comes."""
         if self.validator is None:
             language = get_backend(ctx.backend).language
             placeholder = Skeleton("", Space((Param("unset", (0,)),)), language, name="(none yet)")
-            self.validator = Evaluator(ctx.backend, ctx.spec, placeholder,
-                                       ctx.settings.replace(compile_workers=1), ctx.rundir / "validate")
+            self.validator = (ctx.make_evaluator or Evaluator)(ctx.backend, ctx.spec, placeholder,
+                                                               ctx.settings, ctx.rundir / "validate")
+            self.validator.warm_up()
             self.validator.start()
         return self.validator
 
@@ -330,19 +350,24 @@ class LLMProposer(Proposer):
                 cand: dict[str, Any] = {"index": i, "attempts": []}
                 report["candidates"].append(cand)
                 chain, call = list(messages), first.call_id
+                replied = time.time()
                 for attempt in range(self.repairs + 1):
+                    phases = {"reply": replied}
                     try:
                         space_text, template = extract(text, finish)
                         sk, configs = check_candidate(space_text, template, kit, rng, name)
+                        phases["checked"] = time.time()
                         sk = dataclasses.replace(sk, round=r, parent=parent)
                         if sk.hash == parent:
                             raise Rejection("unchanged", f"this is the skeleton that round {r - 1} "
                                             "searched; change the template or the space as the "
                                             "feedback suggests")
                         validator.skeleton = sk
-                        records = verify(sk, validator, configs, self.validate_configs, rng)
+                        records = verify(sk, validator, configs, self.validate_configs, rng, phases)
+                        phases["validated"] = time.time()
                     except Rejection as rej:
-                        cand["attempts"].append({"call": call, "verdict": "rejected", **rej.to_json()})
+                        cand["attempts"].append({"call": call, "verdict": "rejected", **rej.to_json(),
+                                                 "phases": _phases(phases, time.time())})
                         if attempt == self.repairs:
                             cand["error"] = f"{rej.kind}: {rej.message}"
                             break
@@ -352,10 +377,12 @@ class LLMProposer(Proposer):
                                              attempt + 1, self.repairs)]
                         res = self.client.chat(f"r{r:02d}-c{i}-fix{attempt + 1}", chain, meta={**meta, "candidate": i})
                         text, finish, call = res.texts[0], res.finish_reasons[0], res.call_id
+                        replied = time.time()
                         continue
                     score = min((x.seconds for x in records if x.status is Status.OK), default=float("inf"))
                     cand["attempts"].append({"call": call, "verdict": "accepted", "hash": sk.hash,
-                                             "score_s": score, "records": [x.to_json() for x in records]})
+                                             "score_s": score, "records": [x.to_json() for x in records],
+                                             "replied": replied, "phases": _phases(phases)})
                     accepted.append((score, i, sk, space_text, records))
                     break
         except LLMBudgetExhausted as e:
@@ -368,8 +395,21 @@ class LLMProposer(Proposer):
             return Proposal(None, report=report, error=f"no valid skeleton after {self.repairs} "
                             f"repair attempts per candidate; last: {errors[-1] if errors else '?'}")
         score, i, sk, space_text, records = min(accepted, key=lambda a: (a[0], a[1]))
-        report.update(status="accepted", chosen=i, hash=sk.hash, score_s=score)
+        chosen = report["candidates"][i - 1]["attempts"][-1]
+        report.update(status="accepted", chosen=i, hash=sk.hash, score_s=score,
+                      replied=chosen["replied"], phases=chosen["phases"])
         return Proposal(sk, space_text, records, report)
+
+
+def _phases(times: dict[str, float], rejected: float | None = None) -> dict[str, float]:
+    """Seconds from the reply to each phase it reached: checked (static checks passed),
+    compiled (the default config's compile ended), first_timed (a config was timed),
+    validated (every check config done); `rejected` when it was turned down."""
+    t0 = times["reply"]
+    out = {k: round(v - t0, 3) for k, v in times.items() if k != "reply"}
+    if rejected is not None:
+        out["rejected"] = round(rejected - t0, 3)
+    return out
 
 
 def openai_meta(config: LLMConfig, candidates: int = 1, repairs: int = 3, validate_configs: int = 2,

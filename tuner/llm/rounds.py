@@ -4,6 +4,7 @@ from the best configs so far. Each round is a whole run directory under rounds/N
 
 from __future__ import annotations
 
+import functools
 import random
 import shutil
 import time
@@ -15,12 +16,13 @@ from tuner.core.settings import Settings
 from tuner.core.skeleton import Skeleton
 from tuner.core.values import Config, OpSpec, RunMeta
 from tuner.exec.evaluate import Evaluator
+from tuner.exec.runner import WorkerPools
 from tuner.llm.client import LLMBudgetExhausted, transcript_usage
 from tuner.llm.feedback import Feedback, feedback_for_run, render
 from tuner.llm.prompt import space_yaml
 from tuner.llm.proposer import Proposal, ProposerError, RoundContext
 from tuner.run.store import Store
-from tuner.run.tune import QuietView, create_run, execute, keep_problem
+from tuner.run.tune import QuietView, create_run, execute, keep_problem, with_backend_options
 
 
 def create_rounds_run(settings: Settings, spec: OpSpec, backend: str, proposer: dict, rounds: int,
@@ -69,6 +71,14 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
     done: list[RoundResult] = []
     stopped = ""
     who = (meta.proposer.get("llm") or {}).get("model") or meta.proposer.get("kind", "the proposer")
+    pools = None
+    if make_evaluator is None:
+        # One set of worker processes for the whole run: the proposer's checks and every
+        # round's search use them, started once and kept warm (a fresh set per round and per
+        # check cost seconds of process start, imports and a first compile each time).
+        pools = WorkerPools(settings, store.path / "workers.log")
+        make_evaluator = functools.partial(Evaluator, runner=pools.runner)
+    make_evaluator = with_backend_options(make_evaluator, meta.backend_options, meta.devices or None)
     try:
         for r in range(1, meta.rounds + 1):
             rstore = Store(store.path / "rounds" / f"{r:02d}")
@@ -80,7 +90,7 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
                                             f"in {rstore.path / 'proposal.json'})")
                     stopped = f"round {r}: {previous.get('error', 'no valid skeleton')}"
                     break
-                ctx = RoundContext(spec, backend, settings, store.path, r, budget, meta.seed)
+                ctx = RoundContext(spec, backend, settings, store.path, r, budget, meta.seed, make_evaluator)
                 start = store.read_json("start/skeleton.json") if r == 1 else None
                 try:
                     if start is not None:
@@ -124,8 +134,10 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
             fb_json = rstore.read_json("feedback.json")
             if fb_json is None:
                 view.note(f"round {r}: searching {sk.space.size} configs…")
-                execute(rstore, settings, budget, time_budget_s, parallel, view, seeds=_seeds(done),
-                        make_evaluator=make_evaluator)
+                began = time.time()
+                summ = execute(rstore, settings, budget, time_budget_s, parallel, view, seeds=_seeds(done),
+                               make_evaluator=make_evaluator)
+                _keep_phases(rstore, began, summ)
                 fb = feedback_for_run(rstore)
                 rstore.write_text("feedback.txt", render(fb))
                 rstore.write_json("feedback.json", fb.to_json())
@@ -134,7 +146,24 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
             done.append(RoundResult(r, sk, space_text, rstore.read_json("summary.json") or {}, fb))
     finally:
         proposer.close()
+        if pools is not None:
+            pools.close()
     return _finish_rounds(store, done, stopped)
+
+
+def _keep_phases(rstore: Store, began: float, summary: dict) -> None:
+    """Add the search's phases to the round's proposal.json, in seconds from the accepted
+    reply: search_first_timed (the search's first evaluation) and done (winner named)."""
+    proposal = rstore.read_json("proposal.json") or {}
+    replied = proposal.get("replied")
+    if not replied:
+        return  # the round searched a given skeleton: no reply to count from
+    phases = dict(proposal.get("phases") or {})
+    first = (summary.get("timeline") or {}).get("first_evaluation_s")
+    if first is not None:
+        phases["search_first_timed"] = round(began + first - replied, 3)
+    phases["done"] = round(time.time() - replied, 3)
+    rstore.write_json("proposal.json", {**proposal, "phases": phases})
 
 
 def _seeds(done: list[RoundResult], k: int = 5) -> tuple[Config, ...]:
@@ -172,7 +201,7 @@ def _finish_rounds(store: Store, done: list[RoundResult], stopped: str) -> dict:
                        "candidates": len(proposal.get("candidates", [])), "attempts": attempts,
                        "space_size": d.skeleton.space.size, "evaluations": d.summary.get("evaluations"),
                        "invalid": d.summary.get("invalid"), "best_s": best.get("median_s"),
-                       "best_config": best.get("config"),
+                       "best_config": best.get("config"), "phases": proposal.get("phases"),
                        "tokens": transcript_usage(llm_dir, f"r{d.round:02d}-").to_json()})
     base = dict((winner or done[-1]).summary)
     base.update({"rounds": rounds, "winner_round": winner.round if winner else None, "lineage": lineage,

@@ -278,6 +278,7 @@ def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s:
                       else "torch " + ("eager" if meta.op.kind == "builtin" else "Model.forward"),
                       "median_s": ref_s, "iqr_s": _iqr(evaluator.reference_samples),
                       "interleaved": evaluator.reference_retimed,
+                      "cached_from": getattr(evaluator, "reference_cached", ""),
                       "samples": evaluator.reference_samples[:200]},
         "flops": op.flops, "bytes": op.bytes, "best": None,
     }
