@@ -194,6 +194,8 @@ default: {CHUNK: 1024, THREADS: 1}
     assert "class Model" in first and "void tuner_kernel(const float *in0, float *out0)" in first
     assert "#include <stdio.h>" in last_user(reqs[1]) and "Offending line 1" in last_user(reqs[1])
     assert "compile error" in last_user(reqs[2]) and "undeclared_thing" in last_user(reqs[2])
+    # The compiler's line in the rendered source, traced back to the template's own line.
+    assert "It comes from line 6 of your template:\n\n            for (long i = c;" in last_user(reqs[2])
     run = only_run(runs)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["best"] is not None and len(summary["rounds"]) == 1

@@ -372,12 +372,27 @@ def ceiling(flops: float | None, nbytes: float, seconds: float, dtype: str,
 
 
 def render_context(op: Op) -> dict[str, Any]:
-    """What a template and a space may read of the op: its sizes and dtype facts."""
+    """What a template and a space may read of the op: its sizes and dtype facts, and for a
+    problem file each input's and output's actual extents (`in0_dim1`, `out0_dim0`, ...): a
+    file's sizes need not be the inputs' dims (a shape it derives, a dim it writes as a
+    number), and a kernel written against the dims stays right whatever the file does."""
     ctx: dict[str, Any] = dict(op.sizes)
     ctx["DTYPE_BYTES"] = DTYPE_BYTES[op.spec.dtype]
     ctx["dtype"] = op.spec.dtype
     ctx["op"] = op.spec.name
+    if op.spec.kind != "builtin":
+        ctx.update(dims_context(op))
     return ctx
+
+
+def dims_context(op: Op) -> dict[str, int]:
+    ins, outs = arg_specs(op)
+    out: dict[str, int] = {}
+    for names, specs in ((op.input_names, ins), (op.output_names, outs)):
+        for name, (shape, _) in zip(names, specs):
+            for d, extent in enumerate(shape):
+                out[f"{name}_dim{d}"] = int(extent)
+    return {k: v for k, v in out.items() if k not in op.sizes}
 
 
 def check_fits(op: Op, memory_bytes: int | None = None) -> None:

@@ -105,10 +105,14 @@ def _import_problem(path: Path, overrides: dict[str, int]):
     if spec is None or spec.loader is None:
         raise OpError(f"{path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
+    code, computed = _with_sizes(path, overrides) if overrides else (None, {})
     try:
         with _time_limit(IMPORT_TIMEOUT_S, f"{path}: importing it took more than "
                          f"{IMPORT_TIMEOUT_S:g} s (does it loop or wait at import?)"):
-            spec.loader.exec_module(module)
+            if code is None:
+                spec.loader.exec_module(module)
+            else:
+                exec(code, module.__dict__)  # noqa: S102 - the user's own problem file
     except OpError:
         raise
     except BaseException as e:  # a user file may raise anything, SystemExit included
@@ -121,11 +125,50 @@ def _import_problem(path: Path, overrides: dict[str, int]):
                           f"get_inputs() and get_init_inputs(); {attr} is missing")
     sizes = _module_sizes(module)
     for k, v in overrides.items():
+        if sizes.get(k) == v:
+            continue
         if k not in sizes:
             raise OpError(f"{path}: no module-level integer {k!r} to override; "
                           f"it has {', '.join(sorted(sizes)) or 'none'}")
-        setattr(module, k, v)
+        if k in computed:
+            line, text = computed[k]
+            raise OpError(f"{path}:{line}: {k} is set by `{text}`, not as a number of its own, so "
+                          f"--size {k}={v} cannot set it: override the sizes it comes from, or write "
+                          f"it as `{k} = <number>` in one place")
+        raise OpError(f"{path}: {k} is {sizes[k]} after the import, not the {v} asked for: the file "
+                      f"sets it again after its `{k} = <number>` (or not at the top level); set it in "
+                      f"one place")
     return module
+
+
+def _with_sizes(path: Path, overrides: dict[str, int]):
+    """(the file's code with each overridden size's own assignment, `batch_size = 16` at the
+    top level, set to the new value, {size: (line, text)} of those it computes instead). What
+    the file derives from a size at import (`input_shape = (batch_size, dim)`) then follows
+    it, as if the file said the new value: setting it after the import would leave those at
+    the old value, and the prompt and the inputs would disagree. A computed size keeps its
+    assignment; asked for a value it does not come to, the import refuses (_import_problem)."""
+    import ast
+    source = path.read_text(errors="replace")
+    try:
+        tree = ast.parse(source, str(path))
+    except SyntaxError as e:
+        raise OpError(f"{path}:{e.lineno}: not valid Python: {e.msg}") from None
+    computed: dict[str, tuple[int, str]] = {}
+    for node in tree.body:
+        targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
+                   if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+        for name in overrides:
+            if not any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                continue
+            value = getattr(node, "value", None)
+            if (isinstance(node, ast.AugAssign) or len(targets) != 1
+                    or not (isinstance(value, ast.Constant) and type(value.value) is int)):
+                text = (ast.get_source_segment(source, node) or name).strip().splitlines()[0][:80]
+                computed[name] = (node.lineno, text)
+                continue
+            node.value = ast.copy_location(ast.Constant(overrides[name]), value)
+    return compile(tree, str(path), "exec"), computed
 
 
 def _module_sizes(module) -> dict[str, int]:
@@ -155,33 +198,33 @@ def size_positions(path: str | Path, sizes: dict[str, int]) -> dict[str, tuple[i
     get_inputs() runs with torch's default device set to meta: shapes only, no data drawn."""
     import torch
 
-    module = _import_problem(Path(path), sizes)
-
-    def shapes() -> list:
-        with torch.random.fork_rng(devices=[]), torch.device("meta"):
-            xs = module.get_inputs()
+    def shapes(values: dict[str, int]) -> list:
+        module = _import_problem(Path(path), values)  # what the file derives follows too
+        try:
+            with torch.random.fork_rng(devices=[]), torch.device("meta"):
+                xs = module.get_inputs()
+        finally:
+            sys.modules.pop(module.__name__, None)
         return [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in xs]
 
     try:
-        base = shapes()
+        base = shapes(sizes)
+        _, computed = _with_sizes(Path(path), sizes)
+        own = {k: v for k, v in sizes.items() if k not in computed}  # those computed follow these
         out: dict[str, tuple[int, int]] = {}
-        for name, v in sizes.items():
-            setattr(module, name, 2 * v)
-            try:
-                moved = shapes()
-            finally:
-                setattr(module, name, v)
+        for name, v in own.items():
+            moved = shapes({**own, name: 2 * v})
             for i, (a, b) in enumerate(zip(base, moved)):
                 hit = [d for d in range(len(a)) if a[d] == v and b[d] == 2 * v] \
                     if a is not None and b is not None and len(a) == len(b) else []
                 if hit:
                     out[name] = (i, hit[0])
                     break
+    except OpError:
+        raise
     except Exception as e:  # noqa: BLE001 - a get_inputs that cannot run on meta tensors
         raise OpError(f"{path}: get_inputs() could not be run for its shapes alone ({type(e).__name__}: "
                       f"{e})") from None
-    finally:
-        sys.modules.pop(module.__name__, None)
     return out
 
 

@@ -284,3 +284,57 @@ def load_skeleton(template_path: str | Path, space_path: str | Path, language: s
 
 __all__ = ["Skeleton", "SkeletonError", "SpaceError", "library_skeleton", "load_skeleton",
            "library_skeletons", "data_dir"]
+
+
+def template_line(template: str, rendered: str) -> tuple[int, str]:
+    """(line number, text) of the template line that rendered the line `rendered`, or (0, "")
+    when no single line can be named. Each template line is read as a pattern: its literal
+    text exactly, each {{ expression }} any text (leading and trailing blanks ignored, as
+    lstrip_blocks and indentation change them). Lines with only {% %} or {# #} render nothing.
+    Several lines of one text (a loop body written twice) count as one when they are alike."""
+    want = rendered.strip()
+    if not want:
+        return 0, ""
+    hits: list[tuple[int, str, int]] = []
+    for n, line in enumerate(template.splitlines(), 1):
+        text = line.strip()
+        parts = re.split(r"({{.*?}}|{%.*?%}|{#.*?#})", text)
+        literals = [q for q in parts if not q.startswith("{")]
+        if not "".join(literals).strip() and not any(q.startswith("{{") for q in parts):
+            continue  # renders nothing of its own
+        # Literal runs split by {{ }}: a glob with only '*', matched greedily (the leftmost
+        # place for each middle run is always right for such a pattern): linear, unlike a
+        # regex of many '.*?', which a line built for it can make take forever.
+        runs, cur = [], ""
+        for q in parts:
+            if q.startswith("{{"):
+                runs.append(cur)
+                cur = ""
+            elif not q.startswith("{"):
+                cur += q
+        runs.append(cur)
+        if _glob_match(runs, want):
+            hits.append((n, line.rstrip(), sum(len(r) for r in runs)))
+    if not hits:
+        return 0, ""
+    best = max(h[2] for h in hits)  # the most literal text matched: the most specific line
+    top = [h for h in hits if h[2] == best]
+    if len({h[1].strip() for h in top}) > 1:
+        return 0, ""
+    return top[0][0], top[0][1]
+
+
+def _glob_match(runs: list[str], text: str) -> bool:
+    """Whether `text` is runs[0] + anything + runs[1] + ... + anything + runs[-1]."""
+    if len(runs) == 1:
+        return text == runs[0]
+    head, tail = runs[0], runs[-1]
+    if not (text.startswith(head) and text.endswith(tail) and len(head) + len(tail) <= len(text)):
+        return False
+    i, end = len(head), len(text) - len(tail)
+    for r in runs[1:-1]:
+        j = text.find(r, i, end)
+        if j < 0:
+            return False
+        i = j + len(r)
+    return True

@@ -102,7 +102,9 @@ class PromptKit:
             overrides = ", ".join(f"{k}={v}" for k, v in spec.sizes)
             reference = (f"Reference: a KernelBench-format problem (`Model.forward`); its "
                          f"module-level sizes are set to {overrides}. The kernel's inputs are "
-                         f"`get_inputs()` followed by the model's parameters and buffers.\n\n"
+                         f"`get_inputs()` followed by the model's parameters and buffers. The "
+                         f"template and expressions can also name each input's and output's "
+                         f"extents as `<name>_dim<k>` (e.g. in0_dim1: dim 1 of in0).\n\n"
                          f"```python\n{text.rstrip()}\n```")
         ins, outs = arg_specs(op)
         inputs = ", ".join(f"{n} {list(shape)} {dtype_label(dt, spec.dtype)}"
@@ -175,11 +177,13 @@ class PromptKit:
         return [self.system(), {"role": "user", "content": user}]
 
     def repair(self, kind: str, message: str, line: int = 0, text: str = "", where: str = "",
-               config: dict | None = None, attempt: int = 1, attempts: int = 1) -> dict[str, str]:
+               config: dict | None = None, attempt: int = 1, attempts: int = 1,
+               template_line: int = 0, template_text: str = "") -> dict[str, str]:
         cfg = " ".join(f"{k}={v}" for k, v in config.items()) if config else ""
         return {"role": "user", "content": self.render(
             "repair.md", kind=kind, message=message.strip(), line=line, text=text.rstrip(),
-            where=where, config=cfg, attempt=attempt, attempts=attempts)}
+            where=where, config=cfg, attempt=attempt, attempts=attempts,
+            template_line=template_line, template_text=template_text.rstrip())}
 
 
 def space_yaml(skeleton: Skeleton) -> str:

@@ -33,7 +33,7 @@ import jinja2
 from tuner import codecheck
 from tuner.backends import get_backend
 from tuner.core.settings import Settings
-from tuner.core.skeleton import Skeleton, SkeletonError, library_skeleton
+from tuner.core.skeleton import Skeleton, SkeletonError, library_skeleton, template_line
 from tuner.core.space import Param, Space, SpaceError, parse_space
 from tuner.core.values import Config, OpSpec, Record, Status
 from tuner.exec.evaluate import Evaluator
@@ -54,14 +54,20 @@ class Rejection(Exception):
     """Why one reply's skeleton cannot be used, precise enough for the model to fix it."""
 
     def __init__(self, kind: str, message: str, line: int = 0, text: str = "", where: str = "",
-                 config: Config | None = None, records: tuple[Record, ...] = ()):
+                 config: Config | None = None, records: tuple[Record, ...] = (),
+                 template: str = ""):
         super().__init__(f"{kind}: {message}")
         self.kind, self.message, self.line, self.text, self.where = kind, message, line, text, where
         self.config, self.records = config, records
+        # A line of the rendered source, traced back to the template line that wrote it.
+        self.template_line, self.template_text = (
+            template_line(template, text) if template and where == "rendered source" else (0, ""))
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "message": self.message, "line": self.line, "text": self.text,
-                "where": self.where, "config": self.config.to_json() if self.config else None,
+                "where": self.where, "template_line": self.template_line,
+                "template_text": self.template_text,
+                "config": self.config.to_json() if self.config else None,
                 "records": [r.to_json() for r in self.records]}
 
 
@@ -230,7 +236,8 @@ def check_candidate(space_text: str, template: str, kit: PromptKit, rng: random.
         if findings:
             f = findings[0]
             more = f" ({len(findings) - 1} more: " + "; ".join(x.why for x in findings[1:4]) + ")" if len(findings) > 1 else ""
-            raise Rejection("forbidden code", f.why + more, f.line, f.text, "rendered source", c)
+            raise Rejection("forbidden code", f.why + more, f.line, f.text, "rendered source", c,
+                            template=template)
     return sk, configs
 
 
@@ -282,7 +289,8 @@ def verify(sk: Skeleton, validator: Evaluator, configs: list[Config], n_random: 
             line = _line_of(reason) if rec.status in (Status.COMPILE_ERROR, Status.RUNTIME_ERROR) else 0
             which = "the default config" if i == 0 else "a config that your space allows"
             raise Rejection(_KIND.get(rec.status, rec.status.value), f"{which} failed: {reason}",
-                            line, _text(source, line), "rendered source", c, tuple(records[:i + 1]))
+                            line, _text(source, line), "rendered source", c, tuple(records[:i + 1]),
+                            template=sk.template)
     return records
 
 
@@ -374,7 +382,8 @@ class LLMProposer(Proposer):
                         chain += [{"role": "assistant", "content": text},
                                   kit.repair(rej.kind, rej.message, rej.line, rej.text, rej.where,
                                              rej.config.as_dict() if rej.config else None,
-                                             attempt + 1, self.repairs)]
+                                             attempt + 1, self.repairs, rej.template_line,
+                                             rej.template_text)]
                         res = self.client.chat(f"r{r:02d}-c{i}-fix{attempt + 1}", chain, meta={**meta, "candidate": i})
                         text, finish, call = res.texts[0], res.finish_reasons[0], res.call_id
                         replied = time.time()

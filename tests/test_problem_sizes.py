@@ -1,0 +1,63 @@
+"""Sizes of a problem file are what they say: an override sets the size where the file writes
+it, so what the file derives from it at import follows; a size the file computes is refused
+with the line to change; templates can name the inputs' actual extents."""
+
+import pytest
+
+from tuner.core.op import OpError
+from tuner.core.ops import load_op, render_context
+from tuner.core.problem import size_positions, spec_from_problem_file
+
+PROBLEM = """import torch
+import torch.nn as nn
+
+batch_size = 8
+num_classes = 16
+input_shape = (num_classes,)
+hidden = 2 * num_classes
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=1)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, *input_shape)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.fixture
+def problem(tmp_path):
+    p = tmp_path / "derived.py"
+    p.write_text(PROBLEM)
+    return p
+
+
+def test_an_override_reaches_what_the_file_derives_from_the_size(problem):
+    spec = spec_from_problem_file(problem, "fp32", {"num_classes": 1024})
+    assert dict(spec.sizes) == {"batch_size": 8, "num_classes": 1024, "hidden": 2048}
+    op = load_op(spec)
+    assert [tuple(x.shape) for x in op.make_inputs(0)] == [(8, 1024)]
+    ctx = render_context(op)
+    assert ctx["in0_dim1"] == 1024 and ctx["out0_dim0"] == 8
+    assert size_positions(problem, dict(spec.sizes)) == {"batch_size": (0, 0), "num_classes": (0, 1)}
+
+
+def test_a_computed_size_is_refused_with_the_line_to_change(problem):
+    with pytest.raises(OpError, match=r"derived.py:7: hidden is set by `hidden = 2 \* num_classes`"):
+        spec_from_problem_file(problem, "fp32", {"hidden": 10})
+    # Asked for the value it comes to, it is no change at all.
+    assert dict(spec_from_problem_file(problem, "fp32", {"hidden": 32}).sizes)["hidden"] == 32
+
+
+def test_a_size_set_twice_or_missing_is_refused(problem):
+    problem.write_text(PROBLEM.replace("hidden = 2 * num_classes", "hidden = 2 * num_classes\nbatch_size += 1"))
+    with pytest.raises(OpError, match="batch_size is set by `batch_size \\+= 1`"):
+        spec_from_problem_file(problem, "fp32", {"batch_size": 4})
+    with pytest.raises(OpError, match="no module-level integer 'nope'"):
+        spec_from_problem_file(problem, "fp32", {"nope": 4})
