@@ -96,3 +96,55 @@ def test_later_record_of_a_config_supersedes():
 def test_signature_blanks_incidentals():
     assert signature("x.c:1:2: error: foo 12 at /a/b/c.c") == signature("x.c:9:7: error: foo 13 at /d/c.c")
     assert signature("note: x\nkernel.c:3:1: error: bar") == "kernel.c:N:N: error: bar"
+
+
+def test_retimed_figures_rank_first_and_are_the_ones_shown():
+    """The search's fastest alone (BM=256 W=1) lost the side-by-side re-timing to W=2: the
+    feedback ranks and shows the re-timed times, agreeing with the run's winner."""
+    retimed = [{"config": {"BM": 256, "W": 2, "ONLINE": False}, "median_s": 1.1e-3},
+               {"config": {"BM": 256, "W": 1, "ONLINE": False}, "median_s": 1.3e-3}]
+    fb = build_feedback(landscape(), SPACE, reference_s=2e-3, k=3, retimed=retimed)
+    assert [(b["config"]["W"], b["median_s"], b["timing"]) for b in fb.best] == [
+        (2, 1.1e-3, "re-timed side by side"), (1, 1.3e-3, "re-timed side by side"),
+        (4, fb.best[2]["median_s"], "search")]
+    assert fb.best[0]["speedup"] == round(2e-3 / 1.1e-3, 3)
+    text = render(fb)
+    assert "1.1 ms*" in text and "1.3 ms*" in text
+
+
+def test_a_structural_choice_shows_its_effect_even_where_importance_misses_it():
+    # ONLINE doubles the time of every config; W and noise dominate the spread otherwise.
+    recs = [rec({"BM": bm, "W": w, "ONLINE": on}, seconds=1e-3 * (2 if on else 1) * (1 + 3 * (w - 1) + 0.1 * (bm % 7)))
+            for bm in (16, 32, 64) for w in (1, 2, 4, 8) for on in (False, True)]
+    fb = build_feedback(recs, SPACE)
+    effects = {e["param"]: e for e in fb.effects}
+    assert effects["ONLINE"]["ratio"] == 2.0 and effects["ONLINE"]["fastest"] is False
+    assert effects["W"]["ratio"] > 20 and fb.effects[0]["param"] == "W"
+    assert "ONLINE: 2.00x (fastest with False, slowest with True" in render(fb)
+    assert Feedback.from_json(json.loads(json.dumps(fb.to_json()))) == fb
+
+
+def test_the_compilers_vectoriser_report_names_the_template_lines(tmp_path):
+    import shutil
+
+    import pytest
+
+    from tuner.backends.cpu import CpuBackend, compiler
+    from tuner.core.skeleton import Skeleton
+    from tuner.llm.feedback import _compiler_notes
+    if compiler() is None or "gcc" not in (shutil.which("gcc") or ""):
+        pytest.skip("needs gcc")
+    template = """#include <math.h>
+void tuner_kernel(const {{ ctype }} *x, {{ ctype }} *y) {
+  for (long r = 0; r < {{ rows }}; r++) {
+    {{ ctype }} m = -INFINITY;
+    for (long j = 0; j < {{ dim }}; j++) m = x[r * {{ dim }} + j] > m ? x[r * {{ dim }} + j] : m;
+    for (long j = 0; j < {{ dim }}; j++) y[r * {{ dim }} + j] = expf(x[r * {{ dim }} + j] - m);
+  }
+}
+"""
+    sk = Skeleton(template, parse_space("params:\n  U: [1]\n"), "c")
+    notes = _compiler_notes(CpuBackend(), sk, Config.of({"U": 1}), {"ctype": "float", "rows": 64, "dim": 1024},
+                            tmp_path)
+    assert notes and any(n.startswith("template line 3 `for (long r = 0; r < 64; r++) {`") for n in notes), notes
+    assert all(n.startswith(("template line", "rendered line")) for n in notes)

@@ -78,6 +78,11 @@ def test_rounds_share_warm_workers_and_record_their_phases(env, monkeypatch):  #
         assert all(0 <= phases[a] <= phases[b] for a, b in zip(order, order[1:])), phases
     summary = json.loads((run / "summary.json").read_text())
     assert [list(x["phases"]) for x in summary["rounds"]] == [order, order]
+    # The rounds' winners were re-timed side by side; the faster there is the winner.
+    side = {x["round"]: x["best_side_by_side_s"] for x in summary["rounds"]}
+    assert summary["winner_round"] == min(side, key=side.get)
+    assert summary["best"]["median_s"] == side[summary["winner_round"]]
+    assert "side by side" in summary["best"]["timing"] and summary["reference"]["interleaved"]
     # One set of workers for the checks and both searches, and the reference timed once (by
     # the checks; the rounds' searches found it cached).
     assert len(started) == Settings.from_env().n_compile_workers + 1

@@ -156,6 +156,13 @@ class Backend(abc.ABC):
     def warm(self) -> None:
         """Import what compiling needs (a compile worker started ahead of its first request)."""
 
+    def compiler_notes(self, source: str, workdir: str, timeout_s: float = 60.0) -> list[tuple[int, str]]:
+        """What the compiler says about how it compiled `source`'s loops, as (line of
+        `source`, message): for a kernel far below its roofline, the reasons its loops were not
+        vectorised. `source` already compiled as a candidate (same compiler, same flags), so
+        this is bounded as that was. None where the compiler has no such report."""
+        return []
+
     def data_device(self):
         """Where verification inputs and their float64 references are made and kept: a torch
         device that makes them fast (a GPU), or None to make them on the host and copy them

@@ -139,6 +139,36 @@ class CpuBackend(Backend):
         digest = hashlib.sha256(lib.read_bytes()).hexdigest()[:16]
         return Build(Status.OK, artifact=str(lib), compile_s=dt, binary_hash=digest)
 
+    def compiler_notes(self, source: str, workdir: str, timeout_s: float = 60.0) -> list[tuple[int, str]]:
+        """gcc's -fopt-info-vec-missed (clang's -Rpass-missed/-analysis=loop-vectorize) for
+        the kernel's own loops, one or two reasons per loop line, at most 12 lines."""
+        cc = compiler()
+        if cc is None:
+            return []
+        wd = Path(workdir)
+        wd.mkdir(parents=True, exist_ok=True)
+        (wd / "kernel.c").write_text(source)
+        try:
+            version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=10).stdout
+            clang = "clang" in version.lower()
+            report = (["-Rpass-missed=loop-vectorize", "-Rpass-analysis=loop-vectorize"] if clang
+                      else ["-fopt-info-vec-missed=vec.txt"])
+            flags = [f for f in CFLAGS if f != "-shared"]
+            proc = subprocess.run([cc, *flags, *report, "-c", "kernel.c", "-o", "kernel.o"], cwd=wd,
+                                  env={**os.environ, "LC_ALL": "C"}, capture_output=True, text=True,
+                                  timeout=timeout_s)
+            text = proc.stderr if clang else (wd / "vec.txt").read_text(errors="replace")
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        by_line: dict[int, list[str]] = {}
+        for m in re.finditer(r"^kernel\.c:(\d+):\d+: (?:missed|remark): (.*)$", text, re.M):
+            line, why = int(m.group(1)), m.group(2).strip()
+            why = re.sub(r"\s*\[-Rpass[^\]]*\]$", "", why)
+            seen = by_line.setdefault(line, [])
+            if why not in seen and len(seen) < 2:
+                seen.append(why)
+        return [(line, "; ".join(whys)) for line, whys in sorted(by_line.items())[:12]]
+
     def limits(self) -> dict[str, float]:
         return {}
 

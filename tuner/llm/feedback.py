@@ -51,6 +51,8 @@ class Feedback:
     importance: tuple[tuple[str, float], ...] = ()
     reference_s: float | None = None
     notes: tuple[str, ...] = field(default=())
+    effects: tuple[dict[str, Any], ...] = ()  # param, ratio, fastest, slowest (see _effects)
+    compiler_notes: tuple[str, ...] = ()  # what the compiler said of the best kernel's loops
 
     @property
     def invalid_share(self) -> float:
@@ -63,7 +65,8 @@ class Feedback:
                 "invalid_share": round(self.invalid_share, 4), "best": list(self.best),
                 "failures": list(self.failures), "edges": list(self.edges),
                 "importance": dict(self.importance), "reference_s": self.reference_s,
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "effects": list(self.effects),
+                "compiler_notes": list(self.compiler_notes)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Feedback":
@@ -71,7 +74,8 @@ class Feedback:
                    evaluated=d["evaluated"], invalid=d["invalid"], best=tuple(d.get("best", ())),
                    failures=tuple(d.get("failures", ())), edges=tuple(d.get("edges", ())),
                    importance=tuple(d.get("importance", {}).items()),
-                   reference_s=d.get("reference_s"), notes=tuple(d.get("notes", ())))
+                   reference_s=d.get("reference_s"), notes=tuple(d.get("notes", ())),
+                   effects=tuple(d.get("effects", ())), compiler_notes=tuple(d.get("compiler_notes", ())))
 
 
 def signature(text: str) -> str:
@@ -87,31 +91,39 @@ def signature(text: str) -> str:
 def build_feedback(records: list[Record], space: Space, *, flops: float | None = None,
                    nbytes: float = 0.0, peaks: dict[str, float] | None = None, dtype: str = "fp32",
                    reference_s: float | None = None, round: int = 1, skeleton_hash: str = "",
-                   k: int = 5, check=None) -> Feedback:
+                   k: int = 5, check=None, retimed: list[dict] | None = None) -> Feedback:
     """`check`: config -> why it is invalid at this op and device, or None (Space.check with the
-    run's context): edge hints leave out values the constraints force."""
+    run's context): edge hints leave out values the constraints force. `retimed`: the summary's
+    top configs as re-timed side by side ({config, median_s}), which rank first."""
     latest: dict[str, Record] = {}
     for r in records:  # a later record of a config (a failed winner re-check) supersedes
         latest[r.config.key] = r
     recs = list(latest.values())
     ok = sorted((r for r in recs if r.status is Status.OK), key=lambda r: r.seconds)
+    # The configs re-timed side by side come first, by those times; the rest by their
+    # search-time medians (each timed alone, at its own moment).
+    again = {Config.of(x["config"]).key: x["median_s"] for x in retimed or () if x.get("median_s")}
+    ranked = sorted((r for r in ok if r.config.key in again), key=lambda r: again[r.config.key])
+    ranked += [r for r in ok if r.config.key not in again]
     best = []
-    for r in ok[:k]:
-        entry: dict[str, Any] = {"config": r.config.to_json(), "median_s": r.seconds}
-        c = ceiling(flops, nbytes, r.seconds, dtype, peaks or {})
+    for r in ranked[:k]:
+        secs = again.get(r.config.key, r.seconds)
+        entry: dict[str, Any] = {"config": r.config.to_json(), "median_s": secs,
+                                 "timing": "re-timed side by side" if r.config.key in again else "search"}
+        c = ceiling(flops, nbytes, secs, dtype, peaks or {})
         if c:
             entry["percent"], entry["ceiling"] = round_(c["percent"], 2), c["what"]
         if reference_s:
-            entry["speedup"] = round_(reference_s / r.seconds, 3)
+            entry["speedup"] = round_(reference_s / secs, 3)
         best.append(entry)
     failures = _group_failures([r for r in recs if r.status not in (Status.OK, Status.INFRA_ERROR)])
-    edges = _edges(space, ok[0], check) if ok else []
+    edges = _edges(space, ranked[0], check) if ranked else []
     importance, notes = _importance(space, ok)
     return Feedback(round=round, skeleton_hash=skeleton_hash, space_size=space.size,
                     evaluated=sum(r.status is not Status.INVALID for r in recs),
                     invalid=sum(r.status is Status.INVALID for r in recs), best=tuple(best),
                     failures=tuple(failures), edges=tuple(edges), importance=tuple(importance),
-                    reference_s=reference_s, notes=tuple(notes))
+                    reference_s=reference_s, notes=tuple(notes), effects=tuple(_effects(space, ok)))
 
 
 def round_(x: float, digits: int) -> float:
@@ -191,6 +203,27 @@ def _importance(space: Space, ok: list[Record]) -> tuple[list[tuple[str, float]]
     return [(k, round_(float(v), 3)) for k, v in imp.items()], []
 
 
+def _effects(space: Space, ok: list[Record]) -> list[dict[str, Any]]:
+    """Per param with two or more values among the passing configs: the fastest config with
+    each value, and how much slower the slowest of those is than the fastest (`ratio`). What a
+    choice costs even with every other param at its best: a structural switch that matters
+    shows here as 2-4x although importance (a model fitted over all configs, where the other
+    params' noise dominates) may call it 0.00. Largest first."""
+    out = []
+    for p in space.params:
+        best: dict[str, tuple[float, Any]] = {}
+        for r in ok:
+            v = r.config.as_dict().get(p.name)
+            if repr(v) not in best or r.seconds < best[repr(v)][0]:
+                best[repr(v)] = (r.seconds, v)
+        if len(best) < 2:
+            continue
+        fast, slow = min(best.values(), key=lambda x: x[0]), max(best.values(), key=lambda x: x[0])
+        out.append({"param": p.name, "ratio": round_(slow[0] / fast[0], 3), "fastest": fast[1],
+                    "slowest": slow[1], "values": len(best)})
+    return sorted(out, key=lambda e: -e["ratio"])
+
+
 # ---- text ---------------------------------------------------------------------------------
 
 def fmt_s(s: float | None) -> str:
@@ -217,14 +250,17 @@ def render(fb: Feedback, max_groups: int = 8) -> str:
     if fb.reference_s:
         out.append(f"Reference (torch): {fmt_s(fb.reference_s)}.")
     if fb.best:
-        out.append("Best configs (median time, % of the roofline ceiling, speedup over the reference):")
+        out.append("Best configs (median time, % of the roofline ceiling, speedup over the reference; "
+                   "those marked * were re-timed side by side at the end, the rest are the search's "
+                   "times, each taken alone):")
         for i, b in enumerate(fb.best, 1):
             extra = ""
             if "percent" in b:
                 extra += f", {b['percent']:.1f}% of {b['ceiling']}"
             if "speedup" in b:
                 extra += f", {b['speedup']:.2f}x"
-            out.append(f"  {i}. {fmt_s(b['median_s'])}{extra}: {_cfg(b['config'])}")
+            mark = "*" if b.get("timing") == "re-timed side by side" else ""
+            out.append(f"  {i}. {fmt_s(b['median_s'])}{mark}{extra}: {_cfg(b['config'])}")
     else:
         out.append("No config passed verification.")
     fails = [f for f in fb.failures if f["status"] != "INVALID"]
@@ -261,6 +297,14 @@ def render(fb: Feedback, max_groups: int = 8) -> str:
     if fb.importance:
         out.append("Parameter importance for time among passing configs (Optuna, sums to 1): "
                    + ", ".join(f"{k} {v:.2f}" for k, v in fb.importance))
+    if fb.effects:
+        out.append("Effect of each param (the fastest passing config with each of its values; the "
+                   "slowest of those over the fastest; near 1.00x: the choice does not matter here):")
+        out.extend(f"  {e['param']}: {e['ratio']:.2f}x (fastest with {e['fastest']}, slowest with "
+                   f"{e['slowest']}; {e['values']} values seen)" for e in fb.effects)
+    if fb.compiler_notes:
+        out.append("What the compiler said about the fastest kernel's loops:")
+        out.extend(f"  {n}" for n in fb.compiler_notes)
     for n in fb.notes:
         out.append(f"Note: {n}")
     return "\n".join(out)
@@ -287,7 +331,38 @@ def feedback_for_run(store) -> Feedback:
     fb = build_feedback(store.records(), skeleton.space, flops=op.flops, nbytes=op.bytes, peaks=peaks,
                         dtype=op.spec.dtype, check=check,
                         reference_s=(summary.get("reference") or {}).get("median_s"),
-                        round=skeleton.round or 1, skeleton_hash=skeleton.hash)
+                        round=skeleton.round or 1, skeleton_hash=skeleton.hash,
+                        retimed=summary.get("retimed"))
     flags = tuple(f"{flag}: the machine was busy, so these times and speedups may be off"
                   for flag in summary.get("flags") or ())
-    return dataclasses.replace(fb, notes=(*fb.notes, *flags)) if flags else fb
+    if flags:
+        fb = dataclasses.replace(fb, notes=(*fb.notes, *flags))
+    if fb.best and check is not None and fb.best[0].get("percent", 100.0) < FAR_BELOW_PERCENT:
+        fb = dataclasses.replace(fb, compiler_notes=tuple(
+            _compiler_notes(backend, skeleton, Config.of(fb.best[0]["config"]), context, store.path)))
+    return fb
+
+
+FAR_BELOW_PERCENT = 50.0  # a best kernel under this % of its roofline gets the compiler's notes
+
+
+def _compiler_notes(backend, skeleton, config: Config, context: dict, run_dir) -> list[str]:
+    """The compiler's report on the best kernel's loops (Backend.compiler_notes), each line
+    traced to the template line that wrote it."""
+    import tempfile
+
+    from tuner.core.skeleton import SkeletonError, template_line
+    try:
+        source = skeleton.render(config, context)
+    except SkeletonError:
+        return []
+    with tempfile.TemporaryDirectory(prefix="notes-", dir=run_dir) as wd:
+        notes = backend.compiler_notes(source, wd)
+    lines = source.splitlines()
+    out = []
+    for n, why in notes:
+        text = lines[n - 1].strip() if 0 < n <= len(lines) else ""
+        t, _ = template_line(skeleton.template, text)
+        where = f"template line {t}" if t else f"rendered line {n}"
+        out.append(f"{where} `{text[:80]}`: {why[:300]}")
+    return out

@@ -12,17 +12,18 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tuner import __version__
+from tuner.core.ops import ceiling
 from tuner.core.settings import Settings
 from tuner.core.skeleton import Skeleton
-from tuner.core.values import Config, OpSpec, RunMeta
-from tuner.exec.evaluate import Evaluator
+from tuner.core.values import Config, OpSpec, RunMeta, Status
+from tuner.exec.evaluate import Evaluator, artifact_in
 from tuner.exec.runner import WorkerPools
 from tuner.llm.client import LLMBudgetExhausted, transcript_usage
 from tuner.llm.feedback import Feedback, feedback_for_run, render
 from tuner.llm.prompt import space_yaml
 from tuner.llm.proposer import Proposal, ProposerError, RoundContext
 from tuner.run.store import Store
-from tuner.run.tune import QuietView, create_run, execute, keep_problem, with_backend_options
+from tuner.run.tune import QuietView, _iqr, create_run, execute, keep_problem, with_backend_options
 
 
 def create_rounds_run(settings: Settings, spec: OpSpec, backend: str, proposer: dict, rounds: int,
@@ -144,11 +145,12 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
             else:
                 fb = Feedback.from_json(fb_json)
             done.append(RoundResult(r, sk, space_text, rstore.read_json("summary.json") or {}, fb))
+        side_by_side = _retime_winners(store, done, settings, make_evaluator, view)
     finally:
         proposer.close()
         if pools is not None:
             pools.close()
-    return _finish_rounds(store, done, stopped)
+    return _finish_rounds(store, done, stopped, side_by_side)
 
 
 def _keep_phases(rstore: Store, began: float, summary: dict) -> None:
@@ -177,13 +179,52 @@ def _seeds(done: list[RoundResult], k: int = 5) -> tuple[Config, ...]:
     return tuple(c for _, c in best[:k])
 
 
-def _finish_rounds(store: Store, done: list[RoundResult], stopped: str) -> dict:
+def _retime_winners(store: Store, done: list[RoundResult], settings: Settings, make_evaluator,
+                    view) -> dict | None:
+    """The rounds' winners re-timed side by side in one interleave with the reference: each
+    round's own figure was taken minutes apart from the others', on a machine whose speed
+    drifts. {round: samples, "reference": samples}, or None with fewer than two winners or
+    when the interleave failed (the rounds' own figures decide then)."""
+    import dataclasses
+    passed = [d for d in done if (d.summary.get("best") or {}).get("median_s")]
+    if len(passed) < 2:
+        return None
+    records = []
+    for d in passed:
+        rdir = store.path / "rounds" / f"{d.round:02d}"
+        key = Config.of(d.summary["best"]["config"]).key
+        rec = next((r for r in reversed(Store(rdir).records())
+                    if r.config.key == key and r.status is Status.OK and r.build.artifact), None)
+        if rec is None:
+            return None
+        art = artifact_in(rdir, rec.build.artifact)
+        records.append(dataclasses.replace(rec, build=dataclasses.replace(rec.build, artifact=art)))
+    view.note(f"re-timing the winners of rounds {', '.join(str(d.round) for d in passed)} side by side…")
+    ev = make_evaluator(store.meta().backend, store.op_spec(), passed[-1].skeleton, settings,
+                        store.path / "retime")
+    try:
+        samples = ev.retime(records, with_reference=True)
+    finally:
+        ev.close()
+    if not samples or any(isinstance(x, str) or not x for x in samples):
+        return None  # a winner that went wrong on re-timing is its round's record to show
+    out: dict = {d.round: list(x) for d, x in zip(passed, samples)}
+    out["reference"] = list(samples[-1])
+    return out
+
+
+def _finish_rounds(store: Store, done: list[RoundResult], stopped: str, side_by_side: dict | None = None) -> dict:
     import shutil
+    import statistics
 
     if not done:
         raise RuntimeError(f"{store.path}: no round ran")
     passed = [d for d in done if (d.summary.get("best") or {}).get("median_s")]
-    winner = min(passed, key=lambda d: d.summary["best"]["median_s"]) if passed else None
+    again = {r: statistics.median(x) for r, x in (side_by_side or {}).items() if r != "reference"}
+    if again:
+        winner = min((d for d in passed if d.round in again), key=lambda d: again[d.round])
+    else:
+        winner = min(passed, key=lambda d: d.summary["best"]["median_s"]) if passed else None
     by_hash = {d.skeleton.hash: d for d in done}
     lineage, cur = [], winner
     while cur is not None:
@@ -204,6 +245,27 @@ def _finish_rounds(store: Store, done: list[RoundResult], stopped: str) -> dict:
                        "best_config": best.get("config"), "phases": proposal.get("phases"),
                        "tokens": transcript_usage(llm_dir, f"r{d.round:02d}-").to_json()})
     base = dict((winner or done[-1]).summary)
+    if again and winner is not None:
+        # The winner's figures as re-timed beside the other rounds' winners and the reference.
+        t, ref = again[winner.round], statistics.median(side_by_side["reference"])
+        best = dict(base["best"])
+        best.update(median_s=t, samples=len(side_by_side[winner.round]), speedup_vs_reference=ref / t,
+                    gbps=(base.get("bytes") or 0) / t / 1e9,
+                    gflops=(base["flops"] / t / 1e9) if base.get("flops") else None,
+                    timing="re-timed side by side with the other rounds' winners and the reference")
+        best["iqr_s"] = _iqr(side_by_side[winner.round])
+        peaks = dict((base.get("device") or {}).get("peaks") or {})
+        c = ceiling(base.get("flops"), base.get("bytes") or 0.0, t, (base.get("op") or {}).get("dtype", "fp32"), peaks)
+        if c is not None:
+            if (base.get("device") or {}).get("simulated"):
+                c["what"] = c["what"].replace("(measured)", "(simulated)")
+            best["ceiling"] = c
+        base["best"] = best
+        base["reference"] = {**base.get("reference", {}), "median_s": ref, "interleaved": True,
+                             "iqr_s": _iqr(side_by_side["reference"]), "samples": side_by_side["reference"][:200]}
+        for r in rounds:
+            if r["round"] in again:
+                r["best_side_by_side_s"] = again[r["round"]]
     base.update({"rounds": rounds, "winner_round": winner.round if winner else None, "lineage": lineage,
                  "llm": transcript_usage(llm_dir).to_json(), "stopped": stopped,
                  "wall_s": round(sum(d.summary.get("wall_s", 0.0) for d in done), 2)})

@@ -238,6 +238,7 @@ def pick_winner(store: Store, evaluator: Evaluator, settings: Settings,
                                               r.measurement.max_rel_err, "re-timed interleaved with the top "
                                               f"{len(top)}"), r.device, r.toolchain, time.time(), r.trial))
         top = sorted(retimed, key=lambda r: r.seconds)
+        evaluator.retimed_top = top
     for r in top:
         why = evaluator.recheck(r)
         if why is None:
@@ -284,6 +285,11 @@ def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s:
     }
     if stopped:
         summary["search_stopped"] = stopped
+    # The top configs as re-timed side by side (the figures the winner was named by; the
+    # feedback ranks them by these, not by their search-time medians taken minutes apart).
+    summary["retimed"] = [{"config": r.config.to_json(), "median_s": r.seconds, "iqr_s": r.measurement.iqr,
+                           "samples": len(r.measurement.samples)}
+                          for r in getattr(evaluator, "retimed_top", ())]
     if winner is not None:
         t = winner.seconds
         best = {"config": winner.config.to_json(), "median_s": t, "iqr_s": winner.measurement.iqr,
