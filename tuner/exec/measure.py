@@ -300,6 +300,8 @@ class _BufferSet:
                 g.fence.read_only()
         # Made where the reference lives, so on the device: no host buffer copied over per check.
         self.outs = [_guarded(backend, r.shape, out_dtype(op, r), r.device) for r in ref_dev]
+        self.good: list | None = None  # outputs that passed the full check (see verdict)
+        self.good_err = (0.0, 0.0)
         self.poison()
         self.args = [g.view for g in self.inputs + self.outs]
 
@@ -318,13 +320,42 @@ class _BufferSet:
             g.view.fill_(p)
 
     def verdict(self, decoys: list | None = None) -> tuple[str | None, float, float]:
+        """Why the last call on this set did not do the work, or None; with the max abs and rel
+        error. Outputs bit-identical to ones this set's full check passed are the same right
+        answer to the same inputs: one comparison in the output dtype instead of a float64
+        pass (which cost ~0.15 s per check at 4M elements on a CPU: 26 s of a 36 s re-timing).
+        Anything else gets the full check."""
+        import torch
         try:
             touched = _untouched(self.op, self.pristine + self.ref)
             if touched:
                 return touched, 0.0, 0.0
-            return _verdict(self.op, self.pristine, self.ref, self.inputs, self.outs, self.poisons)
+            if self.good is not None:
+                why = _intact(self.op, self.pristine, self.inputs, self.outs)
+                if why is not None:
+                    return why, 0.0, 0.0
+                if all(torch.equal(g.view, k) for g, k in zip(self.outs, self.good)):
+                    return None, *self.good_err
+            out = _verdict(self.op, self.pristine, self.ref, self.inputs, self.outs, self.poisons)
+            if out[0] is None:
+                self.good, self.good_err = [g.view.clone() for g in self.outs], out[1:]
+            return out
         finally:
             self.poison(decoys)
+
+
+def _intact(op: Op, pristine: list, inputs: list, outs: list) -> str | None:
+    """Why the call wrote where it must not (guard bands, inputs), or None."""
+    import torch
+    names = [f"input {n}" for n in op.input_names] + [f"output {n}" for n in op.output_names]
+    for name, g in zip(names, inputs + outs):
+        stray = _stray_write(g, name)
+        if stray:
+            return f"the kernel wrote {stray}"
+    for name, x, g in zip(op.input_names, pristine, inputs):
+        if not torch.equal(g.view, x):  # on the device: no copy back
+            return f"the kernel wrote to its input {name}"
+    return None
 
 
 def _verdict(op: Op, pristine: list, ref_dev: list, inputs: list, outs: list,
@@ -332,17 +363,14 @@ def _verdict(op: Op, pristine: list, ref_dev: list, inputs: list, outs: list,
     """Why the outputs in `outs` are not `op`'s result on `pristine` (or the inputs or guard
     bands were written), or None; with the max abs and rel error."""
     import torch
-    names = [f"input {n}" for n in op.input_names] + [f"output {n}" for n in op.output_names]
-    for name, g in zip(names, inputs + outs):
-        stray = _stray_write(g, name)
-        if stray:
-            return f"the kernel wrote {stray}", 0.0, 0.0
+    why = _intact(op, pristine, inputs, outs)
+    if why is not None:
+        return why, 0.0, 0.0
     atol, rtol = op.tolerance
     max_abs = max_rel = 0.0
-    for name, x, g in zip(op.input_names, pristine, inputs):
-        if not torch.equal(g.view, x):  # on the device: no copy back
-            return f"the kernel wrote to its input {name}", 0.0, 0.0
-    for name, g, r, p in zip(op.output_names, outs, ref_dev, poisons):
+    slack = torch_slack(op, pristine, ref_dev)
+    for name, g, r, p, floor in zip(op.output_names, outs, ref_dev, poisons, slack):
+        atol = max(op.tolerance[0], floor)
         out = g.view
         o = out.double()  # compare where the output is, not on the host
         r = r if r.is_floating_point() else r.double()  # a bool reference cannot be subtracted
@@ -363,10 +391,41 @@ def _verdict(op: Op, pristine: list, ref_dev: list, inputs: list, outs: list,
             unwritten = int((out == p).logical_and(bad).sum()) if p is not None else 0
             note = (f"; {unwritten} still hold the value the buffer was filled with before the "
                     f"launch (never written)") if unwritten else ""
+            raised = (f", raised from {op.tolerance[0]:g} to {SLACK_FACTOR:g}x torch's own error in "
+                      f"{op.spec.dtype}") if atol > op.tolerance[0] else ""
             return (f"output {name}: {int(bad.sum())} of {o.numel()} elements off; first at {idx}: "
                     f"got {float(o[idx]):.6g}, expected {float(r[idx]):.6g} "
-                    f"(atol {atol:g}, rtol {rtol:g}){note}", max_abs, max_rel)
+                    f"(atol {atol:g}{raised}, rtol {rtol:g}){note}", max_abs, max_rel)
     return None, max_abs, max_rel
+
+
+SLACK_FACTOR = 8.0
+_slack: dict[str, list[float]] = {}
+
+
+def torch_slack(op: Op, pristine: list, ref: list) -> list[float]:
+    """Per output, the abs error a kernel is allowed besides the dtype's tolerance:
+    SLACK_FACTOR x the largest error of torch's own implementation in the op's dtype (what a
+    user runs today) against the float64 reference, measured once per op on a verification
+    set. A sum, a scan or a dot product over thousands of fp32 terms is off by more than the
+    fixed 1e-5 in places (cancellation), in torch as in any honest kernel; a kernel that
+    skips work, or computes in a narrower type to go faster, is off by orders more. 0 for
+    integer outputs, and where torch's implementation cannot run on these inputs."""
+    key = _op_key(op)
+    if key not in _slack:
+        import torch
+        out = [0.0] * len(op.output_names)
+        try:
+            with torch.no_grad():
+                got = (op.torch_call or op.torch_impl)([x.clone() for x in pristine])  # in-place ops
+            for i, (g, r) in enumerate(zip(got, ref)):
+                if r.is_floating_point() and g.shape == r.shape:
+                    err = (g.to(r.device, torch.float64) - r).abs().nan_to_num(0.0, 0.0, 0.0)
+                    out[i] = SLACK_FACTOR * float(err.max()) if err.numel() else 0.0
+        except Exception:  # noqa: BLE001 - a torch implementation that cannot run here
+            pass
+        _slack[key] = out
+    return _slack[key]
 
 
 class Caught(Exception):
