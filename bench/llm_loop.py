@@ -56,7 +56,7 @@ def one(problems: Path, name: str, args, sizes: dict[str, int], runs: Path) -> d
         cmd += ["--size", f"{k}={v}"]
     env = {**os.environ, "OPENAI_API_KEY": "unused-by-the-loopback-server", "NO_PROXY": "127.0.0.1,localhost"}
     t0 = time.monotonic()
-    with ScriptedServer([{"reply": reply}]) as srv:
+    with ScriptedServer([{"reply": reply, "delay": args.reply_delay}]) as srv:
         proc = subprocess.run([*cmd, "--llm-base-url", srv.base_url], capture_output=True, text=True,
                               env=env, cwd=ROOT, timeout=args.timeout)
     wall = time.monotonic() - t0
@@ -75,7 +75,10 @@ def one(problems: Path, name: str, args, sizes: dict[str, int], runs: Path) -> d
                evaluations=summary.get("evaluations"), config=best.get("config"),
                percent=(best.get("ceiling") or {}).get("percent"),
                ceiling=(best.get("ceiling") or {}).get("what"),
-               phases=proposal.get("phases") or {}, run=str(run))
+               phases=proposal.get("phases") or {}, run=str(run),
+               timeline=(json.loads((run / "rounds/01/summary.json").read_text()).get("timeline")),
+               record_times=[round(json.loads(ln)["time"] - proposal.get("replied", 0), 2)
+                             for ln in (run / "rounds/01/records.jsonl").read_text().splitlines() if ln])
     return row
 
 
@@ -108,6 +111,8 @@ def main() -> None:
     ap.add_argument("--dtype", default=None, help="fp32 on cpu, bf16 on cuda by default")
     ap.add_argument("--size", action="append", default=[], help="PROBLEM:NAME=VALUE")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reply-delay", type=float, default=0.0,
+                    help="seconds the loopback model takes to answer (a real one takes 10-60 s)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", default="")
     ap.add_argument("--keep", default="", help="keep the run folders under this folder")
@@ -136,8 +141,8 @@ def main() -> None:
             print(f"{name}…", file=sys.stderr, flush=True)
             rows.append(one(problems, name, args, overrides.get(name, {}), runs))
             print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
-    print(f"\n{args.backend}, {args.dtype}, budget {args.budget}, {time.strftime('%Y-%m-%d')}; phases in "
-          f"seconds from the model's reply\n")
+    print(f"\n{args.backend}, {args.dtype}, budget {args.budget}, the model's reply after "
+          f"{args.reply_delay:g} s, {time.strftime('%Y-%m-%d')}; phases in seconds from the reply\n")
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
