@@ -324,3 +324,67 @@ def test_npu_ceilings_are_measured_once_per_process_and_the_highest_is_kept(tmp_
     assert npu._cached_peaks("910B3|48", str(tmp_path), None) == {"copy_gbps": 1500.0, "fp16_gflops": 300000.0}
     saved = json.loads((tmp_path / "npu_peaks.json").read_text())["910B3|48"]
     assert saved == {"copy_gbps": 1500.0, "fp16_gflops": 300000.0} and len(calls) == 2
+
+
+def test_options_are_those_the_release_accepts():
+    """Names read from each release's NPUOptions: 3.2.0 (PyPI) rejects the newer names, 3.3+
+    dropped enable_linearize, and no release takes maxnreg."""
+    from tuner.backends.npu import accepted_options, release_key
+    assert release_key("3.2.0") == "3.2.0" and release_key("3.4.1+gitabc") == "3.3"
+    assert release_key("3.5.0") == "3.5" and release_key("3.7.0.dev1") == "3.5"
+    assert check_option("enable_ubuf_saving", True, "3.2.0").startswith("NPU compile option 'enable_ubuf_saving' "
+                                                                         "is not accepted by triton-ascend 3.2.0")
+    assert check_option("enable_ubuf_saving", True, "3.5") is None
+    assert check_option("enable_linearize", True, "3.2.0") is None
+    assert check_option("enable_linearize", True, "3.4.0") is not None
+    for name in ("auto_blockify_size", "enable_drop_unit_dims", "enable_flatten", "enable_auto_vectorize_v2",
+                 "disable_size_align_for_cast"):
+        assert name not in accepted_options("3.2.0") and name in accepted_options("main")
+    why = check_launch_options(KERNEL.format(opts="maxnreg=64"))
+    assert why is not None and "maxnreg" in why
+    why = check_launch_options(KERNEL.format(opts="enable_flatten=True"), "3.2.0")
+    assert "not accepted by triton-ascend 3.2.0" in why
+
+
+def test_cann_version_is_the_public_one_not_the_build_number(tmp_path, monkeypatch):
+    from tuner.backends.npu import parse_cann_version
+    assert parse_cann_version("runtime_running_version=[7.6.0.1.220:8.0.0]\n"
+                              "toolkit_installed_version=[7.6.0.1.220:8.0.0]\n") == "8.0.0"
+    assert parse_cann_version("version=8.3.RC1\n") == "8.3.RC1"
+    monkeypatch.setenv("ASCEND_HOME_PATH", str(tmp_path))
+    (tmp_path / "version.cfg").write_text("# version: 1.0\ntoolkit_installed_version=[7.6.0.1.220:8.0.0]\n")
+    if not Path("/usr/local/Ascend").exists():
+        assert cann_version() == "8.0.0"
+
+
+@pytest.mark.parametrize("soc, profile", [
+    ("Ascend910B2", "910B2"), ("Ascend910B2C", "910B2"), ("Ascend910B4-1", "910B4"), ("Ascend910B3", "910B3"),
+    ("Ascend910_9391", "910_93"), ("Ascend910_9362", "910_93"), ("Ascend910_9382", "910_93"),
+    ("Ascend310P3", "310P3")])
+def test_every_soc_name_maps_to_its_layout(soc, profile):
+    from tuner.backends.chips import profile_for_soc
+    assert profile_for_soc(soc)[0].name == profile
+
+
+def test_an_unknown_soc_is_refused_with_what_to_pass():
+    from tuner.backends.chips import ChipError, profile_for_soc
+    with pytest.raises(ChipError, match=r"no chip profile for the SoC 'Ascend950PR'.*--chip.*platform_config/Ascend950PR.ini"):
+        profile_for_soc("Ascend950PR")
+
+
+def test_fp32_matmul_is_a_mixed_kernel_as_the_adapter_marks_it():
+    """triton-ascend's adapter gives an fp32 tl.dot kernel mix_mode "mix", like bf16: the
+    template's cost says so, its UB holds the accumulator and the output tile, and the CV
+    options are passed."""
+    from tuner.backends.npu import read_cost
+    from tuner.core.ops import builtin_spec, load_op, render_context
+    from tuner.core.skeleton import library_skeleton
+    sk = library_skeleton("matmul", "triton_ascend")
+    be = NpuBackend(0, interpret=True, chip="910B2")
+    for dtype in ("fp32", "bf16"):
+        op = load_op(builtin_spec("matmul", "512x512x512", dtype))
+        ctx = {**render_context(op), **be.render_context(op)}
+        src = sk.render(sk.space.default_config(), ctx)
+        cost = read_cost(src)
+        assert cost["kind"] == "mix" and cost["ub_bytes"] > 0, dtype
+        assert "sync_solver=" in src

@@ -61,3 +61,9 @@ def test_a_size_set_twice_or_missing_is_refused(problem):
         spec_from_problem_file(problem, "fp32", {"batch_size": 4})
     with pytest.raises(OpError, match="no module-level integer 'nope'"):
         spec_from_problem_file(problem, "fp32", {"nope": 4})
+
+
+def test_a_size_the_file_never_reads_is_refused(problem):
+    problem.write_text(PROBLEM.replace("torch.randn(batch_size, *input_shape)", "torch.randn(8, 16)"))
+    with pytest.raises(OpError, match="--size batch_size=... changes nothing: the file sets batch_size but never reads it"):
+        spec_from_problem_file(problem, "fp32", {"batch_size": 4})

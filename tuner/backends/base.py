@@ -109,6 +109,10 @@ class Backend(abc.ABC):
     # buffers (cpu): the harness's copies of inputs and references are then out of their reach
     # and need no digest (tuner/exec/measure.py).
     isolated_kernels: bool = False
+    # Whether a verification's float64 references stay on the host and outputs come over to be
+    # compared there (npu: CANN's aclnn ops list no DOUBLE for NanToNum, abs and friends on
+    # A2/A3, so float64 arithmetic on the device may fail every candidate).
+    verify_on_host: bool = False
 
     def __init__(self, device: int = 0, **options: Any) -> None:
         self.device = device

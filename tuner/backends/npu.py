@@ -42,6 +42,8 @@ compile pool by a warm-up launch on meta tensors; false: at the first launch).
 from __future__ import annotations
 
 import ast
+import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -108,16 +110,81 @@ ASCEND_OPTIONS: dict[str, AscendOption] = dict([
     _opt("compile_mode", "str", choices=("simd", "unstructured_in_simt", "simt_only")),
 ])
 # Launch options every Triton accepts; on A2/A3 triton-ascend ignores num_warps/num_stages.
-GENERIC_LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion",
+# (`maxnreg` is not one: no triton-ascend release has it in NPUOptions, and a launch that
+# passes it fails with "Keyword argument maxnreg was specified but unrecognised".)
+GENERIC_LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "enable_fp_fusion",
                           "debug", "stream", "warmup", "grid"}
+
+# The NPUOptions fields each triton-ascend release accepts as launch keywords (any other
+# keyword is a KeyError "... specified but unrecognised" at the launch), read from the
+# sources: the 3.2.0 wheel on PyPI (the only release there), and the release/3.3.x ...
+# release/3.6.x branches and main of the repository (December 2026). Where triton-ascend is
+# installed, its own NPUOptions decides instead (`accepted_options`).
+_COMMON = {"multibuffer", "enable_auto_bind_sub_block", "enable_hivm_auto_cv_balance", "sync_solver",
+           "unit_flag", "inject_barrier_all", "inject_block_all",
+           "limit_auto_multi_buffer_only_for_local_buffer", "limit_auto_multi_buffer_of_local_buffer",
+           "set_workspace_multibuffer", "tile_mix_vector_loop", "tile_mix_cube_loop",
+           "disable_auto_inject_block_sync", "enable_nd2nz_on_vector", "compile_mode"}
+RELEASE_OPTIONS: dict[str, frozenset[str]] = {
+    "3.2.0": frozenset(_COMMON | {"enable_linearize"}),
+    "3.3": frozenset(_COMMON),  # also 3.4 and 3.6: enable_linearize gone
+    "3.5": frozenset(_COMMON | {"enable_ubuf_saving", "auto_blockify_size", "enable_drop_unit_dims",
+                                "enable_flatten", "enable_auto_vectorize_v2", "disable_size_align_for_cast"}),
+}
+RELEASE_OPTIONS["main"] = RELEASE_OPTIONS["3.5"]
+DEFAULT_RELEASE = "3.2.0"  # what `pip install triton-ascend` gives
+
+
+def release_key(version: str) -> str:
+    """The RELEASE_OPTIONS key for a triton-ascend version string ("3.2.0", "3.4.1+git...")."""
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    if not m:
+        return DEFAULT_RELEASE
+    major, minor = int(m.group(1)), int(m.group(2))
+    if (major, minor) <= (3, 2):
+        return "3.2.0"
+    return "3.5" if (major, minor) == (3, 5) or (major, minor) > (3, 6) else "3.3"
+
+
+def accepted_options(release: str | None = None) -> frozenset[str]:
+    """The Ascend compile options a launch may pass: the installed triton-ascend's NPUOptions
+    fields that this table knows, else the table's for `release` (default: the installed
+    version, else DEFAULT_RELEASE)."""
+    if release is None:
+        installed = _installed_npu_options()
+        if installed is not None:
+            return frozenset(n for n in ASCEND_OPTIONS if n in installed)
+        release = DEFAULT_RELEASE
+    return RELEASE_OPTIONS.get(release_key(release) if release not in RELEASE_OPTIONS else release,
+                               RELEASE_OPTIONS[DEFAULT_RELEASE])
+
+
+def _installed_npu_options() -> frozenset[str] | None:
+    """The installed triton-ascend's NPUOptions field names, or None without triton-ascend."""
+    import dataclasses
+    import importlib.util
+    try:
+        if importlib.util.find_spec("triton.backends.ascend") is None:
+            return None
+        from triton.backends.ascend.compiler import NPUOptions
+    except Exception:  # noqa: BLE001 - no triton, another triton, a broken install: the table decides
+        return None
+    return frozenset(f.name for f in dataclasses.fields(NPUOptions))
 MULTIBUFFER_DEFAULT = True  # triton-ascend's default on A2/A3 (False on 910_95)
 
 
-def check_option(name: str, value: Any) -> str | None:
-    """Why `name=value` is not a valid triton-ascend compile option, or None."""
+def check_option(name: str, value: Any, release: str | None = None) -> str | None:
+    """Why `name=value` is not a valid triton-ascend compile option (for `release`, default the
+    installed triton-ascend, else DEFAULT_RELEASE), or None."""
     opt = ASCEND_OPTIONS.get(name)
     if opt is None:
         return f"unknown NPU compile option {name!r}"
+    accepted = accepted_options(release)
+    if name not in accepted:
+        which = release or _triton_ascend_version_or(DEFAULT_RELEASE)
+        return (f"NPU compile option {name!r} is not accepted by triton-ascend {which} (a launch with "
+                f"it fails: 'Keyword argument {name} was specified but unrecognised'); it accepts "
+                f"{', '.join(sorted(accepted))}")
     if value is None:
         return None  # left to the compiler's default; not forwarded
     if opt.kind == "bool" and not isinstance(value, bool):
@@ -196,10 +263,11 @@ def launches(source: str) -> list[Launch]:
     return out
 
 
-def check_launch_options(source: str) -> str | None:
+def check_launch_options(source: str, release: str | None = None) -> str | None:
     """Why the module's launches pass options triton-ascend would reject (its `parse_options`
     raises KeyError on an unknown key), or None. A keyword that is neither a parameter of the
-    kernel, a generic launch option, nor an Ascend option is unknown."""
+    kernel, a generic launch option, nor an Ascend option that `release` accepts (see
+    check_option) is unknown."""
     tree = ast.parse(source)
     params = _jit_params(tree)
     for la in launches(source):
@@ -211,7 +279,7 @@ def check_launch_options(source: str) -> str | None:
                         f"parameter nor an NPU compile option (known: {', '.join(sorted(ASCEND_OPTIONS))})")
             if isinstance(v, str) and ASCEND_OPTIONS[k].kind != "str":
                 return f"{la.kernel}[...]: compile option {k} must be a constant, got {v!r}"
-            why = check_option(k, v)
+            why = check_option(k, v, release)
             if why:
                 return f"{la.kernel}[...]: {why}"
     return None
@@ -339,6 +407,7 @@ class NpuBackend(TritonDevice):
     name = "npu"
     language = "triton_ascend"
     torch_device = "npu"
+    verify_on_host = True  # see Backend.verify_on_host
     module_prefix = "tuner_ascend"
     flush_factor = 2
     limit_memory = False  # the NPU runtime reserves large virtual ranges, as CUDA does
@@ -348,8 +417,15 @@ class NpuBackend(TritonDevice):
         self.timer = options.get("timer", "events")
         if self.timer not in ("events", "do_bench_npu"):
             raise BackendUnavailable(f"npu: timer {self.timer!r}: one of events, do_bench_npu")
+        if self.timer == "do_bench_npu" and not self.interpret:
+            import importlib.util
+            if importlib.util.find_spec("pandas") is None:
+                raise BackendUnavailable("npu: timer do_bench_npu reads the profiler's CSV with pandas, "
+                                         "which is not installed: pip install pandas (or use the "
+                                         "default timer, events)")
         self._props: dict | None = None
         self._profile = None
+        self._profile_note = "given" if options.get("chip") else ""
         self._bench_cache: tuple[Any, float] | None = None
 
     # ---- availability and facts ---------------------------------------------------------
@@ -368,22 +444,28 @@ class NpuBackend(TritonDevice):
                                      "or ASCEND_RT_VISIBLE_DEVICES hides the devices). Try --backend sim")
         try:
             import triton  # noqa: F401
-            from triton.backends.ascend.testing import do_bench_npu  # noqa: F401
+            import triton.backends.ascend.compiler  # noqa: F401 - the Ascend back end itself
         except ImportError as e:
-            raise BackendUnavailable(f"the npu backend needs triton-ascend (pip uninstall triton; "
-                                     f"pip install triton-ascend): {e}") from None
+            if "pybind11" in str(e):
+                raise BackendUnavailable(f"triton-ascend is installed but cannot import pybind11, which "
+                                         f"its 3.2.0 wheel needs without declaring it: pip install "
+                                         f"pybind11 ({e})") from None
+            raise BackendUnavailable(f"the npu backend needs triton-ascend, which replaces triton (pip "
+                                     f"uninstall triton; pip install triton-ascend): {e}") from None
 
     def profile(self):
-        """The chip profile of this device's SoC (interpret mode: the `chip` option)."""
+        """The chip profile: the `chip` option's (`--chip`: interpret mode, or an NPU whose
+        SoC has no built-in profile), else the one of this device's SoC (chips.profile_for_soc),
+        else BackendUnavailable that says what to pass."""
         if self._profile is None:
-            from tuner.backends.chips import ChipError, load_profile
-            if self.interpret or self.options.get("chip"):
-                self._profile = load_profile(self.options.get("chip") or "910B2")
-            else:
-                try:
-                    self._profile = load_profile(self.soc())
-                except ChipError:
-                    self._profile = load_profile("910B2")  # A2/A3 limits: UB 192 KB, L1 512 KB
+            from tuner.backends.chips import ChipError, load_profile, profile_for_soc
+            try:
+                if self.interpret or self.options.get("chip"):
+                    self._profile = load_profile(self.options.get("chip") or "910B2")
+                else:
+                    self._profile, self._profile_note = profile_for_soc(self.soc())
+            except ChipError as e:
+                raise BackendUnavailable(f"npu: {e}") from None
         return self._profile
 
     def _properties(self) -> dict:
@@ -416,7 +498,7 @@ class NpuBackend(TritonDevice):
         aic, aiv = core_counts(self._properties())
         tools = {"python": platform.python_version(), "torch": torch.__version__,
                  "num_aicore": str(aic), "num_vectorcore": str(aiv), "timer": self.timer,
-                 "chip_profile": self.profile().name}
+                 "chip_profile": self.profile().name + (f" ({self._profile_note})" if self._profile_note else "")}
         if self.interpret:
             import triton
             tools.update({"triton": triton.__version__, "soc": self.profile().soc,
@@ -463,7 +545,10 @@ class NpuBackend(TritonDevice):
         if not self.options.get("compile_ahead", True):
             return Build(Status.OK, artifact=str(path), compile_s=time.monotonic() - t0, binary_hash=digest)
         use_cache(path)
-        os.environ.setdefault("ENABLE_PRINT_UB_BITS", "1")  # the backend records metadata["required_ub_bits"]
+        if bishengir_accepts("--enable-print-memory-allocated-size"):
+            # The back end then records metadata["required_ub_bits"]; an older bishengir (CANN
+            # 8.3 and before) rejects the flag, and every compile with it.
+            os.environ.setdefault("ENABLE_PRINT_UB_BITS", "1")
         try:
             with CapturedStderr() as captured:  # MLIR's and bishengir's diagnostics
                 module = load_module(path, f"tuner_ascend_{digest}", "triton_ascend")
@@ -488,8 +573,21 @@ class NpuBackend(TritonDevice):
         return Build(Status.OK, artifact=str(path), compile_s=dt, binary_hash=h.hexdigest()[:16] or digest)
 
     def _warm(self, module, op: OpSpec) -> list:
-        """Compile-only launches on meta tensors: the bishengir compile happens here."""
-        return warm_launch(module, *meta_args(op))
+        """Compile-only launches on meta tensors: the bishengir compile happens here, against a
+        stand-in driver that names the target SoC and owns no NPU context (a compile worker
+        never opens a device), and each kernel's launcher is built here too, into the cache
+        the benchmark worker loads it from: not on the timing worker's clock."""
+        with _compile_only(self.options.get("soc") or self.soc()):
+            kernels = warm_launch(module, *meta_args(op))
+            for k in kernels:
+                _prebuild_launcher(k)
+        return kernels
+
+    def compile_options(self) -> dict[str, Any]:
+        # The compile workers compile for the SoC without asking the device (`_compile_only`).
+        if self.interpret or self.options.get("soc"):
+            return {}
+        return {"soc": self.soc()}
 
     # ---- run (the rest: TritonDevice) ---------------------------------------------------
 
@@ -507,19 +605,111 @@ class NpuBackend(TritonDevice):
 
     def _time_profiled(self, fn: Callable[[], None]) -> float:
         """Device-only time from triton-ascend's profiler-based do_bench_npu (one kernel per
-        call; L2 cleared before each). One profiler session per callable: its mean is returned
-        for every later call of the same callable, since a session costs seconds."""
+        call; L2 cleared before each where the release can). One profiler session per callable:
+        its mean is returned for every later call of the same callable, since a session costs
+        seconds. The result's unit differs by release (profiler_timer); it is checked against
+        an event timing of the same call, and a figure off by orders is refused, not used."""
         if self._bench_cache is not None and self._bench_cache[0] is fn:
             return self._bench_cache[1]
-        from triton.backends.ascend.testing import do_bench_npu
-        ms = do_bench_npu(fn, warmup=5, active=int(self.options.get("active", 30)), clear_l2_cache=True)
-        if isinstance(ms, (list, tuple)):
-            ms = ms[0]
-        seconds = float(ms) * 1e-3
+        timer = profiler_timer()
+        if timer is None:
+            raise BackendUnavailable("npu: timer do_bench_npu: this triton-ascend has no do_bench_npu "
+                                     "(neither triton.backends.ascend.testing nor triton.testing)")
+        bench, unit_s, clears_l2 = timer
+        kw = {"clear_l2_cache": True} if clears_l2 else {}
+        value = bench(fn, warmup=5, active=int(self.options.get("active", 30)), **kw)
+        if isinstance(value, (list, tuple)):
+            value = value[0]
+        seconds = float(value) * unit_s
+        wall = super().time_calls(fn, 3)
+        events = sorted(wall)[1]
+        if not (0 < seconds <= 20 * events):
+            raise BackendUnavailable(f"npu: do_bench_npu gave {value!r}, read as {seconds:.3g} s, but "
+                                     f"the same call takes {events:.3g} s by events: its unit is not "
+                                     f"what this triton-ascend's release should return; use timer=events")
         self._bench_cache = (fn, seconds)
         return seconds
 
 
+def profiler_timer() -> tuple[Callable, float, bool] | None:
+    """(triton-ascend's do_bench_npu, seconds per unit of its result, whether it takes
+    clear_l2_cache), or None. 3.3 and later: triton.backends.ascend.testing.do_bench_npu,
+    milliseconds (the kernels' Duration(us) averaged / 1e3), clear_l2_cache. 3.2.0: in
+    triton.testing, the op statistic's Avg Time(us) as it is (microseconds), no clear_l2_cache."""
+    import inspect
+    try:
+        from triton.backends.ascend.testing import do_bench_npu
+        unit = 1e-3
+    except ImportError:
+        try:
+            from triton.testing import do_bench_npu
+        except ImportError:
+            return None
+        unit = 1e-6
+    try:
+        clears = "clear_l2_cache" in inspect.signature(do_bench_npu).parameters
+    except (TypeError, ValueError):
+        clears = False
+    return do_bench_npu, unit, clears
+
+
+@contextlib.contextmanager
+def _compile_only(soc: str):
+    """Point Triton at a stand-in driver that names the target (`GPUTarget("npu", soc, 0)`, as
+    triton-ascend's NPUDriver does) and owns no NPU context: the device and stream a launch
+    asks for are 0, which a compile-only launch never uses."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    class CompileOnly:
+        def get_current_target(self):
+            return GPUTarget("npu", soc, 0)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+    previous = getattr(driver, "_active", None)
+    driver.set_active(CompileOnly())
+    try:
+        yield
+    finally:
+        if hasattr(driver, "_active"):
+            driver._active = previous  # no real driver left behind: it would open the NPU
+        else:
+            driver.reset_active()
+
+
+def _prebuild_launcher(kernel) -> None:
+    """Build a compiled kernel's launcher (g++, cached by its wrapper's source in Triton's
+    cache) now, in the compile worker. Never fatal: the benchmark worker builds it otherwise."""
+    try:
+        from triton.backends.ascend.driver import NPULauncher
+        NPULauncher(kernel.src, kernel.metadata)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+@functools.lru_cache(maxsize=None)
+def bishengir_accepts(flag: str) -> bool:
+    """Whether the installed bishengir-compile lists `flag` in its --help (False without one)."""
+    import shutil
+    import subprocess
+    exe = shutil.which("bishengir-compile")
+    if exe is None:
+        return False
+    try:
+        out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return flag in (out.stdout + out.stderr)
+
+
+def _triton_ascend_version_or(default: str) -> str:
+    v = _triton_ascend_version()
+    return default if v.startswith(("triton ", "?")) else v
 
 
 def _exc_text(e: BaseException) -> str:
@@ -546,23 +736,41 @@ def _triton_ascend_version() -> str:
 
 
 def cann_version() -> str:
-    """The CANN toolkit version, from the files a CANN install keeps (ASCEND_HOME_PATH, else the
-    default /usr/local/Ascend/ascend-toolkit/latest); '?' when none can be read."""
+    """The CANN version as releases name it ("8.3.RC1", "8.0.0"): torch_npu's
+    get_cann_version (CANN 8.1.RC1 and later), else the files a CANN install keeps
+    (ASCEND_HOME_PATH, else /usr/local/Ascend/ascend-toolkit/latest): the install info's
+    `version=`, or version.cfg's `[internal:public]` pair's public half (its first half is a
+    build number, 7.6.0.1.220 for CANN 8.0.0); '?' when none can be read."""
+    try:
+        from torch_npu.utils import get_cann_version
+        v = get_cann_version(module="CANN")
+        if v:
+            return str(v)
+    except Exception:  # noqa: BLE001 - no torch_npu, or one older than the API
+        pass
     homes = [os.environ.get(k) for k in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")]
     homes.append("/usr/local/Ascend/ascend-toolkit/latest")
     for home in filter(None, homes):
         root = Path(home)
-        candidates = [root / "version.cfg", root / "compiler" / "version.info",
-                      *root.glob("*-linux/ascend_toolkit_install.info")]
-        for f in candidates:
+        for f in [*root.glob("*-linux/ascend_toolkit_install.info"), root / "version.cfg",
+                  root / "compiler" / "version.info"]:
             try:
                 text = f.read_text()
             except OSError:
                 continue
-            m = re.search(r"^\s*(?:toolkit_installed_version|version)\s*=\s*\[?([\w.\-]+)", text, re.I | re.M)
-            if m:
-                return m.group(1)
+            v = parse_cann_version(text)
+            if v:
+                return v
     return "?"
+
+
+def parse_cann_version(text: str) -> str:
+    """The public CANN version in a version file's text, or ''."""
+    m = re.search(r"^\s*(?:toolkit_installed_version|toolkit_running_version|version)\s*=\s*"
+                  r"\[?([\w.\-]+)(?::([\w.\-]+))?\]?", text, re.I | re.M)
+    if not m:
+        return ""
+    return m.group(2) or m.group(1)
 
 
 def _cached_peaks(key: str, cache_dir: str | None, backend: NpuBackend) -> dict[str, float]:

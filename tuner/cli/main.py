@@ -110,8 +110,9 @@ def cmd_tune(args) -> int:
         spec = build_spec(args)
         check_storage(args.storage)  # before a run directory exists, as every mistake below
         backend = args.backend or ("sim" if args.chip else default_backend())
-        if args.chip and backend != "sim":
-            raise BackendUnavailable(f"--chip picks the simulated Ascend chip of --backend sim, not {backend}")
+        if args.chip and backend not in ("sim", "npu"):
+            raise BackendUnavailable(f"--chip picks the Ascend chip profile of --backend sim (or of an NPU "
+                                     f"whose SoC has none built in), not of {backend}")
         options = {"chip": args.chip} if args.chip else {}
         llm = None
         if args.proposer != "library":
@@ -366,7 +367,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--dtype", default="fp32", help="fp32 (default), fp64, fp16, bf16")
     t.add_argument("--backend", choices=sorted(BACKENDS), help="default: an accelerator if usable, else cpu")
     t.add_argument("--chip", help="with --backend sim (implied): the simulated Ascend chip, 910B1, 910B2 "
-                   "(default), 910B3, 910B4, 910_93, 310P3, a profile .yaml or CANN's platform_config/<SoC>.ini")
+                   "(default), 910B3, 910B4, 910_93, 310P3, a profile .yaml or CANN's platform_config/<SoC>.ini; "
+                   "with --backend npu: the profile of a SoC that has none built in")
     t.add_argument("--template", help="a Jinja2 kernel template (with --space)")
     t.add_argument("--space", help="the YAML space of the template's tunables")
     t.add_argument("--budget", type=int, help=f"configs to evaluate (default {DEFAULT_BUDGET}; with "

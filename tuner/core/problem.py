@@ -155,6 +155,7 @@ def _with_sizes(path: Path, overrides: dict[str, int]):
     except SyntaxError as e:
         raise OpError(f"{path}:{e.lineno}: not valid Python: {e.msg}") from None
     computed: dict[str, tuple[int, str]] = {}
+    changed: set[str] = set()  # sizes whose value the override changes
     for node in tree.body:
         targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
                    if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
@@ -167,7 +168,16 @@ def _with_sizes(path: Path, overrides: dict[str, int]):
                 text = (ast.get_source_segment(source, node) or name).strip().splitlines()[0][:80]
                 computed[name] = (node.lineno, text)
                 continue
+            if value.value != overrides[name]:
+                changed.add(name)
             node.value = ast.copy_location(ast.Constant(overrides[name]), value)
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    read |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    for name in sorted(changed):
+        if name not in read:  # not even by name in a string (globals()["dim"])
+            raise OpError(f"{path}: --size {name}=... changes nothing: the file sets {name} but never "
+                          f"reads it (does get_inputs() write its shapes as numbers?); use {name} where "
+                          f"the shapes are made, or leave it out")
     return compile(tree, str(path), "exec"), computed
 
 

@@ -171,7 +171,7 @@ def _device_set(backend, op: Op, seed: int, ref: list | None) -> tuple[list, lis
         rs = ref if ref is not None else _reference_of(op, xs)
     else:
         xs = [backend.to_device(x.clone()) for x in _inputs(op, seed)]
-        rs = [backend.to_device(r) for r in ref]
+        rs = list(ref) if backend.verify_on_host else [backend.to_device(r) for r in ref]
     if not backend.isolated_kernels:  # else out of a kernel's reach (see _untouched)
         for t in xs + rs:  # what a check later compares them with
             t._tuner_digest = _digest(t)
@@ -299,7 +299,8 @@ class _BufferSet:
             if g.fence is not None:
                 g.fence.read_only()
         # Made where the reference lives, so on the device: no host buffer copied over per check.
-        self.outs = [_guarded(backend, r.shape, out_dtype(op, r), r.device) for r in ref_dev]
+        where = pristine[0].device if pristine else None  # the kernel's device (refs may stay on the host)
+        self.outs = [_guarded(backend, r.shape, out_dtype(op, r), where or r.device) for r in ref_dev]
         self.good: list | None = None  # outputs that passed the full check (see verdict)
         self.good_err = (0.0, 0.0)
         self.poison()
@@ -371,8 +372,10 @@ def _verdict(op: Op, pristine: list, ref_dev: list, inputs: list, outs: list,
     slack = torch_slack(op, pristine, ref_dev)
     for name, g, r, p, floor in zip(op.output_names, outs, ref_dev, poisons, slack):
         atol = max(op.tolerance[0], floor)
-        out = g.view
-        o = out.double()  # compare where the output is, not on the host
+        # Compared where the reference is: on the device with it (no copy back), or on the host
+        # for a backend that verifies there (Backend.verify_on_host).
+        out = g.view if g.view.device == r.device else g.view.to(r.device)
+        o = out.double()
         r = r if r.is_floating_point() else r.double()  # a bool reference cannot be subtracted
         if o.shape != r.shape:
             return f"output {name} has shape {tuple(o.shape)}, expected {tuple(r.shape)}", 0.0, 0.0

@@ -14,6 +14,8 @@ the same SoC (or 910B1), and what it lacks (transfer curves, overheads) comes fr
 
 from __future__ import annotations
 
+import re
+
 import configparser
 import math
 from dataclasses import asdict, dataclass, fields, replace
@@ -245,6 +247,33 @@ def load_profile(chip: str | Path, base: str | None = None) -> ChipProfile:
         raise ChipError(f"unknown chip {text!r}; built-in: {', '.join(available())}, or give a "
                         f"profile .yaml or CANN's platform_config/<SoC>.ini")
     return profile_from_dict(_raw(p), str(p))
+
+
+# SoC names torch_npu reports -> the built-in profile of the same chip layout (UB, L1, L0 and
+# the core split are the same within a row; core counts and clock come from the device at
+# run time). A name that matches none is refused: a wrong profile's UB size would let
+# configs through that cannot fit, or keep out ones that do.
+SOC_FAMILIES = (
+    (re.compile(r"^Ascend910B1(?:[-_ ]?\w*)?$", re.I), "910B1"),
+    (re.compile(r"^Ascend910B2(?:[-_ ]?\w*)?$", re.I), "910B2"),  # 910B2C: the same die
+    (re.compile(r"^Ascend910B3(?:[-_ ]?\w*)?$", re.I), "910B3"),
+    (re.compile(r"^Ascend910B4(?:[-_ ]?\w*)?$", re.I), "910B4"),  # 910B4-1
+    (re.compile(r"^Ascend910_93\d\d$", re.I), "910_93"),  # 9362, 9372, 9382, 9391, 9392: one die each
+    (re.compile(r"^Ascend310P3$", re.I), "310P3"),
+)
+
+
+def profile_for_soc(soc: str) -> tuple[ChipProfile, str]:
+    """(the built-in profile for a SoC name torch_npu reports, how it was chosen), or
+    ChipError naming the SoC and what to pass instead."""
+    if _builtin_path(soc) is not None:
+        return load_profile(soc), "exact"
+    for pattern, name in SOC_FAMILIES:
+        if pattern.match(soc.strip()):
+            return load_profile(name), f"{soc} is a {name} layout"
+    raise ChipError(f"no chip profile for the SoC {soc!r} (built-in: {', '.join(available())}); pass "
+                    f"one with --chip: a profile .yaml, or CANN's platform_config/{soc}.ini from the "
+                    f"toolkit's data/platform_config folder")
 
 
 # ---- CANN platform_config/<SoC>.ini --------------------------------------------------------
