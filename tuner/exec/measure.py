@@ -171,7 +171,7 @@ def _device_set(backend, op: Op, seed: int, ref: list | None) -> tuple[list, lis
         rs = ref if ref is not None else _reference_of(op, xs)
     else:
         xs = [backend.to_device(x.clone()) for x in _inputs(op, seed)]
-        rs = list(ref) if backend.verify_on_host else [backend.to_device(r) for r in ref]
+        rs = list(ref) if getattr(backend, "verify_on_host", False) else [backend.to_device(r) for r in ref]
     if not backend.isolated_kernels:  # else out of a kernel's reach (see _untouched)
         for t in xs + rs:  # what a check later compares them with
             t._tuner_digest = _digest(t)
