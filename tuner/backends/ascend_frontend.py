@@ -71,25 +71,10 @@ def compile_request(req: dict) -> dict:
     os.environ["TRITON_CACHE_DIR"] = str(cache)
     import torch
     import triton
-    from triton.backends.compiler import GPUTarget
     from triton.runtime import jit
-    from triton.runtime.driver import driver
 
-    from tuner.backends.triton_source import load_module
+    from tuner.backends.triton_source import compile_only, load_module
 
-    soc = req["soc"]
-
-    class CompileOnly:  # the target, and no device: nothing here opens an NPU
-        def get_current_target(self):
-            return GPUTarget("npu", soc, 0)
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-    driver.set_active(CompileOnly())
     version = getattr(triton, "__version__", "?")
     result = {"status": "ok", "stage": "bishengir", "message": "", "kernels": [], "triton_ascend": version,
               "stopped_before_bishengir": False}
@@ -111,7 +96,7 @@ def compile_request(req: dict) -> dict:
         module = load_module(req["source"], req.get("module_name", "tuner_ascend_frontend"), "triton_ascend")
         jit.JITFunction.run = run
         try:
-            with torch.no_grad():
+            with torch.no_grad(), compile_only("npu", req["soc"], 0):  # nothing here opens an NPU
                 module.launch(*args[:n_in], *args[n_in:])
         finally:
             jit.JITFunction.run = original

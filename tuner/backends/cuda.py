@@ -26,7 +26,6 @@ runs kernels through Triton's interpreter on CPU tensors (`TRITON_INTERPRET=1`),
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -44,7 +43,7 @@ from typing import Any
 from tuner.backends.base import (BackendUnavailable, CapturedStderr, measured_peaks, meta_args, raise_if_disk_full,
                                  with_diagnostics)
 from tuner.backends.triton_device import TritonDevice
-from tuner.backends.triton_source import load_module, use_cache, warm_launch
+from tuner.backends.triton_source import compile_only, load_module, use_cache, warm_launch
 from tuner.codecheck import Forbidden, require_clean
 from tuner.core.values import Build, DeviceInfo, OpSpec, Status
 
@@ -273,31 +272,8 @@ class CudaBackend(TritonDevice):
                 os.environ["TRITON_CACHE_DIR"] = old_cache
 
 
-@contextlib.contextmanager
 def _compile_only(arch: int):
-    """Point Triton at a stand-in driver that names the target but owns no GPU context."""
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
-
-    class CompileOnly:
-        def get_current_target(self):
-            return GPUTarget("cuda", arch, 32)
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-    previous = getattr(driver, "_active", None)
-    driver.set_active(CompileOnly())
-    try:
-        yield
-    finally:
-        if hasattr(driver, "_active"):
-            driver._active = previous  # leave no real driver behind: it would want a GPU
-        else:
-            driver.reset_active()
+    return compile_only("cuda", arch, 32)
 
 
 

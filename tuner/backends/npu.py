@@ -42,7 +42,6 @@ compile pool by a warm-up launch on meta tensors; false: at the first launch).
 from __future__ import annotations
 
 import ast
-import contextlib
 import functools
 import hashlib
 import json
@@ -58,7 +57,7 @@ from typing import Any, Callable
 from tuner.backends.base import (BackendUnavailable, CapturedStderr, measured_peaks, meta_args, raise_if_disk_full,
                                  with_diagnostics)
 from tuner.backends.triton_device import TritonDevice
-from tuner.backends.triton_source import load_module, use_cache, warm_launch
+from tuner.backends.triton_source import compile_only, load_module, use_cache, warm_launch
 from tuner.codecheck import Forbidden, require_clean
 from tuner.core.values import Build, DeviceInfo, OpSpec, Status
 
@@ -653,33 +652,8 @@ def profiler_timer() -> tuple[Callable, float, bool] | None:
     return do_bench_npu, unit, clears
 
 
-@contextlib.contextmanager
 def _compile_only(soc: str):
-    """Point Triton at a stand-in driver that names the target (`GPUTarget("npu", soc, 0)`, as
-    triton-ascend's NPUDriver does) and owns no NPU context: the device and stream a launch
-    asks for are 0, which a compile-only launch never uses."""
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
-
-    class CompileOnly:
-        def get_current_target(self):
-            return GPUTarget("npu", soc, 0)
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-    previous = getattr(driver, "_active", None)
-    driver.set_active(CompileOnly())
-    try:
-        yield
-    finally:
-        if hasattr(driver, "_active"):
-            driver._active = previous  # no real driver left behind: it would open the NPU
-        else:
-            driver.reset_active()
+    return compile_only("npu", soc, 0)  # as triton-ascend's NPUDriver names it
 
 
 def _prebuild_launcher(kernel) -> None:

@@ -6,6 +6,7 @@ the file again before it imports it (the file could have changed since it was co
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -61,3 +62,33 @@ def warm_launch(module, inputs: list, outputs: list) -> list:
     finally:
         jit.JITFunction.run = original
     return compiled
+
+
+@contextlib.contextmanager
+def compile_only(backend: str, arch, warp_size: int):
+    """Point Triton at a stand-in driver that names the target (`GPUTarget(backend, arch,
+    warp_size)`: "cuda" with the SM number, or triton-ascend's "npu" with the SoC name) and
+    owns no device context: the device and stream a compile-only launch asks for are 0, which
+    it never uses. A compile process then never opens a GPU or an NPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    class CompileOnly:
+        def get_current_target(self):
+            return GPUTarget(backend, arch, warp_size)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+    previous = getattr(driver, "_active", None)
+    driver.set_active(CompileOnly())
+    try:
+        yield
+    finally:
+        if hasattr(driver, "_active"):
+            driver._active = previous  # no real driver left behind: it would want the device
+        else:
+            driver.reset_active()
