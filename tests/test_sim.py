@@ -111,13 +111,75 @@ def test_cann_platform_config_ini_becomes_a_profile(tmp_path):
     assert "base 910B1" in p.source
     # An ini for a known SoC fills its gaps from that chip.
     known = parse_ini("[version]\nSoC_version=Ascend910B4\n[AICoreSpec]\ncube_freq=1400\n", "b4.ini")
-    assert (known.clock_mhz, known.hbm_gbps, known.vector_cores) == (1400, 800, 40)
+    assert (known.clock_mhz, known.hbm_gbps, known.vector_cores) == (1400, 960, 40)
     sim = SimBackend(0, chip=str(path))
     assert sim.device_info().name == "Ascend910B9" and sim.limits()["ub_bytes"] == 196608
     with pytest.raises(ChipError, match="not a number"):
         parse_ini(INI.replace("cube_freq=1650", "cube_freq=fast"), "bad.ini")
     with pytest.raises(ChipError, match="not a CANN platform_config"):
         parse_ini("[other]\nx=1\n", "other.ini")
+
+
+# The figures of CANN 8.1.RC1's platform_config/Ascend910B3.ini and Ascend310P3.ini (the fields the
+# profiles read; the rest of each file left out).
+INI_910B3 = """[version]
+SoC_version=Ascend910B3
+[SoCInfo]
+ai_core_cnt=20
+cube_core_cnt=20
+vector_core_cnt=40
+memory_size=68719476736
+l2_size=201326592
+[AICoreSpec]
+cube_freq=1800
+cube_m_size=16
+cube_n_size=16
+cube_k_size=16
+l0_a_size=65536
+l0_b_size=65536
+l0_c_size=131072
+l1_size=524288
+ub_size=196608
+ubblock_size=32
+[AICoreMemoryRates]
+ddr_rate=32
+l1_to_l0_a_rate=512
+l1_to_l0_b_rate=256
+[DtypeMKN]
+Default=16,16,16
+"""
+INI_310P3 = """[version]
+SoC_version=Ascend310P3
+[SoCInfo]
+ai_core_cnt=8
+vector_core_cnt=7
+memory_size=24000000000
+l2_size=16777216
+[AICoreSpec]
+cube_freq=1060
+l1_size=1048576
+l0_c_size=262144
+ub_size=262144
+[AICoreMemoryRates]
+ddr_rate=17
+[VectorCoreSpec]
+vec_freq=1000
+[VectorCoreMemoryRates]
+ddr_rate=9
+"""
+
+
+@pytest.mark.parametrize("chip,ini", [("910B3", INI_910B3), ("310P3", INI_310P3)])
+def test_a_builtin_profile_is_what_its_cann_ini_says(chip, ini):
+    """A run that reads the installed CANN's ini and one that uses the built-in profile model the
+    same chip: every field the ini has, and the bandwidth derived from its rates."""
+    from_ini, builtin = parse_ini(ini, f"{chip}.ini"), load_profile(chip)
+    for field in ("cube_cores", "vector_cores", "clock_mhz", "ub_bytes", "l1_bytes", "l0a_bytes",
+                  "l0b_bytes", "l0c_bytes", "l2_bytes", "hbm_bytes", "l1_to_l0a_bytes_per_cycle",
+                  "l1_to_l0b_bytes_per_cycle", "cube_flops_per_cycle"):
+        assert getattr(from_ini, field) == getattr(builtin, field), field
+    assert from_ini.hbm_gbps == pytest.approx(builtin.hbm_gbps)
+    assert dict(builtin.provenance)["hbm_gbps"].startswith("DER from INI")
 
 
 # ---- compile checks ---------------------------------------------------------------------------
@@ -174,7 +236,7 @@ def test_device_info_is_labelled_simulated():
     tools = dict(info.toolchain)
     assert info.simulated and info.name == "Ascend910B4" and info.cores == 40
     assert tools["model"].startswith("analytical") and "roofline" in tools["reference"]
-    assert dict(info.peaks)["copy_gbps"] == 800
+    assert dict(info.peaks)["copy_gbps"] == 960
 
 
 # ---- the model's shape ----------------------------------------------------------------------------

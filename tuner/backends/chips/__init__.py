@@ -295,6 +295,8 @@ _INI = {
     ("AICoreMemoryRates", "ddr_rate"): "ddr_rate",
     ("AICoreMemoryRates", "l1_to_l0_a_rate"): "l1_to_l0a_bytes_per_cycle",
     ("AICoreMemoryRates", "l1_to_l0_b_rate"): "l1_to_l0b_bytes_per_cycle",
+    ("VectorCoreMemoryRates", "ddr_rate"): "vector_ddr_rate",
+    ("VectorCoreSpec", "vec_freq"): "vec_freq",
 }
 
 
@@ -305,7 +307,10 @@ def parse_ini(text: str, source: str = "<ini>", base: str | None = None) -> Chip
     l2_size, memory_size), `[AICoreSpec]` (cube_freq, l0_a/b/c_size, l1_size, ub_size,
     ubblock_size), `[AICoreMemoryRates]` (ddr_rate, l1_to_l0_a/b_rate, bytes per cycle per core)
     and `[DtypeMKN]` (the cube's fractal: Default=16,16,16 gives 2*16*16*16 fp16 flop per
-    cycle). HBM bandwidth is derived as ddr_rate x cores x clock when the ini has ddr_rate.
+    cycle). HBM bandwidth is derived as ddr_rate x cores x clock when the ini has ddr_rate (plus
+    the standalone vector cores' `[VectorCoreMemoryRates] ddr_rate x vector_core_cnt x
+    [VectorCoreSpec] vec_freq` on a coupled chip): the built-in profiles use the same rule, so a
+    run that reads the installed ini and one that does not model the same chip.
     Everything else comes from `base` (default: the built-in profile of the same SoC, else
     910B1); provenance marks which fields the ini set."""
     cp = configparser.ConfigParser(interpolation=None, strict=False)
@@ -369,8 +374,18 @@ def parse_ini(text: str, source: str = "<ini>", base: str | None = None) -> Chip
     if raw.get("ddr_rate"):
         clock = set_fields.get("clock_mhz", prof.clock_mhz)
         cores = set_fields.get("cube_cores", prof.cube_cores)
-        set_fields["hbm_gbps"] = raw["ddr_rate"] * cores * clock * 1e6 / 1e9
-        prov["hbm_gbps"] = f"DER ddr_rate {raw['ddr_rate']:g} B/cycle x {cores} cores x {clock:g} MHz ({source})"
+        gbps = raw["ddr_rate"] * cores * clock * 1e6 / 1e9
+        how = f"ddr_rate {raw['ddr_rate']:g} B/cycle x {cores} cores x {clock:g} MHz"
+        # A coupled chip (310P) also has standalone vector cores with their own rate and clock:
+        # together they draw what the memory gives (8 x 17 x 1.06 + 7 x 9 x 1.0 = 207 GB/s on a
+        # 310P3, whose LPDDR4X is sold as 204.8 GB/s).
+        v_rate, v_cores, v_freq = (raw.get("vector_ddr_rate"), raw.get("vector_core_cnt"),
+                                   raw.get("vec_freq"))
+        if prof.coupled and v_rate and v_cores and v_freq:
+            gbps += v_rate * v_cores * v_freq * 1e6 / 1e9
+            how += f" + {v_rate:g} x {v_cores:g} vector cores x {v_freq:g} MHz"
+        set_fields["hbm_gbps"] = gbps
+        prov["hbm_gbps"] = f"DER {how} ({source})"
     if soc:
         set_fields["soc"] = soc
         set_fields["name"] = soc[len("Ascend"):] if soc.startswith("Ascend") else soc
