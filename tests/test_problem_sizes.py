@@ -67,3 +67,31 @@ def test_a_size_the_file_never_reads_is_refused(problem):
     problem.write_text(PROBLEM.replace("torch.randn(batch_size, *input_shape)", "torch.randn(8, 16)"))
     with pytest.raises(OpError, match="--size batch_size=... changes nothing: the file sets batch_size but never reads it"):
         spec_from_problem_file(problem, "fp32", {"batch_size": 4})
+
+
+def _problem_files():
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    return sorted(p for d in (root / "bench/llm_problems", root / "tests/fixtures/kernelbench")
+                  for p in d.glob("*.py") if p.name != "broken.py")
+
+
+@pytest.mark.parametrize("path", _problem_files(), ids=lambda p: p.stem)
+def test_compile_shapes_from_meta_tensors_are_the_live_ops(path):
+    """Compile workers take a problem file's argument shapes from its Model run on meta tensors
+    (nothing drawn or computed); they must be the ones the harness allocates, or a kernel is
+    compiled for a specialization it is never launched with."""
+    from tuner.core.ops import arg_specs
+    from tuner.core.problem import shape_only_arg_specs
+    for dtype in ("bf16",):
+        spec = spec_from_problem_file(path, dtype)
+        light = shape_only_arg_specs(spec)
+        assert light is not None, path.name
+        assert light == tuple(arg_specs(load_op(spec))) or list(light) == list(arg_specs(load_op(spec)))
+
+
+def test_a_file_that_cannot_run_on_meta_gets_no_shape_only_answer(tmp_path):
+    from tuner.core.problem import shape_only_arg_specs
+    p = tmp_path / "hostonly.py"
+    p.write_text(PROBLEM.replace("return torch.softmax(x, dim=1)", "return x + float(x.sum())"))
+    assert shape_only_arg_specs(spec_from_problem_file(p)) is None

@@ -53,7 +53,7 @@ class Compiler(Protocol):
     def limits(self) -> dict[str, float]: ...
     def compile_options(self) -> dict[str, Any]: ...
     def compile(self, source: str, op: OpSpec, workdir: str, timeout_s: float) -> Build: ...
-    def warm(self) -> None: ...
+    def warm(self, op: OpSpec | None = None) -> None: ...
 
 
 class Device(Protocol):
@@ -157,8 +157,9 @@ class Backend(abc.ABC):
     def to_device(self, tensor):
         return tensor
 
-    def warm(self) -> None:
-        """Import what compiling needs (a compile worker started ahead of its first request)."""
+    def warm(self, op: OpSpec | None = None) -> None:
+        """Import what compiling needs, and with `op` what compiling its kernels needs (a
+        compile worker started ahead of its first request, while the model writes)."""
 
     def compiler_notes(self, source: str, workdir: str, timeout_s: float = 60.0) -> list[tuple[int, str]]:
         """What the compiler says about how it compiled `source`'s loops, as (line of
@@ -240,8 +241,17 @@ def meta_args(op: OpSpec):
 
 @functools.lru_cache(maxsize=16)
 def _arg_specs(op: OpSpec):
-    """Per op, once per process: a compile worker serves every config (and a sweep's ops)."""
+    """Per op, once per process: a compile worker serves every config (and a sweep's ops). A
+    problem file's from its shapes alone where its Model runs on meta tensors: building the
+    live op draws its inputs and runs its Model in float64 twice on the host, seconds per
+    compile worker at 8192x8192, which fell on a model's first candidate (7-8 s of its first
+    compile on an H200)."""
     from tuner.core.ops import arg_specs, load_op
+    if op.kind == "kernelbench":
+        from tuner.core.problem import shape_only_arg_specs
+        specs = shape_only_arg_specs(op)
+        if specs is not None:
+            return specs
     return arg_specs(load_op(op))
 
 

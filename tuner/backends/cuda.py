@@ -26,6 +26,7 @@ runs kernels through Triton's interpreter on CPU tensors (`TRITON_INTERPRET=1`),
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -236,12 +237,15 @@ class CudaBackend(TritonDevice):
                     _share_launchers(Path(c), shared, self._seen_cache_dirs.setdefault(c, set()))
             self._last_cache = run_cache
 
-    def warm(self) -> None:
+    def warm(self, op: OpSpec | None = None) -> None:
         import torch  # noqa: F401 - the imports are the warm-up: seconds of a compile's start
         import triton.compiler  # noqa: F401
         import triton.language  # noqa: F401
         if self.interpret:
             return
+        if op is not None:  # the shapes its kernels are compiled for (a failure: the compile says)
+            with contextlib.suppress(Exception):
+                meta_args(op)
         # And one tiny kernel compiled for real: a process's first compile also sets up
         # Triton's back end (LLVM, ptxas found and asked its version), seconds that otherwise
         # fall on a run's first candidates, all compile processes at once. In a scratch

@@ -46,7 +46,7 @@ CPU tensors and is checked against the reference like on any device, so a wrong 
 here. Above that size (`verify="reference"`) the interpreter would take minutes per config, so
 the kernel is not run: it writes the float64 reference, and device_info's toolchain says
 `verify: none (...)`. Timed calls never re-run the interpreter (a repeated launch on unchanged
-inputs is answered from the first).
+inputs is answered from the first), nor the reference (one per input set and op).
 
 The reference (torch eager) has no NPU to run on. Every backend must time one, so the sim
 reports the op's roofline bound on the chip instead: its bytes at HBM bandwidth or its flops at
@@ -383,6 +383,7 @@ class SimBackend(Backend):
         self._time: float | None = None
         self._last: tuple | None = None  # (kernel, args, their versions) of the last run
         self._ref_fn: Any = None
+        self._refs: dict = {}  # ids of an input set -> (inputs, versions, op spec, outputs): see load
         self._mode: str | None = None
         self._spec = OpSpec.from_json(options["op"]) if options.get("op") else None
 
@@ -559,16 +560,24 @@ class SimBackend(Backend):
             launch = load_module(path, f"tuner_sim_{digest}", "triton_ascend").launch
             return SimKernel(seconds, lambda args: launch(*args))
 
-        memo: dict = {}
+        memo = self._refs
 
         def reference(args: list) -> None:  # not verified: the outputs get the reference
             n_in = len(op.input_names)
-            ins = list(args[:n_in])
-            if not _same(memo.get("ins"), ins, memo.get("versions")):
+            ins, outs = list(args[:n_in]), list(args[n_in:])
+            # The timed calls rotate over a few input sets: one float64 reference per set (and
+            # per op: the memo is the backend's, so every config of the op shares it), else
+            # every timed call recomputed it on the host, seconds each at 4096x4096.
+            key = tuple(id(a) for a in ins)
+            hit = memo.get(key)
+            if hit is None or not _same(hit[0], ins, hit[1]) or hit[2] != op.spec:
                 xs = [a.double() if a.is_floating_point() else a for a in ins]
-                memo["refs"] = op.reference(xs)
-                memo["ins"], memo["versions"] = ins, [a._version for a in ins]  # held: no address reuse
-            for out, ref in zip(args[n_in:], memo["refs"]):
+                refs = [r.to(o.dtype) for r, o in zip(op.reference(xs), outs)]
+                # held: the inputs keep their addresses, so an id is never another tensor's
+                hit = memo[key] = (ins, [a._version for a in ins], op.spec, refs)
+                while len(memo) > 8:
+                    memo.pop(next(iter(memo)))
+            for out, ref in zip(outs, hit[3]):
                 out.copy_(ref)
         return SimKernel(seconds, reference)
 

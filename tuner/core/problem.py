@@ -24,6 +24,10 @@ from tuner.core.op import DTYPE_BYTES, DTYPES, TOLERANCE, Op, OpError, torch_dty
 from tuner.core.values import OpSpec
 
 IMPORT_TIMEOUT_S = 120.0  # a problem file that takes longer to import is refused
+# Set in the tool's worker processes: they load only ops that the process that started them
+# has loaded and checked, so the check that the Model is deterministic (a second float64
+# forward on the host, seconds at 8192x8192) is not run again in each.
+CHECKED_ELSEWHERE = False
 
 
 @contextlib.contextmanager
@@ -238,6 +242,41 @@ def size_positions(path: str | Path, sizes: dict[str, int]) -> dict[str, tuple[i
     return out
 
 
+def shape_only_arg_specs(spec: OpSpec):
+    """(shape, dtype) of the kernel's inputs (then the Model's parameters and buffers) and
+    outputs, as `ops.arg_specs(problem_op(spec))` gives them, from the file's Model and
+    get_inputs() run on the meta device: no data drawn, nothing computed. None where the
+    file cannot be run that way (the caller then builds the live op)."""
+    import torch
+
+    dt = torch_dtype(spec.dtype)
+    try:
+        module = _import_problem(Path(spec.source), spec.size_dict())
+    except Exception:  # noqa: BLE001 - the live op says what is wrong with the file
+        return None
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            model = module.Model(*module.get_init_inputs()).eval()
+            xs = module.get_inputs()
+            if not isinstance(xs, (list, tuple)) or not all(isinstance(x, torch.Tensor) for x in xs):
+                return None
+            params = [t.detach() for _, t in [*model.named_parameters(), *model.named_buffers()]]
+            with torch.no_grad():
+                outs = model.double()(*[x.double() if x.is_floating_point() else x for x in xs])
+        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        if not all(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in [*xs, *params, *outs]):
+            return None  # made somewhere else (a device named in the file): not shapes alone
+    except Exception:  # noqa: BLE001 - an op meta tensors do not support; the live op then
+        return None
+    finally:
+        sys.modules.pop(module.__name__, None)
+
+    def kept(t):
+        return dt if t.is_floating_point() else t.dtype
+    return ([(tuple(x.shape), kept(x)) for x in [*xs, *params]],
+            [(tuple(o.shape), kept(o)) for o in outs])
+
+
 def problem_op(spec: OpSpec) -> Op:
     """The live Op of a problem-file spec (see `ops.load_op`, which caches it). Building it
     seeds and draws (the model's parameters, a trial call): the caller's host random state is
@@ -355,7 +394,8 @@ def _problem_op(spec: OpSpec) -> Op:
             if t.numel() == 0:  # nothing to check or time; rates would divide by zero
                 raise OpError(f"{spec.source}: {kind} {i} has no elements (shape {tuple(t.shape)}); "
                               f"give its sizes positive values (--size NAME=VALUE)")
-    _check_deterministic(spec, ref, sample, outs)
+    if not CHECKED_ELSEWHERE:
+        _check_deterministic(spec, ref, sample, outs)
     names = tuple(f"in{i}" for i in range(n_in)) + tuple(re.sub(r"\W", "_", n) for n, _ in params)
     moved = sum(x.numel() * x.element_size() for x in sample) + sum(
         o.numel() * DTYPE_BYTES[spec.dtype] for o in outs)

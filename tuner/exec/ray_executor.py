@@ -715,7 +715,7 @@ class RayRunner:
             self.retries += 1
             self.executor.retries += 1
 
-    def warm_up(self) -> None:
+    def warm_up(self, op_json: str | None = None) -> None:
         """The executor warms its compile processes when it places the device actors."""
 
     def close(self) -> None:

@@ -67,7 +67,9 @@ class Runner(Protocol):
 
     def retried(self) -> None: ...
 
-    def warm_up(self) -> None: ...
+    def warm_up(self, op_json: str | None = None) -> None:
+        """Start the compile processes' preparation in the background and return: they import
+        their compiler (and with `op_json`, work out the shapes its kernels compile for)."""
 
     def close(self) -> None: ...
 
@@ -115,14 +117,14 @@ class LocalRunner:
         with self._lock:
             self.retries += 1
 
-    def warm_up(self) -> None:
+    def warm_up(self, op_json: str | None = None) -> None:
         if self.exclusive is not None:
             return
 
         def warm() -> None:
             with self._take(self._compilers) as w:
                 try:
-                    w.call("warm", timeout=300)
+                    w.call("warm", timeout=300, op=op_json)
                 except Exception:  # noqa: BLE001 - the first compile starts it again and says why
                     pass
         self._warming = [threading.Thread(target=warm, daemon=True) for _ in self.compilers]

@@ -299,6 +299,8 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
     network = isolate_network()  # before any thread starts (see sandbox.py)
+    from tuner.core import problem
+    problem.CHECKED_ELSEWHERE = True  # its parent loaded and checked every op it is sent
     parent = int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid()
     if os.getppid() != parent:
         os._exit(1)  # see _die_with_parent
@@ -373,8 +375,12 @@ def main() -> None:
                 value = os.getpid()
             elif method == "sandbox":
                 value = {"network": network, "writes": writes, "syscalls": syscalls}
-            elif method == "warm":
-                backend.warm()
+            elif method == "warm":  # ahead of the first request: see Runner.warm_up
+                op = OpSpec.from_json(kw["op"]) if kw.get("op") else None
+                if kw.get("bench") and op is not None:
+                    m.prepare(backend, op)
+                else:
+                    backend.warm(op)
                 value = os.getpid()
             else:
                 raise ValueError(f"unknown worker method {method!r}")
