@@ -95,3 +95,20 @@ def test_a_file_that_cannot_run_on_meta_gets_no_shape_only_answer(tmp_path):
     p = tmp_path / "hostonly.py"
     p.write_text(PROBLEM.replace("return torch.softmax(x, dim=1)", "return x + float(x.sum())"))
     assert shape_only_arg_specs(spec_from_problem_file(p)) is None
+
+
+def test_worker_processes_skip_only_what_their_parent_checked(tmp_path, monkeypatch):
+    """A worker (CHECKED_ELSEWHERE) builds the op without running the Model a second time for
+    the determinism check its parent ran; the memory checker (COUNT_FLOPS off) without torch's
+    FLOP counter. The parent itself still refuses a Model that is not deterministic."""
+    from tuner.core import ops, problem
+    p = tmp_path / "noisy.py"
+    p.write_text(PROBLEM.replace("return torch.softmax(x, dim=1)", "return x + torch.rand_like(x)"))
+    spec = spec_from_problem_file(p)
+    with pytest.raises(OpError, match="not deterministic"):
+        problem.problem_op(spec)
+    monkeypatch.setattr(problem, "CHECKED_ELSEWHERE", True)
+    monkeypatch.setattr(problem, "COUNT_FLOPS", False)
+    monkeypatch.setattr(ops, "_CACHE", {})
+    op = load_op(spec)
+    assert op.flops is None and op.output_names == ("out0",)

@@ -28,6 +28,9 @@ IMPORT_TIMEOUT_S = 120.0  # a problem file that takes longer to import is refuse
 # has loaded and checked, so the check that the Model is deterministic (a second float64
 # forward on the host, seconds at 8192x8192) is not run again in each.
 CHECKED_ELSEWHERE = False
+# Cleared where nothing reads an op's FLOP count (the memory checker's process): torch's FLOP
+# counter imports torch._dynamo, 3-5 s of a process that otherwise only checks one kernel.
+COUNT_FLOPS = True
 
 
 @contextlib.contextmanager
@@ -373,10 +376,14 @@ def _problem_op(spec: OpSpec) -> Op:
     try:
         # The FLOPs torch counts (matmuls, convolutions; not elementwise work): a lower bound
         # on the work, for the physics check that no kernel beats the device's peak.
-        from torch.utils.flop_counter import FlopCounterMode
-        with FlopCounterMode(display=False) as counter:
-            outs = ref([x.double() if x.is_floating_point() else x for x in sample])
-        flops = float(counter.get_total_flops()) or None
+        doubles = [x.double() if x.is_floating_point() else x for x in sample]
+        if COUNT_FLOPS:
+            from torch.utils.flop_counter import FlopCounterMode
+            with FlopCounterMode(display=False) as counter:
+                outs = ref(doubles)
+            flops = float(counter.get_total_flops()) or None
+        else:
+            outs, flops = ref(doubles), None
     except Exception as e:
         tb = traceback.format_exception(type(e), e, e.__traceback__)
         raise OpError(f"{spec.source}: Model(...)(*get_inputs()) failed (in float64):\n"
