@@ -22,6 +22,11 @@ def run(capsys, *argv):
 def test_unknown_op_lists_known(capsys):
     rc, err = run(capsys, "tune", "sofmax", "--shape", "4x4")
     assert rc == 2 and "unknown op 'sofmax'" in err and "softmax" in err and "rmsnorm" in err
+    assert "did you mean 'softmax'?" in err
+    rc, err = run(capsys, "tune", "softmax", "--shape", "4x4", "--dtype", "bf61")
+    assert rc == 2 and "did you mean 'bf16'?" in err
+    rc, err = run(capsys, "tune", "zzzz", "--shape", "4x4")
+    assert rc == 2 and "did you mean" not in err  # nothing close: no guess
 
 
 @pytest.mark.parametrize("shape", ["4096", "4096x", "axb", "0x5", "1x2x3"])

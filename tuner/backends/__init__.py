@@ -35,7 +35,9 @@ EXTRA_WRITE_DIRS = {
 
 def backend_class(name: str) -> type[Backend]:
     if name not in BACKENDS:
-        raise BackendUnavailable(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
+        from tuner.core.ops import did_you_mean
+        raise BackendUnavailable(f"unknown backend {name!r}{did_you_mean(name, BACKENDS)}; known: "
+                                 f"{', '.join(BACKENDS)}")
     module, cls, needs = BACKENDS[name]
     try:
         mod = importlib.import_module(module)

@@ -77,12 +77,19 @@ def parse_sizes(items: list[str]) -> dict[str, int]:
     return out
 
 
+def did_you_mean(name: str, choices) -> str:
+    """" (did you mean 'softmax'?)" for a name one typo away from one of `choices`, else ""."""
+    import difflib
+    close = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def builtin_spec(op: str, shape: str, dtype: str = "fp32") -> OpSpec:
     if op not in BUILTINS:
-        raise OpError(f"unknown op {op!r}; built-in ops: {', '.join(BUILTINS)} "
+        raise OpError(f"unknown op {op!r}{did_you_mean(op, BUILTINS)}; built-in ops: {', '.join(BUILTINS)} "
                       f"(or pass --op path/to/problem.py for a KernelBench-format file)")
     if dtype not in DTYPES:
-        raise OpError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
+        raise OpError(f"unknown dtype {dtype!r}{did_you_mean(dtype, DTYPES)}; one of {', '.join(DTYPES)}")
     return OpSpec(name=op, source=op, sizes=parse_shape(op, shape), dtype=dtype, kind="builtin")
 
 

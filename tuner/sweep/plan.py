@@ -39,7 +39,7 @@ from pathlib import Path
 import yaml
 
 from tuner.backends import BackendUnavailable, default_backend, get_backend
-from tuner.core.ops import BUILTINS, OpError, builtin_spec, load_op
+from tuner.core.ops import BUILTINS, OpError, builtin_spec, did_you_mean, load_op
 from tuner.core.problem import spec_from_problem_file
 from tuner.core.skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
 from tuner.core.values import OpSpec
@@ -219,7 +219,8 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
         if op not in BUILTINS:
             hint = (" (a problem file goes under `problem:`, with its `template:` and `space:`)"
                     if op.endswith(".py") else "")
-            raise SweepError(f"{where}: unknown op {op!r}; built-in ops: {', '.join(BUILTINS)}{hint}")
+            raise SweepError(f"{where}: unknown op {op!r}{did_you_mean(op, BUILTINS)}; built-in ops: "
+                             f"{', '.join(BUILTINS)}{hint}")
         raw = entry.get("shapes")
         for shape in raw if isinstance(raw, list) else [raw]:
             if isinstance(shape, int) and not isinstance(shape, bool):

@@ -244,7 +244,10 @@ def load_profile(chip: str | Path, base: str | None = None) -> ChipProfile:
         return profile_from_dict(_raw(path), str(path))
     p = _builtin_path(text)
     if p is None:
-        raise ChipError(f"unknown chip {text!r}; built-in: {', '.join(available())}, or give a "
+        import difflib
+        close = difflib.get_close_matches(text.upper(), [c.upper() for c in available()], n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ChipError(f"unknown chip {text!r}{hint}; built-in: {', '.join(available())}, or give a "
                         f"profile .yaml or CANN's platform_config/<SoC>.ini")
     return profile_from_dict(_raw(p), str(p))
 
