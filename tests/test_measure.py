@@ -278,3 +278,45 @@ def test_timing_stops_once_the_median_is_known_and_a_noisy_kernel_uses_its_budge
     # precision 0: the whole budget (max_reps here), as before
     samples, _ = bench(steady, lambda: None, s.replace(precision=0.0, max_reps=300))
     assert len(samples) == 300
+
+
+def test_retiming_forgives_one_late_start_but_not_two(monkeypatch):
+    """A busy machine delays a kernel process's wake-up as a kernel that keeps working after it
+    answered does: in the winner's re-timing one such round is dropped, a second one is the
+    kernel's (an honest kernel was recorded WRONG_RESULT from one slow wake-up under a test
+    suite on a 2-core machine)."""
+    import types
+
+    from tuner.backends.base import ClockMismatch
+    from tuner.core.settings import Settings
+
+    class Rotation:
+        def __init__(self, backend, kernel, op):
+            self.kernel = kernel
+
+        def call(self):
+            pass
+
+        def verify(self):
+            pass
+
+        def decoy_round(self):
+            pass
+
+    seen: dict[str, int] = {}
+
+    def bench(backend, fn, settings, best_s=None, between=None):
+        kernel = fn.__self__.kernel
+        seen[kernel] = seen.get(kernel, 0) + 1
+        if kernel == "always" or (kernel == "once" and seen[kernel] == 1):
+            raise ClockMismatch("the kernel's process began its calls late")
+        return [1e-3, 1e-3, 1e-3], False
+
+    monkeypatch.setattr(measure, "_Rotation", Rotation)
+    monkeypatch.setattr(measure, "bench", bench)
+    monkeypatch.setattr(measure, "load_op", lambda spec: None)
+    backend = types.SimpleNamespace(load=lambda artifact, op: artifact)
+    out = measure.time_many(backend, ["once", "always", "never"], builtin_spec("softmax", "4x4"), Settings())
+    assert out[0] == [1e-3] * 12  # four of five rounds
+    assert isinstance(out[1], str) and "late" in out[1] and "twice" in out[1]
+    assert out[2] == [1e-3] * 15

@@ -19,7 +19,9 @@ SHAPE = "128x1024"  # large enough that skipped work shows in the times on a bus
 C_CASES = {
     "honest": (Status.OK, ""),
     "poison_only": (Status.WRONG_RESULT, ""),
-    "skip_if_done": (Status.SUSPECT, "depends on the calls before it"),
+    # Flagged once most of its timed calls are second calls on a set; where the budget buys
+    # fewer (a machine whose cache flush takes 0.1 s), its median is its full work: "not faster".
+    "skip_if_done": ((Status.SUSPECT, "not faster"), "depends on the calls before it"),
     # Slower on inputs it never saw; or, when the host's own calls after the kernel's return
     # overwrote the tail of its stash, a wrong timed result. Never OK.
     "stack_cache": ((Status.SUSPECT, Status.WRONG_RESULT), ""),
@@ -70,7 +72,13 @@ def cpu_records(tmp_path_factory):
 def test_each_hostile_c_kernel_gets_its_verdict(cpu_records, name):
     status, words = C_CASES[name]
     rec = cpu_records[name]
-    assert rec.status in (status if isinstance(status, tuple) else (status,)), (name, rec.status, rec.reason)
+    allowed = status if isinstance(status, tuple) else (status,)
+    if "not faster" in allowed and rec.status is Status.OK:
+        # Accepted only with the time of the work it does when it does it all: no gain.
+        honest = cpu_records["honest"]
+        assert rec.seconds >= 0.7 * honest.seconds, (name, rec.seconds, honest.seconds)
+        return
+    assert rec.status in allowed, (name, rec.status, rec.reason)
     assert words in rec.reason, (name, rec.reason)
 
 

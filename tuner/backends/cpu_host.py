@@ -279,6 +279,7 @@ class HostKernel:
         if len(self._late) == _LATE_WINDOW:
             late, took = statistics.median(self._late) * 1e-9, statistics.median(self._took) * 1e-9
             if late > max(_LATE_S, 0.25 * took):
+                self._late, self._took = [], []  # a call after this is judged on a window of its own
                 raise ClockMismatch(
                     f"the kernel's process began its calls late: {late * 1e6:.0f} us after they were sent "
                     f"(the median of {_LATE_WINDOW}), against {took * 1e6:.0f} us a call: it was still busy "

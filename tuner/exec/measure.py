@@ -702,6 +702,7 @@ def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
         where = backend.data_device()
         xs = op.make_inputs(1, where) if where is not None else [backend.to_device(x) for x in op.make_inputs(1)]
         out.append([])
+    late: set[int] = set()  # kernels whose process was once seen starting its calls late
     for _ in range(rounds):
         if with_reference:
             s, _ = bench(backend, lambda: op.torch_impl(xs), short)
@@ -714,6 +715,16 @@ def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
                 rot.decoy_round()
             except Caught as e:
                 out[i] = f"re-timing: {e}"
+                continue
+            except ClockMismatch as e:
+                # A busy machine delays a kernel process's wake-up as a kernel that goes on
+                # working after it answered does (a 2-core machine under a test suite: an
+                # honest 21 us kernel's calls began 262 us late). This round's samples are
+                # dropped; only a second time counts against the kernel.
+                if i not in late:
+                    late.add(i)
+                    continue
+                out[i] = f"re-timing: {type(e).__name__}: {e} (twice)"[:2000]
                 continue
             except (OutsideKill, BackendUnavailable):
                 raise
