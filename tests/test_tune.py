@@ -61,6 +61,15 @@ def test_null_run_end_to_end(tmp_path, monkeypatch, capsys):
     assert "best config" in capsys.readouterr().out
     assert main(["list", "--runs-dir", str(runs)]) == 0
     assert run.name in capsys.readouterr().out
+    # An unfinished run (no summary yet) lists its best so far and its evaluations, as `show`.
+    from tuner.run.report import runs_table
+    from tuner.run.store import list_runs
+    (run / "summary.json").rename(run / "summary.kept")
+    table = runs_table(list_runs(runs))
+    cells = {c.header: list(c._cells) for c in table.columns}
+    assert cells["best"][0].endswith("so far") and cells["evals"] == ["40"], cells
+    assert cells["state"][0].startswith("incomplete")
+    (run / "summary.kept").rename(run / "summary.json")
     assert main(["export", str(run), "--out", str(tmp_path / "exp")]) == 0
     exported = sorted(p.name for p in (tmp_path / "exp").iterdir())
     assert exported == ["softmax_best.json", "softmax_best.txt"]

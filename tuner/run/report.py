@@ -164,11 +164,26 @@ def runs_table(rows) -> Table:
         op = meta.op
         best = (summary or {}).get("best") or {}
         sp = best.get("speedup_vs_reference")
+        shown, evals = fmt_time(best.get("median_s")), str((summary or {}).get("evaluations", "-"))
+        if not summary:  # what `tuner show` says of it: the best verified so far, and the count
+            shown, evals = _so_far(path)
         t.add_row(str(path), op.name, "x".join(str(v) for _, v in op.sizes),
-                  op.dtype, meta.backend, fmt_time(best.get("median_s")),
-                  f"{sp:.2f}x" if sp else "-", str((summary or {}).get("evaluations", "-")),
+                  op.dtype, meta.backend, shown, f"{sp:.2f}x" if sp else "-", evals,
                   "finished" if summary else "incomplete (resume with --resume)")
     return t
+
+
+def _so_far(path) -> tuple[str, str]:
+    """(best verified time so far, records) of an unfinished run; ("-", "-") when unreadable."""
+    from tuner.core.values import Status
+    from tuner.run.store import Store, StoreError
+    try:
+        records = Store.open(path).records()
+    except (StoreError, OSError, ValueError):
+        return "-", "-"
+    ok = [r.seconds for r in records if r.status is Status.OK]
+    evaluated = sum(1 for r in records if r.status is not Status.INVALID)  # as the summary counts
+    return (f"{fmt_time(min(ok))} so far" if ok else "-"), str(evaluated)
 
 
 # ---- sweeps (tuner.sweep.execute: TaskState rows) --------------------------------------------------
