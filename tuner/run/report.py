@@ -174,7 +174,8 @@ def runs_table(rows) -> Table:
 
 
 def _so_far(path) -> tuple[str, str]:
-    """(best verified time so far, records) of an unfinished run; ("-", "-") when unreadable."""
+    """(best verified time so far, configs evaluated) of an unfinished run; ("-", "-") when
+    its records cannot be read."""
     from tuner.core.values import Status
     from tuner.run.store import Store, StoreError
     try:
