@@ -112,3 +112,43 @@ def test_worker_processes_skip_only_what_their_parent_checked(tmp_path, monkeypa
     monkeypatch.setattr(ops, "_CACHE", {})
     op = load_op(spec)
     assert op.flops is None and op.output_names == ("out0",)
+
+
+def test_inputs_are_drawn_where_they_are_wanted_or_on_the_host_if_they_cannot_be(tmp_path):
+    """A problem file's get_inputs() runs with torch's default device set to where the inputs
+    are wanted (a GPU draws its own 64M-element set in milliseconds; drawn on the host and
+    moved, a second per set); one that cannot run there (numpy) is drawn on the host and moved.
+    Either way the parameters come along, redrawn, and the host's draws are what they were."""
+    import torch
+    from tuner.core import problem
+    p = tmp_path / "norm.py"
+    p.write_text(PROBLEM.replace("return torch.softmax(x, dim=1)", "return self.ln(x)").replace(
+        "class Model(nn.Module):\n", "class Model(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.ln = nn.LayerNorm(num_classes)\n\n"))
+    op = problem.problem_op(spec_from_problem_file(p))
+    on_meta = op.make_inputs(5, "meta")
+    assert [t.device.type for t in on_meta] == ["meta"] * 3
+    host = op.make_inputs(5)
+    assert all(torch.equal(a, b) for a, b in zip(host, op.make_inputs(5)))
+    assert not torch.equal(host[1], torch.ones(16))  # LayerNorm's weight, redrawn
+
+    q = tmp_path / "numpy_inputs.py"
+    q.write_text(PROBLEM.replace("return [torch.randn(batch_size, *input_shape)]",
+                                 "return [torch.from_numpy(np.random.default_rng(torch.randint(9, (1,)).item())"
+                                 ".standard_normal((batch_size, num_classes)).astype('float32'))]")
+                 .replace("import torch\n", "import numpy as np\nimport torch\n", 1))
+    op = problem.problem_op(spec_from_problem_file(q))
+    xs = op.make_inputs(3, "meta")
+    assert xs[0].device.type == "meta" and xs[0].shape == (8, 16)  # drawn on the host, moved
+
+
+@pytest.mark.cuda
+def test_a_gpu_draws_a_problem_files_inputs_itself_the_same_for_the_same_seed(tmp_path):
+    import torch
+    from tuner.core import problem
+    p = tmp_path / "derived.py"
+    p.write_text(PROBLEM)
+    op = problem.problem_op(spec_from_problem_file(p))
+    a, b = op.make_inputs(7, "cuda"), op.make_inputs(7, "cuda")
+    assert a[0].device.type == "cuda" and torch.equal(a[0], b[0])
+    assert not torch.equal(a[0], op.make_inputs(8, "cuda")[0])

@@ -66,6 +66,7 @@ class CudaBackend(TritonDevice):
         self._props = None
         self._seen_cache_dirs: dict[str, set[str]] = {}  # run cache -> its folders looked at
         self._last_cache: str | None = None  # the run cache of the kernel loaded last
+        self._ahead: tuple[str, subprocess.Popen] | None = None  # (op, checker waiting): memcheck_ahead
 
     # ---- availability and facts -------------------------------------------------------
 
@@ -119,37 +120,87 @@ class CudaBackend(TritonDevice):
             return {}
         return {"arch": self._arch(), "smem_bytes": self.limits()["smem_bytes"]}
 
-    def memcheck(self, artifact: str, op: OpSpec, timeout_s: float) -> str:
-        """compute-sanitizer's memcheck over one checked launch (tuner.exec.memcheck): an
-        out-of-bounds or misaligned access anywhere in device memory, which guard bands near
-        the buffers do not see. Minutes at most for one launch; not under the interpreter."""
-        if self.interpret:
-            return "not run: Triton's interpreter runs on the host"
+    def _memcheck_cmd(self, artifact: str, op: OpSpec) -> list[str] | None:
         tool = shutil.which("compute-sanitizer") or next(
             (str(p) for p in (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "compute-sanitizer",
                               Path("/usr/local/cuda/bin/compute-sanitizer")) if p.is_file()), None)
         if tool is None:
-            return "not run: compute-sanitizer not found (it comes with the CUDA toolkit)"
+            return None
         import sys
-        cmd = [tool, "--tool", "memcheck", "--error-exitcode", "9", "--print-limit", "5", sys.executable,
-               "-m", "tuner.exec.memcheck", "cuda", artifact, json.dumps(op.to_json())]
+        return [tool, "--tool", "memcheck", "--error-exitcode", "9", "--print-limit", "5", sys.executable,
+                "-m", "tuner.exec.memcheck", "cuda", artifact, json.dumps(op.to_json())]
+
+    def _memcheck_popen(self, cmd: list[str]) -> subprocess.Popen:
         # Without torch's caching allocator every tensor is its own allocation, so a store past a
         # buffer's guard bands is outside any allocation, which is what memcheck sees.
         env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
                "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", str(self.device))}
+        return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env)
+
+    def memcheck_ahead(self, op: OpSpec) -> None:
+        """A checker's process for `op` started now, its imports, the op and the CUDA context
+        made, reading the artifact's path from its stdin (`tuner.exec.memcheck -`): the winner's
+        check then costs its launch (a fresh process took 6-8 s of a run's end on an H200). One
+        at a time; one for another op is ended. It ends by itself when this process does."""
+        if self.interpret:
+            return
+        key = json.dumps(op.to_json(), sort_keys=True)
+        ahead = self._ahead
+        if ahead is not None and ahead[0] == key and ahead[1].poll() is None:
+            return
+        self._end_ahead()
+        cmd = self._memcheck_cmd("-", op)
+        if cmd is not None:
+            self._ahead = (key, self._memcheck_popen(cmd))
+
+    def _end_ahead(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            self._end_ahead_proc(ahead[1])
+
+    def memcheck(self, artifact: str, op: OpSpec, timeout_s: float) -> str:
+        """compute-sanitizer's memcheck over one checked launch (tuner.exec.memcheck): an
+        out-of-bounds or misaligned access anywhere in device memory, which guard bands near
+        the buffers do not see. Minutes at most for one launch; not under the interpreter. In
+        the process started ahead for this op where there is one (`memcheck_ahead`)."""
+        if self.interpret:
+            return "not run: Triton's interpreter runs on the host"
+        cmd = self._memcheck_cmd(artifact, op)
+        if cmd is None:
+            return "not run: compute-sanitizer not found (it comes with the CUDA toolkit)"
+        key = json.dumps(op.to_json(), sort_keys=True)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == key and ahead[1].poll() is None:
+            proc, given = ahead[1], artifact + "\n"
+        else:
+            if ahead is not None:
+                self._end_ahead_proc(ahead[1])
+            proc, given = self._memcheck_popen(cmd), None
         try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+            stdout, stderr = proc.communicate(given, timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            self._end_ahead_proc(proc)
             return f"not run: memcheck took more than {timeout_s:g} s"
-        text = (out.stdout + out.stderr).strip()
-        if out.returncode == 0:
+        except (BrokenPipeError, OSError) as e:  # it ended between the poll and the write
+            self._end_ahead_proc(proc)
+            return f"not run: the checker's process ended early ({e})"
+        text = (stdout + stderr).strip()
+        if proc.returncode == 0:
             return "clean"
         found = [ln.strip() for ln in text.splitlines() if "=========" in ln and ("Invalid" in ln or "Error" in ln)]
-        if out.returncode == 9 or found:
+        if proc.returncode == 9 or found:
             return "errors: " + "; ".join(found[:3] or text.splitlines()[-3:])[:600]
-        if out.returncode == 3:
+        if proc.returncode == 3:
             return "errors: " + text.splitlines()[-1][:600]
-        return f"not run: the checker exited {out.returncode}: " + " ".join(text.splitlines()[-2:])[:400]
+        return f"not run: the checker exited {proc.returncode}: " + " ".join(text.splitlines()[-2:])[:400]
+
+    @staticmethod
+    def _end_ahead_proc(proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            proc.kill()
+        with contextlib.suppress(Exception):
+            proc.communicate(timeout=10)
 
     def device_info(self, peaks: bool = True) -> DeviceInfo:
         import torch

@@ -307,14 +307,32 @@ def _problem_op(spec: OpSpec) -> Op:
     def cast(t):
         return t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
 
+    drawn_on_host: set[str] = set()  # device types this get_inputs() failed to draw on
+
     def make(seed: int, device=None) -> list:
-        # get_inputs draws on the host (moved where asked after), seeded without changing the
-        # caller's random state: `tuner.runtime` makes inputs in the user's own process. The
-        # parameters and buffers are drawn anew for each seed too (`redrawn`).
+        # get_inputs() draws where the inputs are wanted (torch's default device set there),
+        # seeded without changing the caller's host random state: `tuner.runtime` makes inputs
+        # in the user's own process. Drawn on the host and moved, a 64M-element set took about
+        # a second on an H200's machine, and every measurement draws three fresh ones; a
+        # get_inputs() that cannot run there (numpy, a host-only op) draws on the host. The same
+        # seed gives the same inputs on the same kind of device, as for the built-in ops. The
+        # parameters and buffers are drawn anew for each seed too, there (`redrawn`).
+        kind = torch.device(device).type if device is not None else "cpu"
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)  # a GPU's generators too (a get_inputs that draws there)
-            xs = [cast(x) for x in module.get_inputs()] + [cast(redrawn(t)) for _, t in params]
-        return [x.to(device) if device is not None and isinstance(x, torch.Tensor) else x for x in xs]
+            torch.manual_seed(seed)  # a GPU's generators too
+            xs = None
+            if kind != "cpu" and kind not in drawn_on_host:
+                try:
+                    with torch.device(device):
+                        xs = module.get_inputs()
+                except Exception:  # noqa: BLE001 - drawn on the host below, with its own error
+                    drawn_on_host.add(kind)
+                    torch.manual_seed(seed)
+            if xs is None:
+                xs = module.get_inputs()
+            xs = [x.to(device) if device is not None and isinstance(x, torch.Tensor) else x for x in xs]
+            ps = [t.to(device) if device is not None else t for _, t in params]
+            return [cast(x) for x in xs] + [cast(redrawn(t)) for t in ps]
 
     try:
         first = module.get_inputs()
@@ -418,13 +436,13 @@ def redrawn(t):
     are kept and a non-negative tensor stays positive (a running variance stays a variance);
     entries that are not finite (a mask of -inf) and integer tensors are kept as they are."""
     import torch
-    if not t.is_floating_point():
+    if not t.is_floating_point() or t.device.type == "meta":  # meta: shapes only
         return t.clone()
     x = t.detach().double()
     finite = torch.isfinite(x)
     scale = float(x[finite].abs().mean()) if bool(finite.any()) else 1.0
-    factor = torch.exp2(torch.rand(x.shape, dtype=torch.float64) * 2 - 1)
-    shift = torch.rand(x.shape, dtype=torch.float64) * 0.1 * (scale if scale > 0 else 1.0)
+    factor = torch.exp2(torch.rand(x.shape, dtype=torch.float64, device=x.device) * 2 - 1)
+    shift = torch.rand(x.shape, dtype=torch.float64, device=x.device) * 0.1 * (scale if scale > 0 else 1.0)
     return torch.where(finite, x * factor + shift, x).to(t.dtype)
 
 

@@ -4,7 +4,10 @@ this module under compute-sanitizer's memcheck for the winner: `Backend.memcheck
     python -m tuner.exec.memcheck BACKEND ARTIFACT OP_JSON
 
 Exit 0: the launch ran and its outputs, inputs and guard bands check; 3: they do not (the
-reason on stderr). What the memory checker itself finds, it reports on its own."""
+reason on stderr). What the memory checker itself finds, it reports on its own. ARTIFACT `-`:
+the process loads the op and sets up the device first, then reads the artifact's path from a
+line of stdin (started ahead, while the search runs: `Backend.memcheck_ahead`); at the end of
+stdin without one it exits 0, having launched nothing."""
 
 from __future__ import annotations
 
@@ -24,6 +27,14 @@ def main() -> int:
     backend_name, artifact, op_json = sys.argv[1:4]
     backend = get_backend(backend_name, 0)
     op = load_op(OpSpec.from_json(json.loads(op_json)))
+    if artifact == "-":
+        where = backend.data_device()
+        if where is not None:  # the device's context, made now under the checker
+            import torch
+            torch.empty(1, device=where)
+        artifact = sys.stdin.readline().strip()
+        if not artifact:
+            return 0
     kernel = backend.load(artifact, op)
     seed = random.SystemRandom().randrange(1, 2**31)
     why, _, _ = measure.check(backend, kernel, op, seed, measure._reference(op, seed, backend.data_device()))

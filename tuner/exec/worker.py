@@ -379,6 +379,7 @@ def main() -> None:
                 op = OpSpec.from_json(kw["op"]) if kw.get("op") else None
                 if kw.get("bench") and op is not None:
                     m.prepare(backend, op)
+                    backend.memcheck_ahead(op)
                 else:
                     backend.warm(op)
                 value = os.getpid()
