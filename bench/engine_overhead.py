@@ -1,6 +1,6 @@
 """The engine's own cost per evaluation, on the null backend (no compiler, scripted times).
 
-Everything but the kernel is real: Optuna ask/tell with its journal storage, the
+Everything but the kernel is real: Optuna ask/tell (the study in memory, as in a run), the
 constraint filter, rendering, the compile and benchmark worker processes, verification
 against the reference, records fsynced to disk.
 
@@ -52,7 +52,7 @@ def main() -> None:
         ev = Evaluator("null", spec, skeleton, settings, store.path)
         try:
             ev.start()
-            searcher = Searcher(skeleton.space, args.sampler, 0, store.meta().storage)
+            searcher = Searcher(skeleton.space, args.sampler, 0)
             t0 = time.perf_counter()
             p = run_search(store, ev, searcher, args.budget, None, settings.n_compile_workers)
             dt = time.perf_counter() - t0

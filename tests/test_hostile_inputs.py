@@ -100,9 +100,10 @@ def test_out_of_range_numbers_are_refused(capsys, tmp_path, flag):
 
 def test_storage_url_of_an_unknown_database(capsys, tmp_path):
     from tuner.core.space import parse_space as ps
-    from tuner.search.searcher import Searcher, SearchError
+    from tuner.search.searcher import SearchError
+    from tuner.search.study import StudyMirror
     with pytest.raises(SearchError, match="cannot open the Optuna storage 'weird://x'"):
-        Searcher(ps("params:\n  V: [1, 2]\n"), "random", 0, "weird://x")
+        StudyMirror("weird://x", "run", ps("params:\n  V: [1, 2]\n"))
 
 
 @pytest.mark.parametrize("storage, says", [("weird://x", "NoSuchModuleError"),

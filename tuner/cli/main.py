@@ -108,6 +108,9 @@ def cmd_tune(args) -> int:
             return _tune_one(args, settings, store)
     else:
         spec = build_spec(args)
+        if args.study_name and not args.storage:
+            raise SearchError("--study-name names the study kept in --storage; pass --storage too "
+                              "(e.g. --storage runs/study.journal)")
         check_storage(args.storage)  # before a run directory exists, as every mistake below
         backend = args.backend or ("sim" if args.chip else default_backend())
         if args.chip and backend not in ("sim", "npu"):
@@ -145,6 +148,7 @@ def cmd_tune(args) -> int:
         store = create_run(settings, spec, backend, skeleton, args.sampler, args.seed, args.storage,
                            command=redacted_argv(sys.argv),
                            extra={"budget": args.budget or DEFAULT_BUDGET, "patience": args.patience,
+                                  **({"study_name": args.study_name} if args.study_name else {}),
                                   "warm_start": args.warm_start,
                                   **({"backend_options": options} if options else {})})
         with store.lock():
@@ -206,7 +210,8 @@ def _tune_rounds(args, settings: Settings, store: Store | None, spec: OpSpec | N
             raise LLMError(f"--llm-prompts: {e}") from None
         rounds = args.rounds or 3
         store = create_rounds_run(settings, spec, backend, meta, rounds, start, args.sampler, args.seed,
-                                  args.storage, command=redacted_argv(sys.argv), patience=args.patience)
+                                  args.storage, command=redacted_argv(sys.argv), patience=args.patience,
+                                  study_name=args.study_name)
         print(f"run {store.path}: {rounds} round(s) with {llm.model} at "
               f"{llm.base_url or 'the default endpoint'}", file=sys.stderr)
         with store.lock():
@@ -385,8 +390,10 @@ def parser() -> argparse.ArgumentParser:
                         "JSON (FILE@SHAPE for one of its shapes) or a JSON list of configs (repeatable)")
     t.add_argument("--seed", type=int)
     t.add_argument("--parallel", type=int, help="evaluations in flight (default: one per core)")
-    t.add_argument("--storage", help="keep the Optuna study in this storage too: an RDB URL (sqlite:///study.db) "
-                        "or a .journal file path (default: in memory, rebuilt from records.jsonl)")
+    t.add_argument("--storage", help="also keep the run as an Optuna study (times in seconds, real param "
+                        "values, failures as FAIL trials with their reasons) for optuna-dashboard: an RDB "
+                        "URL (sqlite:///study.db) or a .journal file path")
+    t.add_argument("--study-name", help="the study's name in --storage (default: the run's id)")
     t.add_argument("--runs-dir", help="where runs go (default: runs/)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run that was stopped or killed")
     t.add_argument("--run-timeout", type=float, help="seconds to verify and time one config")

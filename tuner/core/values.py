@@ -262,7 +262,7 @@ class RunMeta:
     tuner: str = ""              # the version of the tool that created the run
     command: str = ""            # the command line, key flags redacted
     storage: str | None = None   # an Optuna storage URL that also keeps the study
-    study_name: str = "tuner"
+    study_name: str = ""  # of the study --storage keeps (tuner.search.study); "": the run's id
     skeleton: dict | None = None  # {name, hash, template, space}: where the skeleton came from
     budget: int | None = None
     patience: int | None = None

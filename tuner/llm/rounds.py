@@ -28,7 +28,8 @@ from tuner.run.tune import QuietView, _iqr, create_run, execute, keep_problem, w
 
 def create_rounds_run(settings: Settings, spec: OpSpec, backend: str, proposer: dict, rounds: int,
                       start: Skeleton | None = None, sampler: str = "guided", seed: int | None = None,
-                      storage: str | None = None, command: str = "", patience: int | None = None) -> Store:
+                      storage: str | None = None, command: str = "", patience: int | None = None,
+                      study_name: str | None = None) -> Store:
     """A run of `rounds` rounds. Each round is a whole run directory under rounds/NN/; round 1
     searches `start` when given, else the proposer's skeleton; later rounds the proposer's
     revision. `proposer` is the proposer's description (`Proposer.meta()`, no key). llm/ keeps every call's transcript; best/ and summary.json name the overall winner."""
@@ -42,7 +43,7 @@ def create_rounds_run(settings: Settings, spec: OpSpec, backend: str, proposer: 
         keep_problem(store, spec)
         store.write_meta(RunMeta(id=store.path.name, op=spec, backend=backend, rounds=rounds,
                                  proposer=proposer, sampler=sampler, seed=seed, storage=storage,
-                                 patience=patience, command=command, tuner=__version__,
+                                 study_name=study_name or store.path.name, patience=patience, command=command, tuner=__version__,
                                  created=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
     except OSError:  # a directory that could not be written whole (a full disk): no debris
         shutil.rmtree(store.path, ignore_errors=True)
@@ -128,7 +129,7 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
                 rstore.write_text("skeleton/space.yaml", proposal.space_text)
                 create_run(settings, spec, backend, sk, meta.sampler, meta.seed + r, meta.storage,
                            meta.command, path=rstore.path,
-                           extra={"round": r, "study_name": f"round-{r:02d}", "parent_run": store.path.name,
+                           extra={"round": r, "study_name": f"{meta.study_name or store.path.name}-round-{r:02d}", "parent_run": store.path.name,
                                   "patience": meta.patience})
             sk = rstore.skeleton()
             space_text = (rstore.path / "skeleton/space.yaml").read_text()

@@ -109,12 +109,14 @@ class Interrupted(Exception):
 def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: int,
                time_budget_s: float | None, parallel: int | Callable[[], int],
                on_progress: Callable[[Progress], None] = lambda p: None,
-               restart_patience: bool = False, stop: threading.Event | None = None) -> Progress:
+               restart_patience: bool = False, stop: threading.Event | None = None,
+               on_record: Callable[[Record], None] = lambda r: None) -> Progress:
     """`parallel`: evaluations kept in flight, or a function asked before each ask (a sweep
     raises it as its other tasks finish, so that the last ones keep the devices fed).
     `restart_patience`: the records on disk do not count towards `--patience` (see
     `Searcher.restart_patience`). `stop`: once set, nothing new is asked; the evaluations in
-    flight finish and are recorded, then `Interrupted` is raised."""
+    flight finish and are recorded, then `Interrupted` is raised. `on_record`: called with each
+    new record once it is on disk (the study kept for people: tuner.search.study)."""
     space = searcher.space
     limit = parallel if callable(parallel) else (lambda: parallel)
     known: dict[str, Record] = {}
@@ -125,15 +127,7 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
         known[r.config.key] = r
         _count(progress, r)
 
-    if searcher.persistent:
-        # A killed run leaves trials RUNNING: tell those that have a record, drop the rest.
-        for number, config in searcher.running_trials():
-            if config.key in known:
-                searcher.tell(number, known[config.key])
-            else:
-                searcher.abandon(number)
-    else:
-        searcher.replay(list(known.values()))
+    searcher.replay(list(known.values()))
     if restart_patience:
         searcher.restart_patience()
 
@@ -145,6 +139,7 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
 
     def finish(trial, record: Record) -> None:
         store.append(record)  # on disk before Optuna hears of it: a kill loses nothing
+        on_record(record)
         known[record.config.key] = record
         searcher.tell(trial, record)
         for other in waiting.pop(record.config.key, []):
@@ -359,7 +354,8 @@ def create_run(settings: Settings, spec: OpSpec, backend: str, skeleton: Skeleto
             "id": store.path.name, "op": spec.to_json(), "backend": backend,
             "skeleton": {"name": skeleton.name, "hash": skeleton.hash,
                          "template": skeleton.template_path, "space": skeleton.space.source},
-            "sampler": sampler, "seed": seed, "storage": storage, "command": command,
+            "sampler": sampler, "seed": seed, "storage": storage, "study_name": store.path.name,
+            "command": command,
             "tuner": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **(extra or {})}))
     except OSError:
         if path is None:  # a new directory that could not be written whole (a full disk): no debris
@@ -435,7 +431,13 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         searcher = prepare_searcher(skeleton.space, meta.sampler, meta.seed, evaluator.check,
                                     evaluator.context, evaluator.limits, (*seeds, *warm), notes,
                                     {"prior": prior} if meta.sampler == "guided" else None,
-                                    storage=meta.storage, study_name=meta.study_name, patience=meta.patience)
+                                    patience=meta.patience)
+        mirror = None
+        if meta.storage:
+            from tuner.search.study import StudyMirror
+            mirror = StudyMirror(meta.storage, meta.study_name or meta.id, skeleton.space,
+                                 {"run": str(store.path), "op": meta.op.key, "backend": meta.backend})
+            mirror.sync(store.records())
         for line in notes if not store.records() else ():  # said once, not again on a resume
             view.note(line)
         if not store.records():
@@ -452,7 +454,8 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         evaluator.start(wait=False, on_device=keep_device)
         progress = run_search(store, evaluator, searcher, budget, time_budget_s,
                               parallel or getattr(evaluator, "default_parallel", None)
-                              or settings.n_compile_workers, view, restart_patience, stop)
+                              or settings.n_compile_workers, view, restart_patience, stop,
+                              mirror.add if mirror is not None else (lambda r: None))
         evaluator.wait_reference()  # a search that measured nothing has not waited for it
         timeline = {"device_s": round((evaluator.device_done or time.monotonic()) - started, 2)}
         timeline["device_and_reference_s"] = round((evaluator.reference_done or time.monotonic()) - started, 2)

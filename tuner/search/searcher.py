@@ -22,7 +22,9 @@ invalid or fails is told COMPLETE with a penalty value *and* a violated constrai
 (`trial.set_constraint`), because built-in samplers ignore FAILed trials entirely and would
 propose the same bad region again; TPE ranks constraint-violating trials below every
 feasible one. The searcher never evaluates a config twice: the caller answers repeats from
-its record cache through `tell`.
+its record cache through `tell`. This study lives in memory and is rebuilt from
+records.jsonl on a resume; what `--storage` keeps is a study written for people
+(tuner.search.study).
 """
 
 from __future__ import annotations
@@ -156,7 +158,7 @@ def _storage_error(storage: str, e: Exception) -> SearchError:
 
 class Searcher:
     def __init__(self, space: Space, sampler: str = DEFAULT_SAMPLER, seed: int | None = None,
-                 storage: str | None = None, study_name: str = "tuner", n_startup: int = 8,
+                 n_startup: int = 8,
                  check=None, patience: int | None = None, encoding: str = "ordinal",
                  sampler_options: dict | None = None):
         """`check(config) -> reason or None`: the space's formulas under the run's sizes and
@@ -175,23 +177,12 @@ class Searcher:
             self._encode, self._decode = encode, decode
         # Made outside the try: its errors (a seed out of range) are not the storage's.
         made = make_sampler(sampler, space, seed, n_startup, check, encoding, sampler_options)
-        try:
-            self.study = optuna.create_study(direction="minimize", sampler=made, storage=open_storage(storage),
-                                             study_name=study_name, load_if_exists=True)
-        except SearchError:
-            raise
-        except Exception as e:  # SQLAlchemy's errors (an unknown dialect, a refused login) are its own classes
-            raise _storage_error(storage, e) from None
-
-    @property
-    def persistent(self) -> bool:
-        """Whether the study lives in an Optuna storage that outlives this process."""
-        return not isinstance(self.study._storage, optuna.storages.InMemoryStorage)  # noqa: SLF001
+        self.study = optuna.create_study(direction="minimize", sampler=made)
 
     def replay(self, records: list[Record]) -> None:
-        """Teach a fresh in-memory study what the records say, without asking the sampler.
-        records.jsonl is the run's durable log; an in-memory study rebuilt from it is as good as
-        a persistent Optuna storage, and far cheaper per trial."""
+        """Teach the fresh study what the records say, without asking the sampler.
+        records.jsonl is the run's durable log; a study rebuilt from it is as good as one kept
+        in an Optuna storage, and far cheaper per trial."""
         trials = []
         for r in records:
             if not self.space.contains(r.config) or r.status is Status.INFRA_ERROR:
@@ -257,15 +248,6 @@ class Searcher:
     def abandon(self, number: int) -> None:
         """A trial whose evaluation never finished (the run was killed): it taught nothing."""
         self.study.tell(number, state=optuna.trial.TrialState.FAIL)
-
-    def running_trials(self) -> list[tuple[int, Config]]:
-        out = []
-        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            try:
-                out.append((t.number, self._decode(self.space, t.params)))
-            except (KeyError, IndexError, ValueError):
-                out.append((t.number, Config.of({})))
-        return out
 
 
 def prepare_searcher(space: Space, sampler: str, seed: int | None, check, context: dict[str, Any],
