@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from tuner.core.settings import Settings  # noqa: E402
 from tuner.run.store import Store  # noqa: E402
-from tuner.sweep.execute import run_sweep  # noqa: E402
-from tuner.sweep.plan import load_plan  # noqa: E402
+from tuner.sweeps.execute import run_sweep  # noqa: E402
+from tuner.sweeps.plan import load_plan  # noqa: E402
 
 TASKS = {  # backend -> (op, shape) list; dtype per backend below
     "cuda": [("softmax", "4096x4096"), ("softmax", "16384x2048"), ("rmsnorm", "4096x4096"),

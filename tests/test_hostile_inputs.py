@@ -287,7 +287,7 @@ def test_ctrl_c_names_the_run_to_resume(capsys, tmp_path, monkeypatch):
     ("total_time_s: -1\n", "`total_time_s:` must be positive"),
 ])
 def test_sweep_file_mistakes_are_refused_before_any_task(tmp_path, text, says):
-    from tuner.sweep.plan import SweepError, load_plan
+    from tuner.sweeps.plan import SweepError, load_plan
     f = tmp_path / "sweep.yaml"
     f.write_text(f'backend: "null"\n{text}ops:\n  softmax: {{shapes: [8x8], template: {FIXTURES}/null/good.txt.j2, '
                  f'space: {FIXTURES}/null/good.yaml}}\n')
@@ -301,7 +301,7 @@ def test_sweep_file_mistakes_are_refused_before_any_task(tmp_path, text, says):
 def test_one_task_with_two_skeletons_is_refused_and_a_repeated_shape_runs_once(tmp_path):
     """Two entries with the same op, shape and dtype but different skeletons would share one run
     directory: the second skeleton was silently never searched."""
-    from tuner.sweep.plan import SweepError, load_plan
+    from tuner.sweeps.plan import SweepError, load_plan
     f = tmp_path / "sweep.yaml"
     entry = "{{op: softmax, shapes: [8x8, 8x8], template: {0}/null/{1}.txt.j2, space: {0}/null/{1}.yaml}}"
     f.write_text(f'backend: "null"\nops:\n  a: {entry.format(FIXTURES, "good")}\n'

@@ -90,6 +90,20 @@ def test_compile_shapes_from_meta_tensors_are_the_live_ops(path):
         assert light == tuple(arg_specs(load_op(spec))) or list(light) == list(arg_specs(load_op(spec)))
 
 
+@pytest.mark.parametrize("path", _problem_files(), ids=lambda p: p.stem)
+def test_a_workers_op_from_meta_tensors_is_its_parents(path, monkeypatch):
+    """A worker process (its parent ran the Model on real inputs) builds the op from meta
+    tensors: the same names, outputs, FLOPs and bytes, with nothing drawn or computed."""
+    from tuner.core import ops, problem
+    spec = spec_from_problem_file(path, "bf16")
+    parent = problem.problem_op(spec)
+    monkeypatch.setattr(problem, "CHECKED_ELSEWHERE", True)
+    monkeypatch.setattr(ops, "_CACHE", {})
+    worker = problem.problem_op(spec)
+    assert (worker.input_names, worker.output_names, worker.flops, worker.bytes) == \
+        (parent.input_names, parent.output_names, parent.flops, parent.bytes)
+
+
 def test_a_file_that_cannot_run_on_meta_gets_no_shape_only_answer(tmp_path):
     from tuner.core.problem import shape_only_arg_specs
     p = tmp_path / "hostonly.py"

@@ -115,7 +115,7 @@ def test_an_address_nobody_answers_at_fails_in_seconds_with_what_to_do():
 
 def test_core_imports_without_ray():
     code = ("import sys; sys.modules['ray'] = None\n"
-            "import tuner.cli.main, tuner.run.tune, tuner.sweep.execute, tuner.serve.db, tuner.serve.runtime, tuner.exec.ray_executor\n"
+            "import tuner.cli.main, tuner.run.tune, tuner.sweeps.execute, tuner.serve.db, tuner.serve.runtime, tuner.exec.ray_executor\n"
             "print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)

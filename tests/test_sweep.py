@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import FIXTURES
 from tuner.cli.main import main
 from tuner.run.store import Store
-from tuner.sweep.plan import SweepError, load_plan
+from tuner.sweeps.plan import SweepError, load_plan
 
 SWEEP = FIXTURES / "sweep/null.yaml"
 
@@ -172,7 +172,7 @@ def test_ray_sweep_gives_the_local_winners(tmp_path):
 
 
 def test_a_shape_yaml_reads_as_a_number_says_quote_it(tmp_path):
-    from tuner.sweep.plan import SweepError, load_plan
+    from tuner.sweeps.plan import SweepError, load_plan
     f = tmp_path / "s.yaml"
     f.write_text("backend: cpu\nops:\n  softmax: {shapes: [64x64, 0x40]}\n")
     with pytest.raises(SweepError, match="bad shape 64: a number.*quoted if it starts with 0x"):
@@ -247,7 +247,7 @@ def test_an_unexpected_error_in_a_first_task_does_not_leave_its_later_tasks_wait
     import threading
 
     from tuner.core.settings import Settings
-    from tuner.sweep import execute as sweep
+    from tuner.sweeps import execute as sweep
     real = sweep.execute
 
     def execute(store, *a, **k):

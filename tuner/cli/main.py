@@ -30,7 +30,7 @@ from tuner.llm.rounds import create_rounds_run, execute_rounds
 from tuner.run.store import Store, StoreError, list_runs
 from tuner.run.tune import create_run, execute, keep_resume_settings, refuse_empty_space, with_backend_options
 from tuner.search.searcher import SAMPLERS, SearchError, check_storage
-from tuner.sweep.plan import SweepError
+from tuner.sweeps.plan import SweepError
 
 USER_ERRORS = (LandscapeError, OpError, SpaceError, SkeletonError, BackendUnavailable, StoreError, SearchError,
                LLMError, ProposerError, SweepError)
@@ -91,6 +91,23 @@ def choose_skeleton(args, spec: OpSpec, backend: str) -> Skeleton:
 
 
 def cmd_tune(args) -> int:
+    from tuner.run.report import console, summary_table
+    store, summary = tune_from_args(args)
+    if args.json:
+        print(json.dumps(summary, indent=1, default=str))
+    else:
+        console.print(summary_table(summary, str(store.path)))
+        if summary.get("rounds"):
+            console.print(rounds_table(summary))
+            if summary.get("stopped"):
+                print(f"note: {summary['stopped']}", file=sys.stderr)
+    return 0
+
+
+def tune_from_args(args) -> tuple[Store, dict]:
+    """What `tuner tune` does with its parsed arguments (also `tuner.api.tune`'s): the run's
+    store and its summary. Bad input raises one of USER_ERRORS before any run directory
+    exists."""
     settings = Settings.from_env(runs_dir=args.runs_dir, run_timeout_s=args.run_timeout,
                                  compile_timeout_s=args.compile_timeout)
     if args.resume:
@@ -155,9 +172,9 @@ def cmd_tune(args) -> int:
             return _tune_one(args, settings, store)
 
 
-def _tune_one(args, settings: Settings, store: Store) -> int:
+def _tune_one(args, settings: Settings, store: Store) -> tuple[Store, dict]:
     """Search a single-skeleton run (new or resumed) whose lock this process holds."""
-    from tuner.run.report import ProgressView, console, summary_table
+    from tuner.run.report import ProgressView
     args.resume_hint = f"tuner tune --resume {shlex.quote(str(store.path))}"
     with _executor(args, settings, store) as make_evaluator, ProgressView(not args.quiet) as view:
         budget, restart = _run_settings(args, store)
@@ -165,11 +182,7 @@ def _tune_one(args, settings: Settings, store: Store) -> int:
                           make_evaluator=with_backend_options(make_evaluator,
                                                               store.meta().backend_options),
                           restart_patience=restart)
-    if args.json:
-        print(json.dumps(summary, indent=1, default=str))
-    else:
-        console.print(summary_table(summary, str(store.path)))
-    return 0
+    return store, summary
 
 
 def _run_settings(args, store: Store) -> tuple[int, bool]:
@@ -197,9 +210,9 @@ def _executor(args, settings: Settings, store: Store):
 
 
 def _tune_rounds(args, settings: Settings, store: Store | None, spec: OpSpec | None = None,
-                 backend: str | None = None, llm: LLMConfig | None = None) -> int:
+                 backend: str | None = None, llm: LLMConfig | None = None) -> tuple[Store, dict]:
     """A multi-round run with a model proposer: a new one (spec, backend, llm) or a resumed one."""
-    from tuner.run.report import ProgressView, console, summary_table
+    from tuner.run.report import ProgressView
     if store is None:
         assert spec is not None and backend is not None and llm is not None
         start = choose_skeleton(args, spec, backend) if (args.template or args.space) else None
@@ -224,14 +237,7 @@ def _tune_rounds(args, settings: Settings, store: Store | None, spec: OpSpec | N
         summary = execute_rounds(store, settings, proposer, _run_settings(args, store)[0], args.time_budget,
                                  args.parallel, view,
                                  make_evaluator=make_evaluator)
-    if args.json:
-        print(json.dumps(summary, indent=1, default=str))
-    else:
-        console.print(summary_table(summary, str(store.path)))
-        console.print(rounds_table(summary))
-        if summary.get("stopped"):
-            print(f"note: {summary['stopped']}", file=sys.stderr)
-    return 0
+    return store, summary
 
 
 def rounds_table(summary: dict):
@@ -267,6 +273,21 @@ def cmd_show(args) -> int:
                          f"writes it again from the records")
     if args.feedback:
         return _show_feedback(store)
+    if args.csv or args.parquet:
+        from tuner.api import Run
+        run = Run(store.path)
+        if args.parquet:
+            try:
+                print(f"wrote {run.to_parquet(args.parquet)}", file=sys.stderr)
+            except ImportError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+        if args.csv == "-":
+            sys.stdout.write(run.to_csv())
+        elif args.csv:
+            run.to_csv(args.csv)
+            print(f"wrote {args.csv}", file=sys.stderr)
+        return 0
     if summary is None and store.meta().is_rounds:
         print(f"{store.path}: incomplete {store.meta().rounds}-round run")
         for rdir in sorted((store.path / "rounds").glob("[0-9]*")) if (store.path / "rounds").is_dir() else []:
@@ -293,6 +314,12 @@ def cmd_show(args) -> int:
             console.print(rounds_table(summary))
             if summary.get("stopped"):
                 print(f"stopped early: {summary['stopped']}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from tuner.run.html import write_report
+    print(write_report(args.path, args.out))
     return 0
 
 
@@ -438,7 +465,15 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("run")
     s.add_argument("--json", action="store_true")
     s.add_argument("--feedback", action="store_true", help="print what the search learned (each round's)")
+    s.add_argument("--csv", metavar="FILE", help="write the records flattened (config, status, median, IQR, "
+                   "errors) as CSV to FILE ('-': stdout)")
+    s.add_argument("--parquet", metavar="FILE", help="the same as a Parquet file (needs pandas and pyarrow)")
     s.set_defaults(fn=cmd_show)
+
+    r = sub.add_parser("report", help="write a run's or a sweep's HTML report (plots; opens offline)")
+    r.add_argument("path", help="a run directory or a sweep folder")
+    r.add_argument("--out", help="the HTML file (default: report.html inside it)")
+    r.set_defaults(fn=cmd_report)
 
     ls = sub.add_parser("list", help="list runs")
     ls.add_argument("--runs-dir")
@@ -529,6 +564,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: a worker failed outside any candidate ({e.reason}); see the run's workers.log",
               file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader went away (`tuner show --json | head`): not an error of this command. The
+        # interpreter's own flush at exit would raise again; stdout goes nowhere from here.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         # The exact command: a user who pressed Ctrl-C has not seen the run's path yet.
         hint = getattr(args, "resume_hint", None)

@@ -7,14 +7,14 @@ import sys
 
 from tuner.core.settings import Settings
 from tuner.run.store import Store
-from tuner.sweep.execute import run_sweep
-from tuner.sweep.plan import load_plan
+from tuner.sweeps.execute import run_sweep
+from tuner.sweeps.plan import load_plan
 
 
 def add_cli(sub) -> None:
     s = sub.add_parser("sweep", help="tune ops x shapes x dtypes from a sweep file (resumable)",
                        description="Run every task of a sweep file; re-run the same command to resume. "
-                                   "Sweep file format: see tuner/sweep/plan.py or the README, 'Sweeps'.")
+                                   "Sweep file format: see tuner/sweeps/plan.py or the README, 'Sweeps'.")
     s.add_argument("file", help="the sweep file (YAML)")
     s.add_argument("--out", help="the sweep folder (default: the file's `out:`, else sweeps/<name>)")
     s.add_argument("--backend", help="override the file's backend")
@@ -35,6 +35,19 @@ def cmd_sweep(args) -> int:
     import json as _json
 
     from tuner.run.report import console, sweep_table
+    summary = sweep_from_args(args)
+    if args.json:
+        print(_json.dumps(summary, indent=1, default=str))
+    else:
+        console.print(sweep_table(summary, summary.get("folder", "")))
+        if summary.get("report"):
+            print(f"report: {summary['report']}")
+    return 0 if all(r["state"] == "done" for r in summary["tasks"]) else 1
+
+
+def sweep_from_args(args) -> dict:
+    """What `tuner sweep` does with its parsed arguments (also `tuner.api.sweep`'s): the
+    sweep's summary, with the sweep folder under "folder"."""
     settings = Settings.from_env(run_timeout_s=args.run_timeout, compile_timeout_s=args.compile_timeout)
     plan = load_plan(args.file, args.backend)
     folder = plan.folder(args.out)
@@ -46,8 +59,4 @@ def cmd_sweep(args) -> int:
         args.resume_hint = shlex.join(["tuner", *sys.argv[1:]])  # what Ctrl-C or an error says to run again
         summary = run_sweep(plan, settings, args.executor, args.ray_address, args.devices, args.concurrency,
                             args.out, not args.quiet, parallel=args.parallel)
-    if args.json:
-        print(_json.dumps(summary, indent=1, default=str))
-    else:
-        console.print(sweep_table(summary, str(folder)))
-    return 0 if all(r["state"] == "done" for r in summary["tasks"]) else 1
+    return {**summary, "folder": str(folder)}

@@ -335,7 +335,11 @@ def _problem_op(spec: OpSpec) -> Op:
             return [cast(x) for x in xs] + [cast(redrawn(t)) for t in ps]
 
     try:
-        first = module.get_inputs()
+        try:  # its length and kinds, on meta tensors: a full draw here cost seconds at 64M elements
+            with torch.device("meta"):
+                first = module.get_inputs()
+        except Exception:  # noqa: BLE001 - one that cannot run on meta: drawn for real
+            first = module.get_inputs()
     except Exception as e:
         tb = traceback.format_exception(type(e), e, e.__traceback__)
         raise OpError(f"{spec.source}: get_inputs() failed:\n{''.join(tb[-3:]).strip()}") from None
@@ -381,6 +385,11 @@ def _problem_op(spec: OpSpec) -> Op:
             return as_list(torch.func.functional_call(on_inputs_device(model_dt, xs),
                                                       dict(zip(param_names, xs[n_in:])), tuple(xs[:n_in])))
 
+    if CHECKED_ELSEWHERE:  # a worker: shapes and FLOPs from meta tensors, if the Model runs there
+        light = _on_meta(make, ref)
+        if light is not None:
+            sample, outs, flops = light
+            return _op(spec, params, sample, outs, flops, make, ref, impl, call)
     try:
         sample = make(0)
     except Exception as e:
@@ -394,14 +403,7 @@ def _problem_op(spec: OpSpec) -> Op:
     try:
         # The FLOPs torch counts (matmuls, convolutions; not elementwise work): a lower bound
         # on the work, for the physics check that no kernel beats the device's peak.
-        doubles = [x.double() if x.is_floating_point() else x for x in sample]
-        if COUNT_FLOPS:
-            from torch.utils.flop_counter import FlopCounterMode
-            with FlopCounterMode(display=False) as counter:
-                outs = ref(doubles)
-            flops = float(counter.get_total_flops()) or None
-        else:
-            outs, flops = ref(doubles), None
+        outs, flops = _count_flops(ref, [x.double() if x.is_floating_point() else x for x in sample])
     except Exception as e:
         tb = traceback.format_exception(type(e), e, e.__traceback__)
         raise OpError(f"{spec.source}: Model(...)(*get_inputs()) failed (in float64):\n"
@@ -421,6 +423,36 @@ def _problem_op(spec: OpSpec) -> Op:
                               f"give its sizes positive values (--size NAME=VALUE)")
     if not CHECKED_ELSEWHERE:
         _check_deterministic(spec, ref, sample, outs)
+    return _op(spec, params, sample, outs, flops, make, ref, impl, call)
+
+
+def _count_flops(ref, doubles: list):
+    """(outputs, the FLOPs torch counts or None) of the reference on `doubles`."""
+    if not COUNT_FLOPS:
+        return ref(doubles), None
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        outs = ref(doubles)
+    return outs, float(counter.get_total_flops()) or None
+
+
+def _on_meta(make, ref):
+    """(sample, outputs, FLOPs) from the reference run on meta tensors (FLOPs are counted from
+    shapes), or None where the Model cannot run there. For worker processes, whose parent ran
+    it on real inputs and checked what it returned."""
+    import torch
+    try:
+        sample = make(0, "meta")
+        outs, flops = _count_flops(ref, [x.double() if x.is_floating_point() else x for x in sample])
+    except Exception:  # noqa: BLE001 - the real inputs and reference then
+        return None
+    if not all(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in [*sample, *outs]):
+        return None
+    return sample, outs, flops
+
+
+def _op(spec: OpSpec, params: list, sample: list, outs: list, flops, make, ref, impl, call) -> Op:
+    n_in = len(sample) - len(params)
     names = tuple(f"in{i}" for i in range(n_in)) + tuple(re.sub(r"\W", "_", n) for n, _ in params)
     moved = sum(x.numel() * x.element_size() for x in sample) + sum(
         o.numel() * DTYPE_BYTES[spec.dtype] for o in outs)
@@ -456,8 +488,10 @@ def _check_deterministic(spec: OpSpec, ref, sample: list, first: list) -> None:
     # and is not deterministic as far as a check can tell either.
     again = ref([x.double() if x.is_floating_point() else x.clone() for x in sample])
     for i, (a, b) in enumerate(zip(first, again)):
-        same = torch.equal(a, b) if not a.is_floating_point() else \
-            a.shape == b.shape and torch.allclose(a, b, rtol=1e-9, atol=1e-12, equal_nan=True)
+        # torch.equal first: a deterministic forward is usually bit-identical, and allclose of
+        # 64M float64 elements took seconds on the host.
+        same = torch.equal(a, b) or (a.is_floating_point() and a.shape == b.shape
+                                     and torch.allclose(a, b, rtol=1e-9, atol=1e-12, equal_nan=True))
         if not same:
             diff = (a.double() - b.double()).abs().nan_to_num(0).max().item() if a.shape == b.shape else None
             raise OpError(f"{spec.source}: output {i} of Model.forward differs between two calls on the "

@@ -13,6 +13,16 @@ def _default_cache() -> str:
     return str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tuner")
 
 
+def _flag(text: str) -> bool:
+    """A yes/no setting from the environment (bool("0") would be True)."""
+    t = text.strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(text)
+
+
 @dataclass(frozen=True)
 class Settings:
     runs_dir: str = "runs"
@@ -37,6 +47,7 @@ class Settings:
     compile_workers: int = 0  # 0: one per CPU core
     worker_memory_gb: float = 0.0  # 0: three quarters of the machine's memory
     worker_cpu_s: int = 600  # CPU seconds (all threads) one compile or measure request may use
+    report: bool = True  # write report.html (tuner.run.html) into each run directory at its end
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
@@ -46,7 +57,7 @@ class Settings:
             if env is not None:
                 kind = type(getattr(cls(), f.name))
                 try:
-                    values[f.name] = kind(env)
+                    values[f.name] = _flag(env) if kind is bool else kind(env)
                 except ValueError:
                     raise ValueError(f"TUNER_{f.name.upper()}={env!r} is not a valid {kind.__name__}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})

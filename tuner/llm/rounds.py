@@ -151,7 +151,9 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
         proposer.close()
         if pools is not None:
             pools.close()
-    return _finish_rounds(store, done, stopped, side_by_side)
+    summary = _finish_rounds(store, done, stopped, side_by_side)
+    from tuner.run.html import report_at_end
+    return report_at_end(store, summary, settings.report, view.note)
 
 
 def _keep_phases(rstore: Store, began: float, summary: dict) -> None:

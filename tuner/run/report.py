@@ -152,6 +152,8 @@ def summary_table(s: dict[str, Any], run_dir: str = "") -> Table:
     t.add_row("wall time", f"{s['wall_s']:.1f} s")
     if run_dir:
         t.add_row("run", run_dir)
+    if s.get("report"):
+        t.add_row("report", f"{s['report']} (plots; opens offline in a browser)")
     return t
 
 
@@ -187,7 +189,7 @@ def _so_far(path) -> tuple[str, str]:
     return (f"{fmt_time(min(ok))} so far" if ok else "-"), str(evaluated)
 
 
-# ---- sweeps (tuner.sweep.execute: TaskState rows) --------------------------------------------------
+# ---- sweeps (tuner.sweeps.execute: TaskState rows) --------------------------------------------------
 
 class _TaskView:
     """The per-task view that `tune.execute` calls; it feeds the one sweep view."""
@@ -208,7 +210,7 @@ class SweepView:
     """One progress view for the whole sweep: a live table on a terminal, a line every few
     seconds elsewhere (logs, CI)."""
 
-    def __init__(self, states: list, enabled: bool = True):  # of tuner.sweep.TaskState
+    def __init__(self, states: list, enabled: bool = True):  # of tuner.sweeps.TaskState
         self.states, self.enabled = states, enabled
         self.tty = sys.stderr.isatty()
         self.started = time.monotonic()

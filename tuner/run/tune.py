@@ -468,7 +468,9 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         winner = pick_winner(store, evaluator, settings)
         if winner is not None:
             write_best(store, skeleton, evaluator, winner)
-        return summarize(store, winner, evaluator, time.monotonic() - started, timeline, progress.stopped)
+        summary = summarize(store, winner, evaluator, time.monotonic() - started, timeline, progress.stopped)
+        from tuner.run.html import report_at_end
+        return report_at_end(store, summary, settings.report, view.note)
     finally:
         evaluator.close()
 

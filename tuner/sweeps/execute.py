@@ -1,5 +1,5 @@
 """Offline sweeps: ops x shapes x dtypes in one command, resumable, with one summary table.
-The sweep file and its Plan: `tuner.sweep.plan`.
+The sweep file and its Plan: `tuner.sweeps.plan`.
 
 Every task is a whole run directory, `<sweep>/tasks/<op>-<shape>-<dtype>-<backend>`, created by
 `tune.create_run` and searched by `tune.execute`, so that re-running the same command resumes:
@@ -26,6 +26,7 @@ import concurrent.futures as cf
 import dataclasses
 import functools
 import math
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ from tuner.run.tune import (
     keep_resume_settings,
     stopped_by_patience,
 )
-from tuner.sweep.plan import Plan, SweepError, Task
+from tuner.sweeps.plan import Plan, SweepError, Task
 
 # ---- a task's state (shown by report.SweepView) -------------------------------------------
 
@@ -244,6 +245,10 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
     summary["tasks_at_once"] = k
     summary["evaluations_in_flight_per_task"] = per_task_parallel
     Store(folder).write_json("summary.json", summary)
+    if not interrupted:
+        from tuner.run.html import report_at_end
+        summary = report_at_end(Store(folder), summary, settings.report,
+                                lambda text: print(f"note: {text}", file=sys.stderr))
     if interrupted:
         raise KeyboardInterrupt  # the command says how to resume, and exits 130
     return summary

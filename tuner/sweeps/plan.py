@@ -1,6 +1,6 @@
 """A sweep file, read and checked into a Plan: its tasks (op, shape, dtype, backend, skeleton)
 and settings, or a SweepError naming the file and the entry, before any task runs
-(`tuner.sweep.execute` runs the plan).
+(`tuner.sweeps.execute` runs the plan).
 
 A sweep file (YAML):
 
