@@ -277,3 +277,18 @@ def test_text_with_brackets_is_shown_as_it_is(capsys, tmp_path, monkeypatch):
     assert rc == 0 and "Traceback" not in err, err
     assert "linear [batch=8 in_features=64 out_features=32] fp32" in out
     assert "closing tag [/] and [bold]markup[/bold]" in out
+
+
+def test_a_database_in_a_read_only_place_says_which_file(capsys, tmp_path, monkeypatch):
+    """As root nothing is read-only to the process, so the refusal is the filesystem's, raised
+    where the database is written."""
+    import errno
+
+    from tuner.serve import db
+    target = tmp_path / "ro" / "tuning-db.json"
+
+    def refuse(self):
+        raise PermissionError(errno.EACCES, "Permission denied", str(target))
+    monkeypatch.setattr(db.TuningDB, "save", refuse)
+    rc, err = run(capsys, "db", "update", str(tmp_path), "--db", str(target))
+    assert rc == 2 and f"cannot write {target}: Permission denied" in err and "--db" in err

@@ -166,3 +166,10 @@ def test_a_gpu_draws_a_problem_files_inputs_itself_the_same_for_the_same_seed(tm
     a, b = op.make_inputs(7, "cuda"), op.make_inputs(7, "cuda")
     assert a[0].device.type == "cuda" and torch.equal(a[0], b[0])
     assert not torch.equal(a[0], op.make_inputs(8, "cuda")[0])
+
+
+def test_the_template_can_read_what_get_init_inputs_gives_the_model(fixtures):
+    """Linear(in_features, out_features): sizes the Model's constructor is given, by position
+    (init0, init1) and by the constructor's parameter names."""
+    ctx = render_context(load_op(spec_from_problem_file(fixtures / "kernelbench/linear.py")))
+    assert (ctx["in_features"], ctx["out_features"], ctx["init0"], ctx["init1"]) == (64, 32, 64, 32)

@@ -173,6 +173,10 @@ def test_inputs_the_kernel_was_not_built_for_are_never_handed_to_it(exported, ca
     out = torch.empty(16, 64)
     k(x, out=[out])
     assert torch.allclose(out, torch.softmax(x, -1), atol=1e-5, rtol=1e-5)
+    out.zero_()
+    k(x, out=out)  # one output: the tensor itself will do
+    assert torch.allclose(out, torch.softmax(x, -1), atol=1e-5, rtol=1e-5)
+    assert "softmax" in repr(k) and "tuner_kernel" not in repr(k) and len(repr(k)) < 300  # not its source
     strict = Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir, strict=True)
     with pytest.raises(LookupError, match="cannot take these inputs: input x is"):
         strict("softmax", torch.randn(8, 64), sizes={"M": 16, "N": 64})

@@ -559,6 +559,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             return _disk_full(args, str(e))
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # a read-only place: say which
+            print(f"error: cannot write {e.filename or 'a file'}: {e.strerror}; pick a place this user "
+                  f"can write (--db, --runs-dir, --out)", file=sys.stderr)
+            return 2
         raise
     except WorkerFailure as e:
         print(f"error: a worker failed outside any candidate ({e.reason}); see the run's workers.log",

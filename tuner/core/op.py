@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from tuner.core.values import OpSpec
 
@@ -42,6 +42,9 @@ class Op:
     # weights are inputs already). A problem file's `torch_impl` runs its Model's own
     # parameters, which is what the timing compares against, but not what a user passed.
     torch_call: Callable[[list], list] | None = None
+    # More names the template and the space's expressions may read (a problem file's
+    # get_init_inputs() numbers, `problem.init_context`).
+    context: tuple[tuple[str, Any], ...] = ()
 
     @property
     def sizes(self) -> dict[str, int]:

@@ -389,6 +389,7 @@ def render_context(op: Op) -> dict[str, Any]:
     ctx["op"] = op.spec.name
     if op.spec.kind != "builtin":
         ctx.update(dims_context(op))
+    ctx.update({k: v for k, v in op.context if k not in ctx})
     return ctx
 
 

@@ -19,6 +19,7 @@ import re
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 from tuner.core.op import DTYPE_BYTES, DTYPES, TOLERANCE, Op, OpError, torch_dtype
 from tuner.core.values import OpSpec
@@ -297,7 +298,8 @@ def _problem_op(spec: OpSpec) -> Op:
     dt = torch_dtype(spec.dtype)
     try:
         torch.manual_seed(0)  # parameters are fixed for the run; inputs are fresh per seed
-        model = module.Model(*module.get_init_inputs()).eval()
+        init = list(module.get_init_inputs())
+        model = module.Model(*init).eval()
     except Exception as e:
         raise OpError(f"{spec.source}: Model(*get_init_inputs()) failed: {type(e).__name__}: {e}") from None
     params = [(n, t.detach()) for n, t in [*model.named_parameters(), *model.named_buffers()]]
@@ -389,7 +391,7 @@ def _problem_op(spec: OpSpec) -> Op:
         light = _on_meta(make, ref)
         if light is not None:
             sample, outs, flops = light
-            return _op(spec, params, sample, outs, flops, make, ref, impl, call)
+            return _op(spec, params, sample, outs, flops, make, ref, impl, call, init_context(module.Model, init))
     try:
         sample = make(0)
     except Exception as e:
@@ -423,7 +425,29 @@ def _problem_op(spec: OpSpec) -> Op:
                               f"give its sizes positive values (--size NAME=VALUE)")
     if not CHECKED_ELSEWHERE:
         _check_deterministic(spec, ref, sample, outs)
-    return _op(spec, params, sample, outs, flops, make, ref, impl, call)
+    return _op(spec, params, sample, outs, flops, make, ref, impl, call, init_context(module.Model, init))
+
+
+def init_context(model_class, init: list) -> tuple[tuple[str, Any], ...]:
+    """The numbers of get_init_inputs() as template names: `init0`, `init1`, ... by position,
+    and by the name of the Model.__init__ parameter each one binds to (`out_features`), so a
+    kernel can read a size that only the Model's constructor is given."""
+    import inspect
+    out: list[tuple[str, Any]] = []
+    names: list[str | None] = [None] * len(init)
+    try:
+        bound = inspect.signature(model_class.__init__).bind(None, *init)
+        by_value = list(bound.arguments.items())[1:]  # less self
+        for i, (name, _) in enumerate(by_value[:len(init)]):
+            names[i] = name
+    except (TypeError, ValueError):
+        pass
+    for i, v in enumerate(init):
+        if isinstance(v, (bool, int, float)):
+            out.append((f"init{i}", v))
+            if names[i] and names[i].isidentifier():
+                out.append((names[i], v))
+    return tuple(out)
 
 
 def _count_flops(ref, doubles: list):
@@ -451,13 +475,14 @@ def _on_meta(make, ref):
     return sample, outs, flops
 
 
-def _op(spec: OpSpec, params: list, sample: list, outs: list, flops, make, ref, impl, call) -> Op:
+def _op(spec: OpSpec, params: list, sample: list, outs: list, flops, make, ref, impl, call,
+        context: tuple = ()) -> Op:
     n_in = len(sample) - len(params)
     names = tuple(f"in{i}" for i in range(n_in)) + tuple(re.sub(r"\W", "_", n) for n, _ in params)
     moved = sum(x.numel() * x.element_size() for x in sample) + sum(
         o.numel() * DTYPE_BYTES[spec.dtype] for o in outs)
     return Op(spec, names, tuple(f"out{i}" for i in range(len(outs))), make, ref, impl,
-              flops, float(moved), TOLERANCE[spec.dtype], call if params else None)
+              flops, float(moved), TOLERANCE[spec.dtype], call if params else None, context)
 
 
 def redrawn(t):

@@ -188,6 +188,11 @@ class Kernel:
             self._specs = arg_specs(self.op)
         return self._specs
 
+    def __repr__(self) -> str:  # the entry holds the kernel's whole source: not printed
+        how = "exact sizes" if self.exact else f"nearest tuned sizes, distance {self.distance:.3g}"
+        return (f"Kernel({self.op.spec.name} {self.sizes} {self.op.spec.dtype} on "
+                f"{self.entry.get('backend', '?')}, config {self.config}, {how})")
+
     def __call__(self, *inputs, out=None):
         why = self.mismatch(inputs)
         if why:
@@ -200,7 +205,8 @@ class Kernel:
         # strided slice) is copied first, or it would read the wrong elements.
         inputs = [x if x.is_contiguous() else x.contiguous() for x in inputs]
         if out is not None:
-            outs = list(out)
+            import torch
+            outs = [out] if isinstance(out, torch.Tensor) else list(out)  # one output: a tensor will do
             specs = self.specs()[1]
             if len(outs) != len(specs):
                 raise ValueError(f"out= gives {len(outs)} tensors; {self.op.spec.name} has {len(specs)} outputs")
