@@ -25,6 +25,7 @@ def test_the_stored_study_is_the_run_as_it_was(tmp_path, monkeypatch):
     run = only_run(runs)
     records = Store.open(run).records()
     study = _study(journal, run.name)  # named after the run
+    assert study.metric_names == ["median seconds per call"]
     trials = study.get_trials()
     assert len(trials) == len(records)
     by_record = {t.user_attrs["record"]: t for t in trials}
