@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from typing import Any
 
 import optuna
@@ -64,7 +65,9 @@ class StudyMirror:
         self.space = space
         self.dists = {p.name: real_distribution(p) for p in space.params}
         self.seen = {t.user_attrs.get("record") for t in self.study.get_trials(deepcopy=False)}
-        self.study.set_metric_names(["median seconds per call"])  # the dashboard's axis label
+        with warnings.catch_warnings():  # experimental in Optuna, stable in use since 3.2
+            warnings.simplefilter("ignore")
+            self.study.set_metric_names(["median seconds per call"])  # the dashboard's axis label
         for k, v in (attrs or {}).items():
             self.study.set_user_attr(k, v)
 
