@@ -150,6 +150,12 @@ def test_two_rounds_with_candidates_repairs_and_feedback(env, capsys):
     capsys.readouterr()
     assert main(["show", str(run / "rounds/01"), "--feedback"]) == 0
     assert capsys.readouterr().out.strip() == (run / "rounds/01/feedback.txt").read_text().strip()
+    # The report: each round's skeleton (round 2 as a diff from round 1) and what the model was told.
+    page = Path(summary["report"]).read_text()
+    assert Path(summary["report"]) == run / "report.html" and (run / "rounds/02/report.html").is_file()
+    assert "Round 01" in page and "Round 02" in page and "changed from the round before" in page
+    assert "What the model was told after this round" in page and "Best configs" in page
+    assert "BM: {pow2: [16, 256]}" in page and "BM: {pow2: [16, 64]}" in page  # both sides of the diff
 
 
 def test_problem_file_without_library_skeleton_on_cpu(env, capsys):

@@ -488,8 +488,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--device", help="with --db: only this device model's entries")
     e.set_defaults(fn=cmd_export)
 
-    from tuner.cli import db, retune, sweep
+    from tuner.cli import db, profile, retune, sweep
     sweep.add_cli(sub)
+    profile.add_cli(sub)
     db.add_cli(sub)
     retune.add_cli(sub)
     return p
@@ -498,7 +499,7 @@ def parser() -> argparse.ArgumentParser:
 # Numeric flags (of any command) and their lowest sensible value. argparse takes any number;
 # out of range, they failed deep inside the search (a traceback for --parallel -1, a misleading
 # storage error for --seed -1) or were silently taken as 'off' (--time-budget 0).
-MIN_VALUE = {"budget": 1, "parallel": 1, "patience": 1, "rounds": 1, "candidates": 1, "devices": 1,
+MIN_VALUE = {"budget": 1, "iterations": 1, "parallel": 1, "patience": 1, "rounds": 1, "candidates": 1, "devices": 1,
              "top": 1, "concurrency": 1, "llm_max_tokens": 1, "token_budget": 1, "repairs": 0,
              "validate_configs": 0, "llm_retries": 0, "seed": 0, "cost_budget": 0}
 ABOVE_ZERO = ("time_budget", "run_timeout", "compile_timeout", "llm_timeout")

@@ -1,0 +1,116 @@
+"""`tuner profile`: a model's operator calls ranked by time, matched to library ops, and the
+hot ones written out as a sweep and as problem files that reproduce each call exactly."""
+
+import pytest
+import torch
+
+from tuner.cli.main import main
+from tuner.model.emit import emit_sweep
+from tuner.model.profile import profile_model
+
+MODEL = '''import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+hidden = 64
+tokens = 32
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden)
+        self.up = nn.Linear(hidden, 4 * hidden)
+        self.down = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x):
+        h = self.norm(x)
+        a = torch.softmax(torch.mm(h, h.t()), dim=-1)
+        return x + self.down(F.gelu(self.up(torch.mm(a, h))))
+
+
+class Model(nn.Module):
+    def __init__(self, layers):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(layers))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def get_inputs():
+    return [torch.randn(tokens, hidden)]
+
+
+def get_init_inputs():
+    return [3]
+'''
+
+
+@pytest.fixture
+def model(tmp_path):
+    p = tmp_path / "model.py"
+    p.write_text(MODEL)
+    return p
+
+
+def test_every_operator_call_is_counted_at_its_shapes(model):
+    prof = profile_model(model, "cpu", iterations=2, peaks={"copy_gbps": 10.0, "fp32_gflops": 100.0})
+    rows = {(r.aten, r.shapes): r for r in prof.rows}
+    # Three blocks: each call once per block per forward, counted per forward.
+    assert rows[("aten::layer_norm", "32x64, 64, 64")].calls == 3
+    assert rows[("aten::softmax", "32x32")].calls == 3
+    assert rows[("aten::linear", "32x64, 256x64, 256")].calls == 3
+    assert rows[("aten::linear", "32x256, 64x256, 64")].calls == 3
+    assert rows[("aten::gelu", "32x256")].calls == 3
+    assert rows[("aten::mm", "32x64, 64x32")].calls == 3 and rows[("aten::mm", "32x32, 32x64")].calls == 3
+    assert not any(r.aten == "aten::addmm" for r in prof.rows)  # inside linear: counted there
+    assert sum(r.share for r in prof.rows) == pytest.approx(1.0)
+    assert [r.total_s for r in prof.rows] == sorted((r.total_s for r in prof.rows), reverse=True)
+    # Library ops that compute exactly these calls; a bound and an Amdahl saving per row.
+    assert rows[("aten::softmax", "32x32")].library == ("softmax", "32x32", "fp32")
+    assert rows[("aten::layer_norm", "32x64, 64, 64")].library == ("layernorm", "32x64", "fp32")
+    assert rows[("aten::mm", "32x64, 64x32")].library == ("matmul", "32x32x64", "fp32")
+    assert rows[("aten::linear", "32x64, 256x64, 256")].library is None  # x @ w.T + b: not the library's
+    mm = rows[("aten::mm", "32x64, 64x32")]
+    assert mm.flops == 2 * 32 * 32 * 64 and mm.bytes == 4 * (32 * 64 * 2 + 32 * 32)
+    for r in prof.rows:
+        assert r.bound_s is not None and 0 <= r.saving <= r.share
+
+
+def test_emitted_sweep_and_problem_files_reproduce_the_calls(model, tmp_path):
+    from tuner.core.ops import load_op
+    from tuner.core.problem import spec_from_problem_file
+    from tuner.sweeps.plan import load_plan
+    prof = profile_model(model, "cpu", iterations=1, peaks={"copy_gbps": 10.0, "fp32_gflops": 100.0})
+    path = emit_sweep(prof, tmp_path / "out" / "hot.yaml", "cpu", top=20, min_share=0.0)
+    plan = load_plan(path)
+    tasks = {(t.op, t.shape) for t in plan.tasks}
+    assert {("softmax", "32x32"), ("layernorm", "32x64"), ("matmul", "32x32x64"), ("matmul", "32x64x32")} <= tasks
+    problems = sorted((tmp_path / "out" / "hot_problems").glob("*.py"))
+    names = {p.stem.split("_", 1)[1] for p in problems}
+    assert {"linear", "gelu"} <= names
+    for p in problems:
+        op = load_op(spec_from_problem_file(p))
+        xs = op.make_inputs(3)
+        recorded = next(r for r in prof.rows if r.aten.endswith("::" + p.stem.split("_", 1)[1])
+                        and r.shapes == ", ".join("x".join(map(str, x.shape)) for x in xs))
+        direct = getattr(torch.ops.aten, recorded.aten.split("::")[1])(*xs)
+        assert torch.allclose(op.torch_impl(xs)[0], direct), p.name
+    # A size is one constant per extent: resizing it keeps the call consistent.
+    lin = next(p for p in problems if "linear" in p.name)
+    op = load_op(spec_from_problem_file(lin, overrides={"n0": 48}))
+    assert op.make_inputs(0)[0].shape[0] == 48
+
+
+def test_the_command_prints_the_table_and_refuses_a_file_without_inputs(model, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["profile", str(model), "--top", "4", "--iterations", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "could save" in out and "more operator instances" in out
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\nclass Model(torch.nn.Module):\n    pass\n")
+    assert main(["profile", str(bad)]) == 2
+    assert "defines no get_inputs()" in capsys.readouterr().err

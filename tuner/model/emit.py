@@ -1,0 +1,106 @@
+"""`tuner profile ... --emit sweep.yaml`: the hot operators of a profile as work to tune.
+
+An operator instance that a library op computes exactly (`profile.library_match`) becomes a
+task of the sweep (op, shape, dtype). Any other becomes a KernelBench-format problem file in
+a folder beside the sweep, reproducing the recorded call (`torch.ops.aten.<op>` on inputs of
+the recorded shapes and dtypes, with the recorded scalar arguments): tune it with your own
+skeleton (a `problem:` entry with `template:` and `space:`, listed commented out in the sweep
+file) or let a model write one (`tuner tune --op FILE --llm MODEL`). The files' sizes are
+module-level constants, one per distinct extent (extents of equal value share one, as a
+matmul's K does), so `--size` resizes them consistently.
+
+Not extracted, and said so in the sweep file: calls with integer or boolean tensor inputs (the
+values that are valid, e.g. indices below a table's length, are the model's to know), in-place
+ops, and calls the record cannot rebuild.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from tuner.model.profile import OpRow, Profile, meta_call
+
+_TORCH = {"fp32": "torch.float32", "fp64": "torch.float64", "fp16": "torch.float16", "bf16": "torch.bfloat16"}
+
+
+def problem_source(row: OpRow, model: str) -> str | None:
+    """A problem file reproducing `row`'s call, or None (see the module docstring for why not)."""
+    name = row.aten.split("::", 1)[1]
+    rebuilt = meta_call(row)
+    if name.endswith("_") or rebuilt is None:
+        return None
+    tensors = [a for a in row.args if a.is_tensor]
+    if not tensors or any(a.dtype not in _TORCH for a in tensors):
+        return None
+    sizes: dict[int, str] = {}
+    for a in tensors:
+        for extent in a.shape:
+            sizes.setdefault(extent, f"n{len(sizes)}")
+    lines = [f'"""{row.aten} as {model} calls it: inputs {row.shapes} ({row.dtypes}); {row.calls} call(s) per',
+             f"iteration, {row.share:.1%} of the model's time when profiled (tuner profile). The sizes are one",
+             'constant per distinct extent: --size NAME=VALUE changes every dim that had that extent."""',
+             "", "import torch", "import torch.nn as nn", ""]
+    lines += [f"{n} = {v}" for v, n in sizes.items()]
+    params, call, draws = [], [], []
+    k = 0
+    for a in row.args[:rebuilt.n_args]:  # trailing Nones that stand for defaults left out
+        if a.is_tensor:
+            params.append(f"in{k}")
+            call.append(f"in{k}")
+            dims = ", ".join(sizes[e] for e in a.shape)
+            draws.append(f"torch.randn({dims}{',' if len(a.shape) == 1 else ''}).to({_TORCH[a.dtype]})"
+                         if a.shape else f"torch.randn(()).to({_TORCH[a.dtype]})")
+            k += 1
+        else:
+            v = list(a.value) if isinstance(a.value, tuple) else a.value
+            call.append(repr(v))
+    lines += ["", "", "class Model(nn.Module):",
+              f"    def forward(self, {', '.join(params)}):",
+              f"        return torch.ops.aten.{name}({', '.join(call)})",
+              "", "", "def get_inputs():", f"    return [{', '.join(draws)}]",
+              "", "", "def get_init_inputs():", "    return []", ""]
+    return "\n".join(lines)
+
+
+def emit_sweep(profile: Profile, out: str | Path, backend: str | None = None, top: int = 10,
+               min_share: float = 0.01) -> Path:
+    """Write the sweep file `out` (and its problem files beside it) for the `top` hottest rows
+    with at least `min_share` of the model's time; return its path."""
+    out = Path(out)
+    folder = out.parent / f"{out.stem}_problems"
+    hot = [r for r in profile.rows[:top] if r.share >= min_share]
+    ops: dict[str, dict] = {}
+    comments: list[str] = []
+    for i, row in enumerate(hot, 1):
+        if row.library is not None:
+            op, shape, dtype = row.library
+            entry = ops.setdefault(f"{op}-{dtype}", {"op": op, "shapes": [], "dtypes": [dtype]})
+            if shape not in entry["shapes"]:
+                entry["shapes"].append(shape)
+            continue
+        source = problem_source(row, Path(profile.model).name)
+        if source is None:
+            comments.append(f"# not extracted: {row.aten} at {row.shapes} ({row.share:.1%}): integer inputs, "
+                            f"in place, or not rebuildable from the record")
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{i:02d}_{re.sub(r'[^A-Za-z0-9_]', '_', row.aten.split('::', 1)[1])}.py"
+        path.write_text(source)
+        rel = path.relative_to(out.parent)
+        comments.append(f"# {row.aten} at {row.shapes} ({row.share:.1%} of the time): no library skeleton; "
+                        f"tune {rel} with yours or a model's:")
+        comments.append(f"#   {path.stem}: {{problem: {rel}, template: YOUR.j2, space: YOUR.yaml}}")
+        comments.append(f"#   or: tuner tune --op {rel} --llm MODEL")
+    plan: dict = {"name": out.stem}
+    if backend:
+        plan["backend"] = backend
+    plan["ops"] = ops or {}
+    head = (f"# Written by `tuner profile {profile.model}` ({profile.device}): the hot operators that a\n"
+            f"# library skeleton computes exactly, at the shapes the model used. Run: tuner sweep {out.name}\n")
+    text = head + yaml.safe_dump(plan, sort_keys=False) + ("\n" + "\n".join(comments) + "\n" if comments else "")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return out

@@ -1,0 +1,350 @@
+"""`tuner profile model.py`: where a model's time goes, operator by operator, and what a tuned
+kernel could save there.
+
+model.py defines the model and its example inputs, as a KernelBench problem file does
+(`Model`, `get_inputs()`, `get_init_inputs()`), or a factory `get_model()` (e.g. a Hugging
+Face model built from its config with random weights: nothing is downloaded) with
+`get_inputs()`. The model runs under torch's profiler (on a GPU, device time; on the host,
+CPU time) after a warm-up, and every operator call made directly by the model (the outermost
+aten op: a Linear's addmm counts under `aten::linear`) is grouped by operator, input shapes,
+dtypes and scalar arguments: one row per operator instance.
+
+Per row: calls, total time, share of the model's time, the time the op's bytes and FLOPs take
+at the device's measured ceilings (copy bandwidth, matmul rate: the bound no kernel beats),
+and what a tuned kernel could save at best (Amdahl: the share times one minus bound over the
+current time), and the library op with a skeleton that computes exactly this call, if any.
+Nothing here claims a saving: it is an upper bound, for choosing what to tune.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.core.op import OpError
+
+DTYPES = {"float": "fp32", "double": "fp64", "c10::Half": "fp16", "c10::BFloat16": "bf16",
+          "long int": "int64", "int": "int32", "short int": "int16", "signed char": "int8",
+          "unsigned char": "uint8", "bool": "bool"}
+_NOT_TENSOR = {"Scalar", "ScalarList", "", "TensorList", "GenericList"}
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of a recorded call: a tensor (shape, dtype) or a scalar value."""
+
+    shape: tuple[int, ...] | None = None  # None: not a tensor
+    dtype: str | None = None  # fp32, bf16, int64 ... of a tensor
+    value: Any = None  # a scalar argument's value (None also for an omitted optional)
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.shape is not None
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """One operator instance: an aten op at one set of input shapes, dtypes and scalars."""
+
+    aten: str
+    args: tuple[Arg, ...]
+    calls: int
+    total_s: float
+    share: float = 0.0
+    bound_s: float | None = None  # per call, at the device's measured ceilings
+    bound_what: str = ""
+    saving: float | None = None  # Amdahl: the share of the model's time a perfect kernel saves
+    library: tuple[str, str, str] | None = None  # (op, shape, dtype) of the library op that matches
+    flops: float | None = None
+    bytes: float | None = None
+
+    @property
+    def per_call_s(self) -> float:
+        return self.total_s / max(self.calls, 1)
+
+    @property
+    def shapes(self) -> str:
+        return ", ".join("x".join(map(str, a.shape)) or "scalar" for a in self.args if a.is_tensor)
+
+    @property
+    def dtypes(self) -> str:
+        return ",".join(sorted({a.dtype for a in self.args if a.is_tensor and a.dtype}))
+
+
+@dataclass(frozen=True)
+class Profile:
+    model: str
+    device: str
+    dtype: str | None
+    iterations: int
+    total_s: float  # per iteration, all top-level ops
+    rows: tuple[OpRow, ...] = field(default_factory=tuple)
+    peaks: tuple[tuple[str, float], ...] = ()
+
+
+# ---- loading the model --------------------------------------------------------------------
+
+def load_model(path: str | Path):
+    """(model, inputs) from a model file (see the module docstring); OpError on a file that
+    does not define them, with what to add."""
+    path = Path(path)
+    if not path.is_file():
+        raise OpError(f"{path}: no such file")
+    name = f"tuner_model_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - the file's own error, named
+        raise OpError(f"{path}: failed to import: {type(e).__name__}: {e}") from None
+    finally:
+        sys.modules.pop(name, None)
+    if not hasattr(module, "get_inputs"):
+        raise OpError(f"{path}: defines no get_inputs(); it must return the model's example inputs "
+                      f"(a list of tensors)")
+    try:
+        if hasattr(module, "get_model"):
+            model = module.get_model()
+        elif hasattr(module, "Model"):
+            init = module.get_init_inputs() if hasattr(module, "get_init_inputs") else []
+            model = module.Model(*init)
+        else:
+            raise OpError(f"{path}: defines neither Model (with get_init_inputs()) nor get_model()")
+        inputs = module.get_inputs()
+    except OpError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise OpError(f"{path}: building the model or its inputs failed: {type(e).__name__}: {e}") from None
+    if not isinstance(inputs, (list, tuple)):
+        raise OpError(f"{path}: get_inputs() returned a {type(inputs).__name__}; it must return a list")
+    return model, list(inputs)
+
+
+def _prepared(model, inputs: list, device: str, dtype: str | None):
+    import torch
+
+    from tuner.core.op import torch_dtype
+    model = model.eval().to(device)
+    dt = torch_dtype(dtype) if dtype else None
+    if dt is not None:
+        model = model.to(dt)
+
+    def move(x):
+        if isinstance(x, torch.Tensor):
+            x = x.to(device)
+            return x.to(dt) if dt is not None and x.is_floating_point() else x
+        return x
+    return model, [move(x) for x in inputs]
+
+
+# ---- profiling ----------------------------------------------------------------------------
+
+def _args_of(event) -> tuple[Arg, ...]:
+    shapes = list(getattr(event, "input_shapes", None) or [])
+    dtypes = list(getattr(event, "input_dtypes", None) or [])
+    concrete = list(getattr(event, "concrete_inputs", None) or [])
+    out = []
+    for i, shape in enumerate(shapes):
+        dt = dtypes[i] if i < len(dtypes) else ""
+        if dt not in _NOT_TENSOR and dt is not None:
+            out.append(Arg(tuple(int(s) for s in shape), DTYPES.get(dt, dt)))
+        else:
+            v = concrete[i] if i < len(concrete) else None
+            out.append(Arg(value=tuple(v) if isinstance(v, list) else v))
+    return tuple(out)
+
+
+def _top_level(events) -> list:
+    """The aten ops the model called itself: none of their ancestors is an aten op."""
+    out = []
+    for e in events:
+        if not e.name.startswith("aten::"):
+            continue
+        p, nested = e.cpu_parent, False
+        while p is not None:
+            if p.name.startswith("aten::"):
+                nested = True
+                break
+            p = p.cpu_parent
+        if not nested:
+            out.append(e)
+    return out
+
+
+def profile_model(path: str | Path, device: str = "cpu", dtype: str | None = None, iterations: int = 5,
+                  warmup: int = 2, peaks: dict[str, float] | None = None) -> Profile:
+    """Run the model in `path` under torch's profiler on `device` (cpu, cuda, npu) and group
+    its time by operator instance (see the module docstring)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model, inputs = load_model(path)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise OpError("--device cuda: torch sees no CUDA device here")
+    if device == "npu":
+        try:
+            import torch_npu  # noqa: F401
+        except ImportError:
+            raise OpError("--device npu needs torch_npu (and CANN)") from None
+    model, inputs = _prepared(model, inputs, device, dtype)
+    sync = {"cuda": lambda: torch.cuda.synchronize(), "npu": lambda: torch.npu.synchronize()}.get(device, lambda: None)
+    with torch.no_grad():
+        try:
+            for _ in range(warmup):
+                model(*inputs)
+        except Exception as e:  # noqa: BLE001 - the model's own error
+            raise OpError(f"{path}: the model failed on its inputs: {type(e).__name__}: {e}") from None
+        sync()
+        acts = [ProfilerActivity.CPU]
+        if device == "cuda":
+            acts.append(ProfilerActivity.CUDA)
+        elif device == "npu":
+            acts = _npu_activities() or acts
+        with profile(activities=acts, record_shapes=True) as prof:
+            for _ in range(iterations):
+                model(*inputs)
+            sync()
+    on_device = device != "cpu"
+    groups: dict[tuple, list] = {}
+    for e in _top_level(prof.events()):
+        args = _args_of(e)
+        t = (getattr(e, "device_time_total", None) or 0.0) if on_device else e.cpu_time_total
+        g = groups.setdefault((e.name, args), [0, 0.0])
+        g[0] += 1
+        g[1] += t * 1e-6
+    total = sum(t for _, t in groups.values())
+    rows = []
+    for (name, args), (calls, t) in groups.items():
+        rows.append(_assess(OpRow(name, args, calls // iterations or 1, t / iterations,
+                                  t / total if total else 0.0), peaks or {}))
+    rows.sort(key=lambda r: -r.total_s)
+    return Profile(str(path), device, dtype, iterations, total / iterations, tuple(rows),
+                   tuple(sorted((peaks or {}).items())))
+
+
+def _npu_activities():
+    try:
+        import torch_npu
+        return [torch_npu.profiler.ProfilerActivity.CPU, torch_npu.profiler.ProfilerActivity.NPU]
+    except (ImportError, AttributeError):
+        return None
+
+
+# ---- what each row is, and what it could save --------------------------------------------
+
+def meta_call(row: OpRow):
+    """(outputs, FLOPs torch counts) of the recorded call rerun on meta tensors; None where it
+    cannot be rebuilt (an argument the record does not keep, such as a dtype)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from tuner.core.op import torch_dtype
+    names = {"int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
+             "uint8": torch.uint8, "bool": torch.bool}
+    args = []
+    for a in row.args:
+        if a.is_tensor:
+            dt = names.get(a.dtype) or (torch_dtype(a.dtype) if a.dtype in ("fp32", "fp64", "fp16", "bf16") else None)
+            if dt is None:
+                return None
+            args.append(torch.empty(a.shape, dtype=dt, device="meta"))
+        else:
+            args.append(list(a.value) if isinstance(a.value, tuple) else a.value)
+    fn = getattr(torch.ops.aten, row.aten.split("::", 1)[1], None)
+    if fn is None:
+        return None
+    out = None
+    # The record keeps no strings: an argument such as gelu's approximate="none" comes back as
+    # None. Trailing Nones are dropped (their defaults) when the call with them fails.
+    n = len(args)
+    while out is None:
+        try:
+            with FlopCounterMode(display=False) as counter:
+                out = fn(*args[:n])
+        except Exception:  # noqa: BLE001 - not rebuildable from the record
+            if n == 0 or args[n - 1] is not None:
+                return None
+            n -= 1
+    if n < len(args):
+        return _Rebuilt(out, counter, n)
+    return _Rebuilt(out, counter, n)
+
+
+class _Rebuilt(tuple):
+    """(outputs, FLOPs) of `meta_call`, and `n_args`: how many recorded arguments the call took."""
+
+    def __new__(cls, out, counter, n_args: int):
+        import torch
+        outs = [o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, torch.Tensor)]
+        self = super().__new__(cls, (outs, float(counter.get_total_flops()) or None))
+        self.n_args = n_args
+        return self
+
+
+def _nbytes(shape, dtype_bytes: int) -> float:
+    return float(math.prod(shape)) * dtype_bytes
+
+
+def _assess(row: OpRow, peaks: dict[str, float]) -> OpRow:
+    import dataclasses
+
+    from tuner.core.op import DTYPE_BYTES
+    size = {"int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1, **DTYPE_BYTES}
+    moved = sum(_nbytes(a.shape, size.get(a.dtype, 4)) for a in row.args if a.is_tensor)
+    flops = None
+    called = meta_call(row)
+    if called is not None:
+        outs, flops = called
+        moved += sum(float(o.numel()) * o.element_size() for o in outs)
+    bound, what = None, ""
+    if peaks.get("copy_gbps") and moved:
+        bound, what = moved / (peaks["copy_gbps"] * 1e9), "bytes at copy bandwidth"
+    dt = row.dtypes.split(",")[0] if row.dtypes else "fp32"
+    rate = peaks.get(f"{dt}_gflops") or peaks.get("fp32_gflops")
+    if flops and rate:
+        b = flops / (rate * 1e9)
+        if bound is None or b > bound:
+            bound, what = b, "FLOPs at the matmul rate"
+    saving = None
+    if bound is not None and row.per_call_s > 0:
+        saving = row.share * max(0.0, 1.0 - bound / row.per_call_s)
+    return dataclasses.replace(row, bound_s=bound, bound_what=what, saving=saving, flops=flops,
+                               bytes=moved or None, library=library_match(row))
+
+
+def library_match(row: OpRow) -> tuple[str, str, str] | None:
+    """(op, shape, dtype) of the built-in op that computes exactly this call, or None."""
+    t = [a for a in row.args if a.is_tensor]
+    s = [a.value for a in row.args if not a.is_tensor]
+    if not t or t[0].dtype not in ("fp32", "fp64", "fp16", "bf16"):
+        return None
+    x, dt = t[0], t[0].dtype
+
+    def rows_cols(shape):
+        return (math.prod(shape[:-1]), shape[-1]) if len(shape) >= 2 else None
+
+    name = row.aten
+    if name in ("aten::softmax", "aten::_softmax") and s and s[0] in (-1, len(x.shape) - 1) and rows_cols(x.shape):
+        m, n = rows_cols(x.shape)
+        return "softmax", f"{m}x{n}", dt
+    if name == "aten::layer_norm" and len(t) == 3 and rows_cols(x.shape) and s and tuple(s[0] or ()) == (x.shape[-1],) \
+            and len(s) > 1 and s[1] is not None and abs(float(s[1]) - 1e-5) < 1e-12:
+        m, n = rows_cols(x.shape)
+        return "layernorm", f"{m}x{n}", dt
+    if name == "aten::rms_norm" and len(t) == 2 and rows_cols(x.shape) and s and tuple(s[0] or ()) == (x.shape[-1],) \
+            and len(s) > 1 and s[1] is not None and abs(float(s[1]) - 1e-6) < 1e-12:
+        m, n = rows_cols(x.shape)
+        return "rmsnorm", f"{m}x{n}", dt
+    if name in ("aten::mm", "aten::matmul") and len(t) == 2 and len(x.shape) == 2 and len(t[1].shape) == 2 and x.shape[1] == t[1].shape[0]:
+        return "matmul", f"{x.shape[0]}x{t[1].shape[1]}x{x.shape[1]}", dt
+    if name == "aten::scaled_dot_product_attention" and len(t) == 3 and len(x.shape) == 4 \
+            and t[1].shape == x.shape and t[2].shape == x.shape and len(s) >= 3 \
+            and s[0] is None and s[1] in (0, 0.0) and all(v in (None, False) for v in s[3:]):
+        # (q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa): no mask, no dropout,
+        # the default scale, no grouped heads
+        return ("attention_causal" if s[2] else "attention"), "x".join(map(str, x.shape)), dt
+    return None
