@@ -114,3 +114,13 @@ def test_the_command_prints_the_table_and_refuses_a_file_without_inputs(model, t
     bad.write_text("import torch\nclass Model(torch.nn.Module):\n    pass\n")
     assert main(["profile", str(bad)]) == 2
     assert "defines no get_inputs()" in capsys.readouterr().err
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_rows_carry_device_time(model):
+    prof = profile_model(model, "cuda", dtype="bf16", iterations=2,
+                         peaks={"copy_gbps": 4000.0, "bf16_gflops": 700000.0})
+    rows = {(r.aten, r.shapes): r for r in prof.rows}
+    soft = rows[("aten::softmax", "32x32")]
+    assert soft.calls == 3 and soft.total_s > 0 and soft.library == ("softmax", "32x32", "bf16")
+    assert prof.total_s > 0 and sum(r.share for r in prof.rows) == pytest.approx(1.0)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,9 +144,23 @@ def _prepared(model, inputs: list, device: str, dtype: str | None):
 
 # ---- profiling ----------------------------------------------------------------------------
 
-def _args_of(event) -> tuple[Arg, ...]:
+def _kineto_dtypes(prof) -> dict[tuple[str, int], list[str]]:
+    """(name, start in ns from the trace's start) -> the input dtypes, from the profiler's raw
+    events: a FunctionEvent has them itself only from torch 2.12 on (torch 2.11 records them
+    but does not copy them over)."""
+    try:
+        result = prof.profiler.kineto_results
+        start = result.trace_start_ns()
+        return {(k.name(), int(k.start_ns() - start)): list(k.dtypes()) for k in result.events()}
+    except Exception:  # noqa: BLE001 - an older or other profiler: shapes only
+        return {}
+
+
+def _args_of(event, raw_dtypes: dict | None = None) -> tuple[Arg, ...]:
     shapes = list(getattr(event, "input_shapes", None) or [])
     dtypes = list(getattr(event, "input_dtypes", None) or [])
+    if not dtypes and raw_dtypes:
+        dtypes = raw_dtypes.get((event.name, int(round(event.time_range.start * 1000))), [])
     concrete = list(getattr(event, "concrete_inputs", None) or [])
     out = []
     for i, shape in enumerate(shapes):
@@ -210,8 +225,12 @@ def profile_model(path: str | Path, device: str = "cpu", dtype: str | None = Non
             sync()
     on_device = device != "cpu"
     groups: dict[tuple, list] = {}
-    for e in _top_level(prof.events()):
-        args = _args_of(e)
+    with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle": one cycle here
+        warnings.simplefilter("ignore")
+        events = prof.events()
+    raw = None if events and hasattr(events[0], "input_dtypes") else _kineto_dtypes(prof)
+    for e in _top_level(events):
+        args = _args_of(e, raw)
         t = (getattr(e, "device_time_total", None) or 0.0) if on_device else e.cpu_time_total
         g = groups.setdefault((e.name, args), [0, 0.0])
         g[0] += 1
