@@ -274,7 +274,7 @@ def cmd_show(args) -> int:
     if args.feedback:
         return _show_feedback(store)
     if args.csv or args.parquet:
-        from tuner.api import Run
+        from tuner.run.records import Run
         run = Run(store.path)
         if args.parquet:
             try:

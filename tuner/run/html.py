@@ -221,9 +221,10 @@ def _params_figure(space, ok: list[Record]) -> str:
 
 
 def _importance_section(space, ok: list[Record]) -> str:
-    from tuner.llm.feedback import _effects, _importance
-    importance, notes = _importance(space, ok)
-    effects = _effects(space, ok)
+    from tuner.run.analysis import effects as effects_of
+    from tuner.run.analysis import importance as importance_of
+    importance, notes = importance_of(space, ok)
+    effects = effects_of(space, ok)
     out = ""
     if importance:
         import plotly.graph_objects as go
@@ -242,8 +243,8 @@ def _importance_section(space, ok: list[Record]) -> str:
 
 
 def _failures_section(records: list[Record]) -> str:
-    from tuner.llm.feedback import _group_failures
-    groups = _group_failures([r for r in records if r.status not in (Status.OK,)])
+    from tuner.run.analysis import group_failures
+    groups = group_failures([r for r in records if r.status not in (Status.OK,)])
     if not groups:
         return "<p>No config failed.</p>"
     rows = [[g["status"], g["count"], f"<pre>{_e(g['excerpt'])}</pre>", _e(_cfg(g["config"]))] for g in groups]
