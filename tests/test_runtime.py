@@ -326,3 +326,57 @@ def test_a_problem_file_deleted_after_its_run_began_is_read_from_the_runs_copy(t
     x = torch.randn(4, 256)
     t = Table.load(out / "tuning.json", cache_dir=cache_dir)
     assert torch.equal(t("relu", x), torch.relu(x)) and t.last is not None
+
+
+def test_patch_routes_a_models_calls_to_the_tuned_kernels_and_undoes(exported, cache_dir):
+    """softmax was tuned on cpu at 16x64: a model's softmax over (2, 8, 64) folds to 16x64 and
+    runs the tuned kernel; the same model on (4, 64) falls back to torch; unpatch restores it."""
+    import torch.nn as nn
+
+    from tuner import runtime
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(64, 64)
+
+        def forward(self, x):
+            return torch.softmax(self.lin(x), dim=-1) * 2
+
+    table = Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir)
+    model = M().eval()
+    x = torch.randn(2, 8, 64)
+    with torch.no_grad():
+        want = model(x)
+        assert runtime.patch(model, table) is model
+        got = model(x)
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+        assert dict(model.tuner_patch.stats) == {"softmax 16x64 fp32": [1, 0]}
+        model(torch.randn(4, 64))  # no kernel tuned at 4x64: torch's own
+        assert model.tuner_patch.stats["softmax 4x64 fp32"] == [0, 1]
+    with torch.enable_grad():  # autograd would record the call: torch's own, not counted
+        model(torch.randn(2, 8, 64, requires_grad=True))
+    assert model.tuner_patch.stats["softmax 16x64 fp32"] == [1, 0]
+    runtime.unpatch(model)
+    assert "forward" not in model.__dict__ and not hasattr(model, "tuner_patch")
+    with torch.no_grad():
+        assert torch.allclose(model(x), want)
+
+
+def test_verify_passes_a_right_patch_and_catches_a_wrong_one(exported, cache_dir, tmp_path, monkeypatch):
+    from tuner.model.verify import verify
+    from tuner.serve import runtime as rt
+    model = tmp_path / "m.py"
+    model.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+                     "    def __init__(self):\n        super().__init__()\n        self.lin = nn.Linear(64, 64)\n\n"
+                     "    def forward(self, x):\n        return torch.softmax(self.lin(x), dim=-1)\n\n\n"
+                     "def get_inputs():\n    return [torch.randn(2, 8, 64)]\n\n\n"
+                     "def get_init_inputs():\n    return []\n")
+    table = Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir)
+    v = verify(model, table, "cpu", rounds=3, compile=False)
+    assert v.passed and v.error <= v.allowed and v.routed == (("softmax 16x64 fp32", 1, 0),)
+    assert {k for k, _ in v.medians_s} == {"eager", "patched eager"}
+    launch = rt.Kernel._launch
+    monkeypatch.setattr(rt.Kernel, "_launch", lambda self, inputs, out=None: launch(self, inputs, out) * 1.001)
+    wrong = verify(model, table, "cpu", rounds=1, compile=False)
+    assert not wrong.passed and wrong.error > wrong.allowed

@@ -5,8 +5,10 @@ lives inside the package.
     from tuner import runtime
     table = runtime.load("exported/tuning.json")
     y = table("softmax", x)
+    runtime.patch(model, table)     # the model's calls routed to the tuned kernels; unpatch undoes it
 """
 
+from tuner.serve.patch import patch, unpatch
 from tuner.serve.runtime import Kernel, Table, load
 
-__all__ = ["Kernel", "Table", "load"]
+__all__ = ["Kernel", "Table", "load", "patch", "unpatch"]

@@ -27,6 +27,18 @@ def add_cli(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(fn=cmd_profile)
 
+    v = sub.add_parser("verify", help="the model with the tuned kernels swapped in against the model as it is: "
+                                      "outputs and end-to-end latency, side by side")
+    v.add_argument("model", help="the model file (as for tuner profile)")
+    v.add_argument("--db", required=True, help="an exported tuning.json (tuner export --db ...) or a tuning "
+                   "database (tuning-db.json)")
+    v.add_argument("--device", choices=("cpu", "cuda", "npu"), help="default: cuda if usable, else cpu")
+    v.add_argument("--dtype", help="cast the model and its floating inputs (default: fp32)")
+    v.add_argument("--rounds", type=int, default=20, help="timed calls of each variant, interleaved (default 20)")
+    v.add_argument("--no-compile", action="store_true", help="leave torch.compile out of the comparison")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(fn=cmd_verify)
+
 
 def cmd_profile(args) -> int:
     import torch
@@ -86,3 +98,44 @@ def profile_table(prof, top: int):
     if rest > 0:
         t.caption = f"{rest} more operator instances, {sum(r.share for r in prof.rows[top:]):.1%} of the time"
     return t
+
+
+def _table(path: str, backend: str):
+    from pathlib import Path
+
+    from tuner.serve.db import TuningDB
+    from tuner.serve.runtime import Table
+    data = json.loads(Path(path).read_text()) if Path(path).is_file() else None
+    if isinstance(data, dict) and isinstance(data.get("entries"), list):
+        return Table.load(path, backend=backend)
+    return Table.from_db(TuningDB(path), backend=backend)
+
+
+def cmd_verify(args) -> int:
+    import dataclasses
+
+    import torch
+
+    from tuner.model.verify import verify
+    from tuner.run.report import fmt_time
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    table = _table(args.db, BACKEND[device])
+    print(f"verifying {args.model} on {device} with {args.db}…", file=sys.stderr)
+    v = verify(args.model, table, device, args.dtype, args.rounds, compile=not args.no_compile)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(v), indent=1, default=str))
+        return 0 if v.passed else 1
+    print(f"outputs: {'PASS' if v.passed else 'FAIL'}: the patched model's largest error against float64 is "
+          f"{v.error:.3g}; allowed {v.allowed:.3g} (8x the unpatched model's own {v.eager_error:.3g}, plus "
+          f"{v.dtype}'s absolute tolerance)")
+    med = dict(v.medians_s)
+    for k, t in v.medians_s:
+        rel = "".join(f", {med[b] / t:.2f}x {b}" for b in ("eager", "torch.compile") if b in med and b != k)
+        print(f"  {k:15s} {fmt_time(t)}{rel}")
+    for call, routed, fell in v.routed:
+        print(f"  {call}: {routed} call(s) ran the tuned kernel, {fell} torch's own")
+    if not any(r for _, r, _ in v.routed):
+        print("  no call ran a tuned kernel: the table has none for these calls' sizes, dtypes and device")
+    for n in v.notes:
+        print(f"note: {n}", file=sys.stderr)
+    return 0 if v.passed else 1
