@@ -21,9 +21,7 @@
  *        of `fence` bytes on each side; read-only buffers come as a read-only fd, so no mprotect
  *        can make them writable;
  *   CALL n flush + n (id, offset): r = CLOCK_MONOTONIC when the request was read; with
- *        `flush`, the call's buffers evicted from every cache level (each argument's buffer,
- *        from its offset to its end, line by line: clflush on x86, dc civac on Arm; elsewhere
- *        a buffer of `flush bytes` written); t0 read; (r, t0)
+ *        `flush`, the caches evicted (a buffer of `flush bytes` written); t0 read; (r, t0)
  *        written to the clock pipe; the kernel called with the n pointers; t1 read; (0, t1)
  *        replied. r and t0 leave this process before the kernel runs, so nothing the kernel
  *        does can move them. The judge checks send <= r <= t0 <= t1 <= receive on its own
@@ -75,27 +73,6 @@ static int CTL = -1, CLK = -1;
 typedef void *P;
 typedef void (*kernel_t)(void);
 static kernel_t kernel;
-
-/* Evict [p, p + n) from every cache level, so that the call that follows reads its inputs
- * from memory, as a call in a model does after other work. Line by line over the call's own
- * buffers: writing a buffer twice the last level's size cost 0.1 s per timed call on a
- * machine that reports a 480 MiB L3, more than most kernels take (and bought a handful of
- * timed calls per candidate); this costs about a nanosecond per 64 bytes. Returns 0 where the
- * architecture has no such instruction here (then the caller writes `flush_buf`). */
-static int evict(const char *p, size_t n) {
-#if defined(__x86_64__) || defined(__i386__)
-    for (size_t i = 0; i < n; i += 64) __asm__ volatile("clflush (%0)" : : "r"(p + i) : "memory");
-    __asm__ volatile("mfence" : : : "memory");
-    return 1;
-#elif defined(__aarch64__)
-    for (size_t i = 0; i < n; i += 64) __asm__ volatile("dc civac, %0" : : "r"(p + i) : "memory");
-    __asm__ volatile("dsb ish" : : : "memory");
-    return 1;
-#else
-    (void)p; (void)n;
-    return 0;
-#endif
-}
 
 static void reply(int64_t status, int64_t value) {
     int64_t r[2] = {status, value};
@@ -299,10 +276,8 @@ int main(int argc, char **argv) {
         return 5;
     }
     int held = drop_user();
-    if (!evict(NULL, 0)) {  /* no eviction instruction here: the flush writes a buffer instead */
-        flush_buf = flush_bytes ? malloc(flush_bytes) : NULL;
-        if (flush_buf) memset(flush_buf, 1, flush_bytes);
-    }
+    flush_buf = flush_bytes ? malloc(flush_bytes) : NULL;
+    if (flush_buf) memset(flush_buf, 1, flush_bytes);
     int threads = 0;
 #pragma omp parallel
     {
@@ -349,15 +324,10 @@ int main(int argc, char **argv) {
                 else a[i] = bufs[as[i].buf] + as[i].offset;
             }
             if (bad) { reply(-EINVAL, 0); continue; }
-            if (q->a) {  /* evict the call's buffers (see evict) */
-                int done = 1;
-                for (uint32_t i = 0; i < q->n && done; i++)
-                    done = evict(bufs[as[i].buf] + as[i].offset, sizes[as[i].buf] - as[i].offset);
-                if (!done && flush_buf) {  /* no eviction instruction: write twice the last level */
-                    static unsigned char fill;
-                    memset(flush_buf, ++fill, flush_bytes);
-                    __asm__ volatile("" : : "r"(flush_buf) : "memory");
-                }
+            if (q->a && flush_buf) {  /* evict the caches: write a buffer twice the last level's size */
+                static unsigned char fill;
+                memset(flush_buf, ++fill, flush_bytes);
+                __asm__ volatile("" : : "r"(flush_buf) : "memory");
             }
             int64_t t[2] = {r, now_ns()};
             if (write(CLK, t, sizeof t) != (ssize_t)sizeof t) _exit(3);
