@@ -370,6 +370,15 @@ class SimBackend(Backend):
     name = "sim"
     language = "triton_ascend"
 
+    @classmethod
+    def bench_env(cls, env: dict[str, str]) -> dict[str, str]:
+        # The interpreter from the process's start: Triton builds triton.language's own @jit
+        # helpers (tl.cdiv, ...) when it is first imported, interpreted or not, and a kernel
+        # interpreted later that calls one fails "Cannot call @triton.jit'd outside of the
+        # scope of a kernel" (Triton 3.9, where the worker had imported it before the first
+        # load). Compile workers are not benchmark workers: they keep the real front end.
+        return {**env, "TRITON_INTERPRET": "1"}
+
     def __init__(self, device: int = 0, **options: Any) -> None:
         super().__init__(device, **options)
         from tuner.backends.chips import ChipError, load_profile
