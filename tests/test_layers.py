@@ -8,8 +8,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "tuner"
 
 # Lowest first. A module may import from its own layer and the layers before it.
-LAYERS = ["core", "codecheck", "backends", "exec", "search", "run", "llm", "sweeps", "model", "offline",
-          "serve", "cli"]
+LAYERS = ["core", "codecheck", "backends", "exec", "search", "run", "llm", "sweeps", "offline",
+          "serve", "model", "cli"]
 # Top-level modules: `tuner.api` (the Python API), `tuner.runtime` (the public serving API) and
 # `__main__` sit on top, and so does the package's own __init__, which names the API's entry
 # points (lazily) besides the version and the value types; importing it from below (for the
