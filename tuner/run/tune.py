@@ -127,7 +127,11 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
         known[r.config.key] = r
         _count(progress, r)
 
-    searcher.replay(list(known.values()))
+    # In the order the trials were asked (their numbers), not the order they finished: with
+    # evaluations in flight the two differ, and `--patience` read from a study replayed in
+    # finishing order could disagree with the run that stopped (a resume with the same
+    # settings then searched on). Records no trial asked for (a proposer's checks) first.
+    searcher.replay(sorted(known.values(), key=lambda r: (r.trial >= 0, r.trial, r.time)))
     if restart_patience:
         searcher.restart_patience()
 
