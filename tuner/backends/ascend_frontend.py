@@ -73,6 +73,8 @@ def compile_request(req: dict) -> dict:
     import triton
     from triton.runtime import jit
 
+    from tuner.backends.base import (COMPILER_CRASH_TRIES, compiler_crash, retrying_compiler_crashes,
+                                     without_stack_frames)
     from tuner.backends.triton_source import compile_only, load_module
 
     version = getattr(triton, "__version__", "?")
@@ -92,17 +94,23 @@ def compile_request(req: dict) -> dict:
                 return None
             raise
 
-    try:
-        module = load_module(req["source"], req.get("module_name", "tuner_ascend_frontend"), "triton_ascend")
+    def once(attempt: int) -> None:
+        module = load_module(req["source"], f'{req.get("module_name", "tuner_ascend_frontend")}_{attempt}',
+                             "triton_ascend")
         jit.JITFunction.run = run
         try:
             with torch.no_grad(), compile_only("npu", req["soc"], 0):  # nothing here opens an NPU
                 module.launch(*args[:n_in], *args[n_in:])
         finally:
             jit.JITFunction.run = original
+    try:
+        retrying_compiler_crashes(once)
     except Exception as e:  # noqa: BLE001 - the kernel's own compile error, reported as the compiler said
         text = _text(e)
-        result.update(status="error", stage=_stage(text), message=text[-6000:])
+        signal = compiler_crash(text)
+        said = (f"the compiler itself crashed ({signal}) {COMPILER_CRASH_TRIES} times in a row: a fault in "
+                "triton-ascend, not a message about the kernel; another config may avoid it.\n") if signal else ""
+        result.update(status="error", stage=_stage(text), message=said + without_stack_frames(text)[-(6000 - len(said)):])
     result["kernels"] = kernel_facts(cache)
     if result["status"] == "ok" and result["stopped_before_bishengir"]:
         result["stage"] = "adapter"

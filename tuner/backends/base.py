@@ -261,6 +261,49 @@ def _arg_specs(op: OpSpec):
     return arg_specs(load_op(op))
 
 
+# A compiler stage that died by a signal: triton-ascend's triton-adapter-opt aborts now and then
+# on heap corruption of its own ("corrupted size vs. prev_size") on a TTIR that it lowers the
+# next time. Such a compile is tried again, up to COMPILER_CRASH_TRIES times in all, before it
+# is the config's compile error: a good config is not lost to the compiler's bad luck.
+_CRASH = re.compile(r"died with <Signals\.(SIG(?:ABRT|SEGV|BUS|ILL|FPE))")
+_FRAME = re.compile(r"^\s*#\d+ 0x[0-9a-fA-F]+ ")
+COMPILER_CRASH_TRIES = 3
+
+
+def compiler_crash(text: str) -> str | None:
+    """The signal that killed a compiler subprocess, as its Python error says it; None when the
+    compile failed with a message (the kernel's fault) instead."""
+    m = _CRASH.search(text or "")
+    return m.group(1) if m else None
+
+
+def retrying_compiler_crashes(compile_once: Callable[[int], Any]) -> Any:
+    """compile_once(attempt) for attempt 1, 2, ...: its result, or its exception once it failed
+    with a message or COMPILER_CRASH_TRIES times by a compiler's crash (the text of an exception
+    and of its causes names the signal)."""
+    for attempt in range(1, COMPILER_CRASH_TRIES + 1):
+        try:
+            return compile_once(attempt)
+        except Exception as e:
+            text, cur = [], e
+            while cur is not None and len(text) < 8:
+                text.append(str(cur))
+                cur = cur.__cause__ or cur.__context__
+            if attempt == COMPILER_CRASH_TRIES or compiler_crash("\n".join(text)) is None:
+                raise
+
+
+def without_stack_frames(text: str) -> str:
+    """A crashed LLVM tool's message without its backtrace's frames (addresses in a binary:
+    nothing an engineer or a model acts on, and long enough to push the reason out of a
+    truncated message)."""
+    lines = (text or "").splitlines()
+    kept = [ln for ln in lines if not _FRAME.match(ln)]
+    if len(kept) < len(lines):
+        kept.append(f"({len(lines) - len(kept)} backtrace frames left out)")
+    return "\n".join(kept)
+
+
 class CapturedStderr:
     """What native code wrote to this process's stderr (fd 2) inside the `with` block: MLIR's
     diagnostics (the failing op, with its location in the kernel's source) go there, not into

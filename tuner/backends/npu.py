@@ -54,8 +54,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.backends.base import (BackendUnavailable, CapturedStderr, measured_peaks, meta_args, raise_if_disk_full,
-                                 with_diagnostics)
+from tuner.backends.base import (COMPILER_CRASH_TRIES, BackendUnavailable, CapturedStderr, compiler_crash,
+                                 retrying_compiler_crashes,
+                                 measured_peaks, meta_args, raise_if_disk_full, with_diagnostics,
+                                 without_stack_frames)
 from tuner.backends.triton_device import TritonDevice
 from tuner.backends.triton_source import compile_only, load_module, use_cache, warm_launch
 from tuner.codecheck import Forbidden, require_clean
@@ -555,14 +557,23 @@ class NpuBackend(TritonDevice):
             # The back end then records metadata["required_ub_bits"]; an older bishengir (CANN
             # 8.3 and before) rejects the flag, and every compile with it.
             os.environ.setdefault("ENABLE_PRINT_UB_BITS", "1")
+        captured = CapturedStderr()  # MLIR's and bishengir's diagnostics, of the last attempt
+
+        def once(attempt: int):
+            with captured:
+                module = load_module(path, f"tuner_ascend_{digest}_{attempt}", "triton_ascend")
+                return self._warm(module, op)
         try:
-            with CapturedStderr() as captured:  # MLIR's and bishengir's diagnostics
-                module = load_module(path, f"tuner_ascend_{digest}", "triton_ascend")
-                kernels = self._warm(module, op)
+            kernels = retrying_compiler_crashes(once)
         except Exception as e:  # MLIRCompilationError and any other compile failure
             raise_if_disk_full(e, "Triton's compile and cache")  # the disk, not the config
-            return Build(Status.COMPILE_ERROR, error=with_diagnostics(compile_excerpt(_exc_text(e)), captured),
-                         compile_s=time.monotonic() - t0)
+            text = _exc_text(e)
+            signal = compiler_crash(text)
+            said = (f"the compiler itself crashed ({signal}) {COMPILER_CRASH_TRIES} times in a row: a fault "
+                    "in triton-ascend, not a message about the kernel\n") if signal else ""
+            return Build(Status.COMPILE_ERROR, error=said + with_diagnostics(
+                compile_excerpt(without_stack_frames(text)), captured),
+                compile_s=time.monotonic() - t0)
         dt = time.monotonic() - t0
         if not kernels:
             return Build(Status.COMPILE_ERROR, compile_s=dt, error="launch() launched no @triton.jit kernel")
