@@ -124,3 +124,98 @@ def test_on_a_gpu_rows_carry_device_time(model):
     soft = rows[("aten::softmax", "32x32")]
     assert soft.calls == 3 and soft.total_s > 0 and soft.library == ("softmax", "32x32", "bf16")
     assert prof.total_s > 0 and sum(r.share for r in prof.rows) == pytest.approx(1.0)
+
+
+HF_STYLE = '''import torch
+import torch.nn as nn
+
+hidden = 64
+inter = 96
+
+
+class RMSNorm(nn.Module):  # as transformers' Llama and Qwen2 write it
+    def __init__(self, n, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.variance_epsilon = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(dtype)
+
+
+class NoWeightNorm(RMSNorm):  # ignores its weight (ones at init): not the library's rmsnorm
+    def forward(self, x):
+        h = x.to(torch.float32)
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)).to(x.dtype)
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = RMSNorm(hidden)
+        self.mlp = MLP()
+        self.other = NoWeightNorm(hidden)
+
+    def forward(self, x):
+        h = x + self.mlp(self.norm(x))
+        return self.other(h) * 2
+
+
+def get_inputs():
+    return [torch.randn(2, 16, hidden)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, monkeypatch, capsys):
+    """The whole path a user takes from a model, through the commands: profile (an RMSNorm and
+    a gated MLP written as transformers writes them are rows of the library's ops, a module
+    that ignores its weight is not), emit, sweep, db update, export, verify (outputs held to
+    float64, eager / compile / patched / patched + compile timed; the norm module replaced)."""
+    import json
+    import yaml
+    monkeypatch.chdir(tmp_path)
+    for k, v in {"CACHE_DIR": str(tmp_path / "cache"), "BENCH_BUDGET_S": "0.005", "WARMUP_S": "0",
+                 "MIN_REPS": "3", "MAX_REPS": "10", "REPORT": "0"}.items():
+        monkeypatch.setenv("TUNER_" + k, v)
+    (tmp_path / "model.py").write_text(HF_STYLE)
+    prof = profile_model(tmp_path / "model.py", "cpu", iterations=1, peaks={"copy_gbps": 10.0, "fp32_gflops": 100.0})
+    rows = {r.aten: r for r in prof.rows}
+    assert rows["module::rmsnorm"].library == ("rmsnorm", "32x64", "fp32") and rows["module::rmsnorm"].calls == 1
+    assert rows["module::swiglu"].library == ("swiglu", "32x96", "fp32")
+    assert sum(r.aten == "aten::linear" for r in prof.rows) == 2  # the MLP's projections stay rows
+    assert "aten::rsqrt" in rows  # NoWeightNorm's ops: not absorbed into a module row
+    assert main(["profile", "model.py", "--iterations", "1", "--emit", "hot.yaml"]) == 0
+    plan = yaml.safe_load((tmp_path / "hot.yaml").read_text())
+    assert plan["ops"] == {"rmsnorm-fp32": {"op": "rmsnorm", "shapes": ["32x64"], "dtypes": ["fp32"]}}
+    assert "the library's swiglu has no skeleton in this backend's language" in (tmp_path / "hot.yaml").read_text()
+    plan["budget"] = 2
+    (tmp_path / "hot.yaml").write_text(yaml.safe_dump(plan))
+    assert main(["sweep", "hot.yaml", "--out", "sw"]) == 0
+    assert main(["db", "update", "sw", "--db", "db.json"]) == 0
+    assert main(["export", "--db", "db.json", "--out", "exp"]) == 0
+    capsys.readouterr()
+    assert main(["verify", "model.py", "--db", "exp/tuning.json", "--rounds", "2", "--json"]) == 0
+    v = json.loads(capsys.readouterr().out)
+    assert v["passed"] and v["error"] <= v["allowed"]
+    assert [list(m) for m in v["modules"]] == [["mlp", "swiglu"], ["norm", "rmsnorm"]]
+    assert ["rmsnorm 32x64 fp32", 1, 0] in [list(r) for r in v["routed"]]
+    assert {k for k, _ in v["medians_s"]} == {"eager", "torch.compile", "patched eager", "patched + torch.compile"}

@@ -131,7 +131,9 @@ def cmd_verify(args) -> int:
     med = dict(v.medians_s)
     for k, t in v.medians_s:
         rel = "".join(f", {med[b] / t:.2f}x {b}" for b in ("eager", "torch.compile") if b in med and b != k)
-        print(f"  {k:15s} {fmt_time(t)}{rel}")
+        print(f"  {k:24s} {fmt_time(t)}{rel}")
+    if v.modules:
+        print(f"  modules replaced: {', '.join(f'{name} ({op})' for name, op in v.modules)}")
     for call, routed, fell in v.routed:
         print(f"  {call}: {routed} call(s) ran the tuned kernel, {fell} torch's own")
     if not any(r for _, r, _ in v.routed):

@@ -81,6 +81,13 @@ def emit_sweep(profile: Profile, out: str | Path, backend: str | None = None, to
             if shape not in entry["shapes"]:
                 entry["shapes"].append(shape)
             continue
+        if row.aten.startswith("module::"):  # a module the patch routes to a library op
+            from tuner.core.skeleton import library_skeletons
+            op = row.aten.split("::", 1)[1]
+            comments.append(f"# {row.aten} at {row.shapes} ({row.share:.1%} of the time): the library's {op} "
+                            f"has no skeleton in this backend's language (it has: "
+                            f"{', '.join(sorted(library_skeletons().get(op, ()))) or 'none'})")
+            continue
         source = problem_source(row, Path(profile.model).name)
         if source is None:
             comments.append(f"# not extracted: {row.aten} at {row.shapes} ({row.share:.1%}): integer inputs, "

@@ -98,12 +98,13 @@ def load_model(path: str | Path):
     name = f"tuner_model_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    # Kept in sys.modules: torch.compile looks a traced function's module up by name.
+    sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001 - the file's own error, named
-        raise OpError(f"{path}: failed to import: {type(e).__name__}: {e}") from None
-    finally:
         sys.modules.pop(name, None)
+        raise OpError(f"{path}: failed to import: {type(e).__name__}: {e}") from None
     if not hasattr(module, "get_inputs"):
         raise OpError(f"{path}: defines no get_inputs(); it must return the model's example inputs "
                       f"(a list of tensors)")
@@ -214,27 +215,40 @@ def profile_model(path: str | Path, device: str = "cpu", dtype: str | None = Non
         except Exception as e:  # noqa: BLE001 - the model's own error
             raise OpError(f"{path}: the model failed on its inputs: {type(e).__name__}: {e}") from None
         sync()
+        modules = _ModuleRanges(model)
         acts = [ProfilerActivity.CPU]
         if device == "cuda":
             acts.append(ProfilerActivity.CUDA)
         elif device == "npu":
             acts = _npu_activities() or acts
-        with profile(activities=acts, record_shapes=True) as prof:
-            for _ in range(iterations):
-                model(*inputs)
-            sync()
+        try:
+            with profile(activities=acts, record_shapes=True) as prof:
+                for _ in range(iterations):
+                    model(*inputs)
+                sync()
+        finally:
+            modules.remove()
     on_device = device != "cpu"
     groups: dict[tuple, list] = {}
     with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle": one cycle here
         warnings.simplefilter("ignore")
         events = prof.events()
     raw = None if events and hasattr(events[0], "input_dtypes") else _kineto_dtypes(prof)
+    module_calls: dict[tuple, int] = {}
+    for e in events:
+        key = modules.key(e.name)
+        if key is not None:
+            module_calls[key] = module_calls.get(key, 0) + 1
     for e in _top_level(events):
-        args = _args_of(e, raw)
         t = (getattr(e, "device_time_total", None) or 0.0) if on_device else e.cpu_time_total
-        g = groups.setdefault((e.name, args), [0, 0.0])
+        key = modules.absorbing(e)
+        if key is None:
+            key = (e.name, _args_of(e, raw))
+        g = groups.setdefault(key, [0, 0.0])
         g[0] += 1
         g[1] += t * 1e-6
+    for key, calls in module_calls.items():  # a routed module is one call however many aten ops
+        groups.setdefault(key, [0, 0.0])[0] = calls
     total = sum(t for _, t in groups.values())
     rows = []
     for (name, args), (calls, t) in groups.items():
@@ -243,6 +257,76 @@ def profile_model(path: str | Path, device: str = "cpu", dtype: str | None = Non
     rows.sort(key=lambda r: -r.total_s)
     return Profile(str(path), device, dtype, iterations, total / iterations, tuple(rows),
                    tuple(sorted((peaks or {}).items())))
+
+
+class _ModuleRanges:
+    """The submodules `runtime.patch` would replace (its module routes' probe), each call of
+    one marked as a profiler range "tuner.module::<name>" while profiling: the aten ops the
+    module's forward runs for its op (an RMSNorm's cast, pow, mean, rsqrt and muls) are one
+    row, "module::<op>" at the op's shapes, which the library's op matches; what the route
+    leaves to torch (a gated MLP's projections) stays rows of its own."""
+
+    PREFIX = "tuner.module::"
+
+    def __init__(self, model):
+        import functools
+
+        from tuner.serve.patch import MODULE_KEEPS, module_ops
+        self.ops = module_ops(model)
+        self.keeps = MODULE_KEEPS
+        self.args: dict[str, tuple[Arg, ...]] = {}
+        self._open: list = []
+        self._hooks = []
+        for name, (op, module) in self.ops.items():
+            self._hooks.append(module.register_forward_pre_hook(functools.partial(self._enter, name, op)))
+            self._hooks.append(module.register_forward_hook(self._exit))
+
+    def _enter(self, name: str, op: str, module, args) -> None:
+        import math
+
+        import torch
+
+        from tuner.serve.patch import _dtype
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.dim() >= 1:
+            rows, dt = math.prod(x.shape[:-1]), _dtype(x)
+            if op == "swiglu":
+                n = module.gate_proj.out_features
+                self.args[name] = (Arg((rows, n), dt), Arg((rows, n), dt))
+            else:
+                params = [module.weight] + ([module.bias] if op == "layernorm" else [])
+                self.args[name] = (Arg((rows, x.shape[-1]), dt), *(Arg(tuple(p.shape), dt) for p in params))
+        r = torch.autograd.profiler.record_function(self.PREFIX + name)
+        r.__enter__()
+        self._open.append(r)
+
+    def _exit(self, module, args, out) -> None:
+        if self._open:
+            self._open.pop().__exit__(None, None, None)
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+
+    def key(self, event_name: str) -> tuple | None:
+        """The row key of a module range's event, or None for any other event."""
+        if not event_name.startswith(self.PREFIX):
+            return None
+        name = event_name[len(self.PREFIX):]
+        if name not in self.ops or name not in self.args:
+            return None
+        return (f"module::{self.ops[name][0]}", self.args[name])
+
+    def absorbing(self, event) -> tuple | None:
+        """The module row an aten event belongs to (it ran inside a routed module's range and is
+        not what the route leaves to torch), or None."""
+        p = event.cpu_parent
+        while p is not None:
+            key = self.key(p.name)
+            if key is not None:
+                return None if event.name in self.keeps.get(self.ops[p.name[len(self.PREFIX):]][0], ()) else key
+            p = p.cpu_parent
+        return None
 
 
 def _npu_activities():
@@ -315,7 +399,9 @@ def _assess(row: OpRow, peaks: dict[str, float]) -> OpRow:
     size = {"int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1, **DTYPE_BYTES}
     moved = sum(_nbytes(a.shape, size.get(a.dtype, 4)) for a in row.args if a.is_tensor)
     flops = None
-    called = meta_call(row)
+    called = None if row.aten.startswith("module::") else meta_call(row)
+    if row.aten.startswith("module::"):  # its output: the shape of its first input
+        moved += _nbytes(row.args[0].shape, size.get(row.args[0].dtype, 4))
     if called is not None:
         outs, flops = called
         moved += sum(float(o.numel()) * o.element_size() for o in outs)
@@ -347,6 +433,9 @@ def library_match(row: OpRow) -> tuple[str, str, str] | None:
         return (math.prod(shape[:-1]), shape[-1]) if len(shape) >= 2 else None
 
     name = row.aten
+    if name.startswith("module::"):  # a module the patch routes (_ModuleRanges)
+        m, n = rows_cols(x.shape)
+        return name.split("::", 1)[1], f"{m}x{n}", dt
     if name in ("aten::softmax", "aten::_softmax") and s and s[0] in (-1, len(x.shape) - 1) and rows_cols(x.shape):
         m, n = rows_cols(x.shape)
         return "softmax", f"{m}x{n}", dt

@@ -4,61 +4,142 @@ where one was tuned for exactly that call, and torch's own everywhere else.
     from tuner import runtime
     table = runtime.load("exported/tuning.json")
     runtime.patch(model, table)      # in place; returns the model
-    y = model(x)                     # softmax/layernorm/rmsnorm/matmul calls routed per call
-    model.tuner_patch.stats          # {"softmax 16x64 fp32": [routed, fell back], ...}
+    y = model(x)                     # routed per call
+    model.tuner_patch.stats          # {"rmsnorm 4096x4096 bf16": [routed, fell back], ...}
+    model.tuner_patch.modules        # {"layers.0.mlp": "swiglu", ...}: the modules replaced
     runtime.unpatch(model)           # as it was
 
-How: the model's forward runs under a torch function mode that sees every torch function the
-model calls (whatever module or line makes it) and routes, per call, the ones a library op
-computes exactly:
-- softmax over the last dim (torch.softmax, F.softmax, Tensor.softmax; no dtype argument);
-- layer_norm over the last dim with weight and bias at eps 1e-5 (F.layer_norm: nn.LayerNorm);
-- rms_norm over the last dim with a weight at eps 1e-6 (F.rms_norm: nn.RMSNorm);
-- a 2-D matrix product (torch.mm, torch.matmul, Tensor.mm, @).
+Two ways in, both per call:
+- Modules. At patch time every submodule is tried against the module routes: an RMSNorm
+  (a 1-D `weight` and an eps of 1e-6, whatever its class), a LayerNorm (weight and bias, eps
+  1e-5) and a gated MLP (`gate_proj`,
+  `up_proj`, `down_proj` and a SiLU `act_fn`: down(silu(gate(x)) * up(x))). A candidate is
+  replaced only when a probe agrees: the module's own forward on random rows (its weight
+  randomised for the probe and put back, so a module that ignores its weight is not taken for
+  one that uses it) against the library op's definition, within the dtype's tolerance. The
+  replaced forward calls the op as a torch custom op (`tuner::routed`), so the patched model
+  also runs under torch.compile: the kernel is opaque to the compiler, which fuses around it.
+- Functions. The model's forward runs under a torch function mode that routes the calls a
+  library op computes exactly: softmax over the last dim (torch.softmax, F.softmax,
+  Tensor.softmax; no dtype argument); layer_norm over the last dim with weight and bias at eps
+  1e-5 (F.layer_norm: nn.LayerNorm); rms_norm over the last dim with a weight at eps 1e-6
+  (F.rms_norm: nn.RMSNorm); a 2-D matrix product (torch.mm, torch.matmul, Tensor.mm, @). Not
+  under torch.compile (the compiler computes these calls itself). The mode costs host time on
+  every torch call of the forward: on by default only when the table serves softmax or
+  matmul (`patch(..., functions=)`).
 A call is routed when the table has a kernel for its sizes and dtype that takes these inputs
-(`Table.kernel`, its lookup rule: exact sizes, or the nearest where the table allows it);
-leading dims are folded into rows, non-contiguous operands copied. Anything else, and any call
-that autograd records (an input requiring grad with grad enabled: the kernels compute the
-forward only), runs torch's own. Not yet: torch.compile (the mode is traced as Python, the
-kernels' launchers are not: compile the unpatched model, or patch after compiling).
+(`Table.kernel`, its lookup rule), resolved once per call signature (op, each input's shape,
+dtype and device) and remembered: a routed call pays a dict lookup, not the table's rule and
+the input checks. Leading dims are folded into rows, non-contiguous operands copied. Anything
+else, and any call that autograd records (an input requiring grad with grad enabled: the
+kernels compute the forward only), runs torch's own.
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
+import weakref
 from collections import defaultdict
 from typing import Any, Callable
 
 ATTR = "tuner_patch"
+RMS_EPS = 1e-6  # the library ops' constants (tuner.core.ops): a module at another eps is not theirs
+LN_EPS = 1e-5
+
+_LIVE: "weakref.WeakValueDictionary[int, Patched]" = weakref.WeakValueDictionary()  # custom op -> patch
+_IDS = itertools.count(1)
 
 
 class Patched:
-    """The patch of one model: what it routed (`stats`), and `undo()`."""
+    """The patch of one model: what it routed (`stats`), the modules it replaced (`modules`:
+    name -> op), and `undo()`."""
 
-    def __init__(self, model, table):
+    def __init__(self, model, table, functions: bool | None = None):
         self.model, self.table = model, table
+        self.id = next(_IDS)
+        _LIVE[self.id] = self
         self.stats: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # key -> [routed, fell back]
-        self._own_forward = model.__dict__.get("forward")  # an instance attribute it had, if any
-        original = model.forward
+        self.modules: dict[str, str] = {}
+        self._routes: dict[tuple, Any] = {}  # call signature -> Kernel, or None: torch's own
+        self._replaced: list[tuple[Any, Any]] = []  # (module, its own instance forward or None)
+        for name, module in model.named_modules():
+            for route in MODULE_ROUTES:
+                forward = route(self, module)
+                if forward is not None:
+                    self._replace(module, forward)
+                    self.modules[name or "(the model)"] = route.__name__.removeprefix("_route_")
+                    break
+        if self.modules:
+            _custom_op()
+        if functions is None:  # see `patch`
+            functions = bool({e["op"] for e in getattr(table, "entries", ())} & FUNCTION_ONLY)
+        self.functions = functions
+        if functions:
+            original = model.forward
 
-        def forward(*args, **kwargs):
-            with _Route(self):
-                return original(*args, **kwargs)
-        model.forward = forward
+            def forward(*args, **kwargs):
+                import torch
+                if torch.compiler.is_compiling():
+                    return original(*args, **kwargs)
+                with _Route(self):
+                    return original(*args, **kwargs)
+            self._replace(model, forward)
+
+    def _replace(self, module, forward) -> None:
+        self._replaced.append((module, module.__dict__.get("forward")))
+        module.forward = forward
 
     def undo(self) -> None:
-        if self._own_forward is not None:
-            self.model.forward = self._own_forward
-        else:
-            self.model.__dict__.pop("forward", None)
+        for module, own in reversed(self._replaced):
+            if own is not None:
+                module.forward = own
+            else:
+                module.__dict__.pop("forward", None)
+        self._replaced.clear()
         self.model.__dict__.pop(ATTR, None)
+        _LIVE.pop(self.id, None)
+
+    def kernel(self, op: str, inputs: list):
+        """The table's kernel for this call, or None (torch's own); counted in `stats`. Resolved
+        once per call signature."""
+        sig = (op, *((tuple(x.shape), x.dtype, x.device) for x in inputs))
+        try:
+            k, counts = self._routes[sig]
+        except KeyError:
+            sizes = _SIZES[op](inputs)
+            dtype = _dtype(inputs[0])
+            k = self.table.kernel(op, sizes, dtype) if dtype and all(v > 0 for v in sizes.values()) else None
+            if k is not None and k.mismatch(inputs) is not None:
+                k = None
+            counts = self.stats[f"{op} {'x'.join(str(v) for v in sizes.values())} {dtype}"]
+            self._routes[sig] = k, counts
+        counts[0 if k is not None else 1] += 1
+        return k
+
+    def call(self, op: str, inputs: list):
+        """`op` on 2-D (rows) inputs: the tuned kernel where there is one, else the op's
+        definition in torch (`TORCH`). Run with torch function handling off: under the function
+        mode every tensor method the launcher calls would be a trip through Python."""
+        import torch
+        with torch._C.DisableTorchFunction():
+            k = self.kernel(op, inputs)
+            return k._launch(inputs) if k is not None else TORCH[op](*inputs)
 
 
-def patch(model, table):
+# Ops that only the function routes reach (the norms have module routes too).
+FUNCTION_ONLY = frozenset({"softmax", "matmul"})
+
+
+def patch(model, table, functions: bool | None = None):
     """Patch `model` in place (see the module docstring) and return it; a second patch
-    replaces the first."""
+    replaces the first. `functions`: route torch function calls too (the function mode costs
+    host time on every torch call of the forward, routed or not: a few microseconds each, what
+    a launch-bound forward feels); None: when the table serves an op only they reach
+    (softmax, matmul)."""
     if ATTR in model.__dict__:
         unpatch(model)
-    model.__dict__[ATTR] = Patched(model, table)
+    model.__dict__[ATTR] = Patched(model, table, functions)
     return model
 
 
@@ -69,6 +150,192 @@ def unpatch(model):
         p.undo()
     return model
 
+
+def patched_copy(model, table, functions: bool | None = None):
+    """A patched copy of `model` that shares its parameters and buffers (no second copy of the
+    weights) and leaves `model` itself as it was: for timing the two side by side."""
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    return patch(copy.deepcopy(model, shared), table, functions)
+
+
+# ---- the library ops as the patch calls them: sizes, output shape, definition in torch
+
+_SIZES: dict[str, Callable] = {
+    "softmax": lambda xs: {"M": xs[0].shape[0], "N": xs[0].shape[1]},
+    "rmsnorm": lambda xs: {"M": xs[0].shape[0], "N": xs[0].shape[1]},
+    "layernorm": lambda xs: {"M": xs[0].shape[0], "N": xs[0].shape[1]},
+    "swiglu": lambda xs: {"M": xs[0].shape[0], "N": xs[0].shape[1]},
+    "matmul": lambda xs: {"M": xs[0].shape[0], "N": xs[1].shape[1], "K": xs[0].shape[1]},
+}
+
+
+def _out_shape(op: str, xs: list) -> tuple:
+    return (xs[0].shape[0], xs[1].shape[1]) if op == "matmul" else tuple(xs[0].shape)
+
+
+def _torch_ops() -> dict[str, Callable]:
+    import torch
+    import torch.nn.functional as F
+
+    def rmsnorm(x, w):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + RMS_EPS) * w.float()).to(x.dtype)
+    return {"softmax": lambda x: torch.softmax(x, -1), "rmsnorm": rmsnorm,
+            "layernorm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, LN_EPS),
+            "swiglu": lambda a, b: F.silu(a) * b, "matmul": lambda a, b: a @ b}
+
+
+class _TorchOps(dict):
+    def __missing__(self, op):
+        self.update(_torch_ops())
+        return self[op]
+
+
+TORCH: dict[str, Callable] = _TorchOps()
+
+
+_CUSTOM_OP = None
+
+
+def _custom_op():
+    """The custom op `tuner::routed(op, patch_id, inputs)`, registered once: what torch.compile
+    sees of a routed module (opaque to the compiler; its fake gives the output's shape)."""
+    global _CUSTOM_OP
+    if _CUSTOM_OP is None:
+        import torch
+
+        @torch.library.custom_op("tuner::routed", mutates_args=(),
+                                 schema="(str op, int patch_id, Tensor[] inputs) -> Tensor")
+        def _routed(op, patch_id, inputs):
+            return _LIVE[patch_id].call(op, inputs)
+
+        @_routed.register_fake
+        def _(op, patch_id, inputs):
+            return inputs[0].new_empty(_out_shape(op, inputs))
+        _CUSTOM_OP = _routed
+    return _CUSTOM_OP
+
+
+def routed(op: str, patch_id: int, inputs: list):
+    """`op` on these rows through the patch `patch_id`: the custom op when torch.compile traces
+    the call, a direct call otherwise (the custom op's dispatch is host time eager need not pay)."""
+    import torch
+    if torch.compiler.is_compiling():
+        return _CUSTOM_OP(op, patch_id, inputs)
+    return _LIVE[patch_id].call(op, inputs)
+
+
+# ---- module routes: (patch, module) -> a forward that routes, or None when not this op's
+
+def _probe_rows(module, n: int):
+    import torch
+    w = next(itertools.chain(module.parameters(), [None]), None)
+    if w is None or not w.is_floating_point() or w.device.type == "meta":
+        return None
+    g = torch.Generator(device=w.device).manual_seed(0)
+    return torch.randn(8, n, generator=g, device=w.device).to(w.dtype)
+
+
+def _agrees(got, want) -> bool:
+    import torch
+
+    from tuner.core.op import TOLERANCE
+    atol, rtol = TOLERANCE.get(_dtype(want) or "fp32", (1e-4, 1e-4))
+    return got.shape == want.shape and bool(torch.allclose(got.double(), want.double(), atol=8 * atol, rtol=8 * rtol))
+
+
+def _norm_route(p: Patched, module, op: str, eps_wanted: float, with_bias: bool):
+    """An RMSNorm or LayerNorm module over the last dim at the library op's eps."""
+    import torch
+    w, b = getattr(module, "weight", None), getattr(module, "bias", None)
+    eps = next((getattr(module, a) for a in ("variance_epsilon", "eps") if isinstance(getattr(module, a, None), float)), None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 1 or eps is None or abs(eps - eps_wanted) > 1e-12 \
+            or list(module.children()) or (with_bias != isinstance(b, torch.Tensor)) \
+            or (with_bias and b.shape != w.shape):
+        return None
+    x = _probe_rows(module, w.shape[0])
+    if x is None:
+        return None
+    own = module.forward
+    params = [w, b] if with_bias else [w]
+    with torch.no_grad():
+        kept = [t.detach().clone() for t in params]
+        try:  # the parameters randomised: a module that ignores one is told apart
+            for t in params:
+                t.copy_(1 + 0.5 * torch.randn_like(t))
+            ok = _agrees(own(x), TORCH[op](x, *params))
+        except Exception:  # noqa: BLE001 - a forward that takes other arguments is not this op
+            ok = False
+        finally:
+            for t, k in zip(params, kept):
+                t.copy_(k)
+    if not ok:
+        return None
+
+    def forward(x, *args, **kwargs):
+        if args or kwargs or x.shape[-1] != w.shape[0] or x.dtype != w.dtype or _records_grad(x, *params):
+            return own(x, *args, **kwargs)
+        return routed(op, p.id, [_rows(x), *params]).reshape(x.shape)
+    return forward
+
+
+def _route_rmsnorm(p: Patched, module):
+    return _norm_route(p, module, "rmsnorm", RMS_EPS, with_bias=False)
+
+
+def _route_layernorm(p: Patched, module):
+    return _norm_route(p, module, "layernorm", LN_EPS, with_bias=True)
+
+
+def _route_swiglu(p: Patched, module):
+    """A gated MLP: down(silu(gate(x)) * up(x)); the silu-times-up is the library's swiglu."""
+    import torch
+    gate, up, down, act = (getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+    if not all(isinstance(m, torch.nn.Module) for m in (gate, up, down)) or act is None:
+        return None
+    n_in = getattr(gate, "in_features", None)
+    x = _probe_rows(module, n_in) if isinstance(n_in, int) else None
+    if x is None:
+        return None
+    own = module.forward
+    try:
+        with torch.no_grad():
+            ok = _agrees(own(x), down(TORCH["swiglu"](gate(x), up(x))))
+    except Exception:  # noqa: BLE001 - not a gated MLP of this form
+        ok = False
+    if not ok:
+        return None
+
+    def forward(x, *args, **kwargs):
+        if args or kwargs or _records_grad(x):
+            return own(x, *args, **kwargs)
+        a, b = gate(x), up(x)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return own(x)
+        return down(routed("swiglu", p.id, [_rows(a), _rows(b)]).reshape(a.shape))
+    return forward
+
+
+MODULE_ROUTES: tuple[Callable, ...] = (_route_rmsnorm, _route_layernorm, _route_swiglu)
+
+# What a routed module's forward computes besides its op, left to torch: the gated MLP's
+# projections (a profile counts them as their own rows).
+MODULE_KEEPS: dict[str, frozenset] = {"swiglu": frozenset({"aten::linear", "aten::addmm", "aten::mm", "aten::matmul"})}
+
+
+def module_ops(model) -> dict[str, tuple[str, Any]]:
+    """name -> (library op, module) for every submodule a module route would replace (the same
+    probe as `patch`; nothing is replaced)."""
+    out = {}
+    for name, module in model.named_modules():
+        for route in MODULE_ROUTES:
+            if route(None, module) is not None:
+                out[name or "(the model)"] = (route.__name__.removeprefix("_route_"), module)
+                break
+    return out
+
+
+# ---- function routes: the torch function mode
 
 def _mode_base():
     from torch.overrides import TorchFunctionMode
@@ -95,15 +362,10 @@ def _records_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _run(p: Patched, op: str, sizes: dict[str, int], inputs: list, dtype: str):
-    """The table's kernel for `op` at `sizes` on `inputs`, or NotImplemented (torch then runs it)."""
-    key = f"{op} {'x'.join(str(v) for v in sizes.values())} {dtype}"
-    k = p.table.kernel(op, sizes, dtype) if all(v > 0 for v in sizes.values()) else None
-    if k is None or k.mismatch(inputs) is not None:
-        p.stats[key][1] += 1
-        return NotImplemented
-    p.stats[key][0] += 1
-    return k._launch(inputs)
+def _run(p: Patched, op: str, inputs: list):
+    """The table's kernel for `op` on these (2-D) inputs, or NotImplemented (torch then runs it)."""
+    k = p.kernel(op, inputs)
+    return NotImplemented if k is None else k._launch(inputs)
 
 
 def _dtype(x) -> str | None:
@@ -121,8 +383,7 @@ def _softmax(p: Patched, args, kwargs):
     if kwargs.get("dtype") is not None or (len(args) > 2 and args[2] is not None) or x.dim() < 1 \
             or dim not in (-1, x.dim() - 1) or _dtype(x) is None or _records_grad(x):
         return NotImplemented
-    x2 = _rows(x)
-    y = _run(p, "softmax", {"M": x2.shape[0], "N": x2.shape[1]}, [x2], _dtype(x))
+    y = _run(p, "softmax", [_rows(x)])
     return y if y is NotImplemented else y.reshape(x.shape)
 
 
@@ -130,11 +391,10 @@ def _layer_norm(p: Patched, args, kwargs):
     names = ("input", "normalized_shape", "weight", "bias", "eps")
     a = dict(zip(names, args), **kwargs)
     x, shape, w, b, eps = a["input"], a.get("normalized_shape"), a.get("weight"), a.get("bias"), a.get("eps", 1e-5)
-    if w is None or b is None or tuple(shape or ()) != (x.shape[-1],) or abs(eps - 1e-5) > 1e-12 \
+    if w is None or b is None or tuple(shape or ()) != (x.shape[-1],) or abs(eps - LN_EPS) > 1e-12 \
             or _dtype(x) is None or _records_grad(x, w, b):
         return NotImplemented
-    x2 = _rows(x)
-    y = _run(p, "layernorm", {"M": x2.shape[0], "N": x2.shape[1]}, [x2, w.contiguous(), b.contiguous()], _dtype(x))
+    y = _run(p, "layernorm", [_rows(x), w.contiguous(), b.contiguous()])
     return y if y is NotImplemented else y.reshape(x.shape)
 
 
@@ -142,11 +402,10 @@ def _rms_norm(p: Patched, args, kwargs):
     names = ("input", "normalized_shape", "weight", "eps")
     a = dict(zip(names, args), **kwargs)
     x, shape, w, eps = a["input"], a.get("normalized_shape"), a.get("weight"), a.get("eps")
-    if w is None or eps is None or tuple(shape or ()) != (x.shape[-1],) or abs(eps - 1e-6) > 1e-12 \
+    if w is None or eps is None or tuple(shape or ()) != (x.shape[-1],) or abs(eps - RMS_EPS) > 1e-12 \
             or _dtype(x) is None or _records_grad(x, w):
         return NotImplemented
-    x2 = _rows(x)
-    y = _run(p, "rmsnorm", {"M": x2.shape[0], "N": x2.shape[1]}, [x2, w.contiguous()], _dtype(x))
+    y = _run(p, "rmsnorm", [_rows(x), w.contiguous()])
     return y if y is NotImplemented else y.reshape(x.shape)
 
 
@@ -158,8 +417,7 @@ def _matmul(p: Patched, args, kwargs):
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() != 2 or b.dim() != 2 \
             or a.dtype != b.dtype or _dtype(a) is None or a.shape[1] != b.shape[0] or _records_grad(a, b):
         return NotImplemented
-    return _run(p, "matmul", {"M": a.shape[0], "N": b.shape[1], "K": a.shape[1]},
-                [a.contiguous(), b.contiguous()], _dtype(a))
+    return _run(p, "matmul", [a.contiguous(), b.contiguous()])
 
 
 _HANDLERS: dict[Any, Callable] | None = None
