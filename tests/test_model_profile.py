@@ -60,7 +60,7 @@ def test_every_operator_call_is_counted_at_its_shapes(model):
     prof = profile_model(model, "cpu", iterations=2, peaks={"copy_gbps": 10.0, "fp32_gflops": 100.0})
     rows = {(r.aten, r.shapes): r for r in prof.rows}
     # Three blocks: each call once per block per forward, counted per forward.
-    assert rows[("aten::layer_norm", "32x64, 64, 64")].calls == 3
+    assert rows[("module::layernorm", "32x64, 64, 64")].calls == 3  # nn.LayerNorm: a module the patch routes
     assert rows[("aten::softmax", "32x32")].calls == 3
     assert rows[("aten::linear", "32x64, 256x64, 256")].calls == 3
     assert rows[("aten::linear", "32x256, 64x256, 64")].calls == 3
@@ -71,7 +71,7 @@ def test_every_operator_call_is_counted_at_its_shapes(model):
     assert [r.total_s for r in prof.rows] == sorted((r.total_s for r in prof.rows), reverse=True)
     # Library ops that compute exactly these calls; a bound and an Amdahl saving per row.
     assert rows[("aten::softmax", "32x32")].library == ("softmax", "32x32", "fp32")
-    assert rows[("aten::layer_norm", "32x64, 64, 64")].library == ("layernorm", "32x64", "fp32")
+    assert rows[("module::layernorm", "32x64, 64, 64")].library == ("layernorm", "32x64", "fp32")
     assert rows[("aten::mm", "32x64, 64x32")].library == ("matmul", "32x32x64", "fp32")
     assert rows[("aten::linear", "32x64, 256x64, 256")].library is None  # x @ w.T + b: not the library's
     mm = rows[("aten::mm", "32x64, 64x32")]
