@@ -107,9 +107,12 @@ def test_emitted_sweep_and_problem_files_reproduce_the_calls(model, tmp_path):
 
 def test_the_command_prints_the_table_and_refuses_a_file_without_inputs(model, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
-    assert main(["profile", str(model), "--top", "4", "--iterations", "1"]) == 0
+    page = tmp_path / "profile.html"
+    assert main(["profile", str(model), "--top", "4", "--iterations", "1", "--report", str(page)]) == 0
     out = capsys.readouterr().out
     assert "could save" in out and "more operator instances" in out
+    html = page.read_text()
+    assert 'data-figure="profile"' in html and "could save at best" in html and "module::layernorm" in html
     bad = tmp_path / "bad.py"
     bad.write_text("import torch\nclass Model(torch.nn.Module):\n    pass\n")
     assert main(["profile", str(bad)]) == 2

@@ -25,6 +25,8 @@ def add_cli(sub) -> None:
     p.add_argument("--min-share", type=float, default=0.01, help="with --emit: operators below this share of "
                    "the time are left out (default 0.01)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--report", metavar="FILE.html", help="also write the profile as an HTML page with a plot "
+                   "(self-contained; opens offline)")
     p.set_defaults(fn=cmd_profile)
 
     v = sub.add_parser("verify", help="the model with the tuned kernels swapped in against the model as it is: "
@@ -59,6 +61,12 @@ def cmd_profile(args) -> int:
     if args.emit:
         path = emit_sweep(prof, args.emit, BACKEND[device], top=args.top, min_share=args.min_share)
         print(f"wrote {path}: tune it with `tuner sweep {path}`", file=sys.stderr)
+    if args.report:
+        from tuner.run.html import write_profile_report
+        from tuner.run.report import fmt_time
+        path = write_profile_report(f"{prof.model} on {device}: {fmt_time(prof.total_s)} per forward",
+                                    [row_json(r) for r in prof.rows], args.report)
+        print(f"wrote {path}", file=sys.stderr)
     return 0
 
 

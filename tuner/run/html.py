@@ -55,6 +55,34 @@ def write_report(path: str | Path, out: str | Path | None = None) -> Path:
     return target
 
 
+def write_profile_report(title: str, rows: list[dict], out: str | Path) -> Path:
+    """A model profile's page (`tuner profile --report`): each operator instance's share of the
+    model's time and what a tuned kernel could save at best (Amdahl), as bars, then the table.
+    `rows`: `tuner profile --json`'s rows, hottest first."""
+    import plotly.graph_objects as go
+    top = rows[:30]
+    labels = [f"{i}. {r['op'].split('::')[-1]} {r['shapes']}" for i, r in enumerate(top, 1)]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(y=labels, x=[100 * r["share"] for r in top], orientation="h", name="share of the time",
+                         marker_color="#7aa6d6"))
+    fig.add_trace(go.Bar(y=labels, x=[100 * (r["could_save"] or 0) for r in top], orientation="h",
+                         name="could save at best", marker_color="#d62728"))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title_text="% of the model's time")
+    fig.update_layout(barmode="group", height=200 + 28 * len(top))
+    table = _table(["#", "op", "input shapes", "dtype", "calls", "time per forward", "share", "bound/call",
+                    "could save", "library op"],
+                   [[i, r["op"], r["shapes"], r["dtypes"], r["calls"], _fmt_s(r["total_s"]), f"{r['share']:.1%}",
+                     _fmt_s(r["bound_s"]), "-" if r["could_save"] is None else f"{r['could_save']:.1%}",
+                     f"{r['library']['op']} {r['library']['shape']}" if r["library"] else "-"]
+                    for i, r in enumerate(rows, 1)])
+    page = _page(title, [f"<h2>Where the time goes</h2>{_figure(fig, 'profile')}", f"<h2>Every operator instance</h2>{table}"])
+    target = Path(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(page, encoding="utf-8")
+    return target
+
+
 def report_at_end(store: Store, summary: dict, enabled: bool, note=None) -> dict:
     """At the end of a run (`Settings.report`): write its report and name it in the summary
     (and summary.json). A report is never worth a run: where it cannot be written, `note` says
