@@ -221,3 +221,48 @@ def test_a_run_directory_with_gzipped_records_reads_the_same(tmp_path):
     (broken / "records.jsonl.gz").write_bytes(raw[: len(raw) // 2])
     with pytest.raises(landscapes.LandscapeError, match="records.jsonl.gz"):
         landscapes.load(broken)
+
+
+def _ok(config: dict, samples: tuple, binary: str):
+    from tuner.core.values import Build, Measurement, Record
+    return Record("k", "s", Config.of(config), Build(Status.OK, binary_hash=binary), Measurement(Status.OK, samples), "d")
+
+
+def test_finalists_are_the_fastest_three_and_every_other_within_the_noise():
+    """The winner is named from an interleave of the finalists: the three fastest kernels (one
+    per binary), every other within 5 % of the best or within the medians' own standard
+    errors, at most eight."""
+    from tuner.run.tune import finalists
+    recs = [_ok({"i": i}, (1.0 + 0.01 * i,) * 5, f"b{i}") for i in range(12)]  # 1 %, 2 % ... slower
+    recs.append(_ok({"i": 99}, (1.0,) * 5, "b0"))  # the same binary as the best: not timed twice
+    assert [r.config.as_dict()["i"] for r in finalists(recs)] == [0, 1, 2, 3, 4, 5]  # within 5 %
+    close = [_ok({"i": i}, (1.0 + 0.005 * i,) * 5, f"b{i}") for i in range(12)]  # 0.5 % apart
+    assert [r.config.as_dict()["i"] for r in finalists(close)] == list(range(8))  # at most 8
+    assert [r.config.as_dict()["i"] for r in finalists(recs, 3, 8, 0.0)] == [0, 1, 2]
+    far = [_ok({"i": 0}, (1.0,) * 5, "a"), _ok({"i": 1}, (1.5,) * 5, "b"), _ok({"i": 2}, (2.0,) * 5, "c"),
+           _ok({"i": 3}, (2.01,) * 5, "d")]
+    assert [r.config.as_dict()["i"] for r in finalists(far)] == [0, 1, 2]  # the three, nothing else near
+    # A noisy best (8 samples, IQR 0.37 of its median: the median's standard error ~12 %):
+    # configs up to ~25 % slower are in.
+    noisy = [_ok({"i": 0}, (0.6, 0.8, 0.85, 1.0, 1.0, 1.15, 1.2, 1.4), "a")] + \
+        [_ok({"i": i}, (1.0 + 0.04 * i,) * 8, f"b{i}") for i in range(1, 9)]
+    assert [r.config.as_dict()["i"] for r in finalists(noisy)] == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_a_noisy_replay_is_seeded_and_names_its_winner_from_an_interleave():
+    """Timings drawn around the recorded ones (a drift per evaluation, jitter and stalls per
+    call); the same seed gives the same search; the named winner's true time is reported."""
+    land = replay.synthetic("smooth", 0)
+    noise = replay.Noise(drift=0.05, jitter=0.02)
+    a = replay.replay_search(land, "random", 3, budget=30, noise=noise)
+    b = replay.replay_search(land, "random", 3, budget=30, noise=noise)
+    assert a.times == b.times and a.named == b.named and a.named is not None
+    assert a.retimed >= 3 and a.named_s == land.lookup(a.named).seconds
+    assert a.named_s >= min(a.times) and a.named_within(a.named_s / a.best_s - 1 + 1e-12)
+    ev = replay.ReplayEvaluator(land, noise=noise, seed=1)
+    rec = ev.evaluate(a.named)
+    assert len(rec.measurement.samples) == noise.calls and rec.seconds != a.named_s
+    quiet = replay.replay_search(land, "random", 3, budget=30)
+    assert quiet.named_s == min(quiet.times)  # without noise: the search's best, as recorded
+    with pytest.raises(ValueError, match="DRIFT"):
+        replay.Noise.parse("lots")

@@ -38,7 +38,13 @@ class Settings:
     # interleaved on the whole budget before a winner is named, so this only ranks the search.
     precision: float = 0.003
     early_stop_factor: float = 1.5  # stop timing a candidate once its median (of min_reps or more) is this x the best
-    retime_top: int = 3  # the top few re-timed interleaved before the winner is named
+    # Before the winner is named, the fastest `retime_top` distinct kernels, and every other
+    # whose search-time median is within the noise of the best (`retime_margin`, or more where
+    # the timings' own spread says so), up to `retime_max`, are re-timed interleaved: medians
+    # taken minutes apart differ by drift that one interleave does not have.
+    retime_top: int = 3
+    retime_margin: float = 0.05
+    retime_max: int = 8
     suspect_speedup: float = 10.0  # faster than this x the reference: re-verify before trusting
     # The physics check: a kernel faster than moving the op's bytes at this x the measured copy
     # bandwidth (or its FLOPs at this x the fastest measured matmul rate) is SUSPECT, never OK.

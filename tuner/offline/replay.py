@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -44,15 +45,71 @@ class MemoryStore:
         self._records.append(record)
 
 
-class ReplayEvaluator:
-    """The Evaluator's interface for run_search (`check`, `evaluate`), answered by lookup.
-    `context`/`limits` are what the space's formulas are checked against (default: the
-    landscape's own); a config that they reject is INVALID and never 'evaluated'."""
+@dataclass(frozen=True)
+class Noise:
+    """Timing noise for a replay, so that strategies and the winner's naming are compared as
+    they behave on a device. One evaluation (one config timed once) runs under its own drift
+    factor (lognormal, sigma `drift`: clocks, temperature, other work on the machine, which
+    differ between evaluations minutes apart), and each of its `calls` timed calls adds jitter
+    (lognormal, sigma `jitter`) and, with probability `outlier_p`, a stall of up to
+    `outlier_max` of its time. An interleaved re-timing shares one drift factor: that is what
+    interleaving is for. Assumed, not fitted: the recorded landscapes hold one median per config
+    (`Noise.parse("0.03,0.01")`: drift, jitter)."""
 
-    def __init__(self, landscape: Landscape, context: dict | None = None, limits: dict | None = None):
+    drift: float = 0.03
+    jitter: float = 0.01
+    outlier_p: float = 0.05
+    outlier_max: float = 0.3
+    calls: int = 15
+
+    @classmethod
+    def parse(cls, text: str) -> "Noise":
+        try:
+            parts = [float(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            parts = []
+        if not 1 <= len(parts) <= 2 or any(x < 0 for x in parts):
+            raise ValueError(f"noise {text!r}: DRIFT[,JITTER] as fractions, e.g. 0.03,0.01")
+        return cls(*parts)
+
+    def factor(self, rng) -> float:
+        return math.exp(rng.gauss(0.0, self.drift))
+
+    def samples(self, seconds: float, rng, factor: float) -> tuple[float, ...]:
+        out = []
+        for _ in range(self.calls):
+            t = seconds * factor * math.exp(rng.gauss(0.0, self.jitter))
+            if rng.random() < self.outlier_p:
+                t *= 1 + rng.uniform(0.0, self.outlier_max)
+            out.append(t)
+        return tuple(out)
+
+
+class ReplayEvaluator:
+    """The Evaluator's interface for run_search (`check`, `evaluate`, `retime`), answered by
+    lookup. `context`/`limits` are what the space's formulas are checked against (default: the
+    landscape's own); a config that they reject is INVALID and never 'evaluated'. With `noise`,
+    an OK config's samples are drawn around its recorded time (`Noise`, seeded by `seed`);
+    without, its one sample is the recorded time."""
+
+    def __init__(self, landscape: Landscape, context: dict | None = None, limits: dict | None = None,
+                 noise: Noise | None = None, seed: int = 0):
+        import random
         self.landscape = landscape
         self.context = dict(landscape.context if context is None else context)
         self.limits = dict(landscape.limits if limits is None else limits)
+        self.noise = noise
+        self.rng = random.Random(seed)
+
+    def _samples(self, seconds: float, factor: float | None = None) -> tuple[float, ...]:
+        if self.noise is None:
+            return (seconds,)
+        return self.noise.samples(seconds, self.rng, self.noise.factor(self.rng) if factor is None else factor)
+
+    def retime(self, records: list[Record], with_reference: bool = False) -> list[list[float]]:
+        """The records' configs re-timed in one interleave (one drift factor for all)."""
+        factor = self.noise.factor(self.rng) if self.noise else 1.0
+        return [list(self._samples(self.landscape.lookup(r.config).seconds, factor)) for r in records]
 
     def check(self, config: Config) -> str | None:
         return self.landscape.space.check(config, self.context, self.limits)
@@ -69,7 +126,7 @@ class ReplayEvaluator:
             return self._record(config, Build(o.status, error=o.detail), Measurement(o.status), trial)
         build = Build(Status.OK, artifact=config.key, compile_s=o.compile_s, binary_hash=config.key)
         if o.status is Status.OK:
-            return self._record(config, build, Measurement(Status.OK, (o.seconds,)), trial)
+            return self._record(config, build, Measurement(Status.OK, self._samples(o.seconds)), trial)
         return self._record(config, build, Measurement(o.status, detail=o.detail), trial)
 
     def _record(self, config: Config, build: Build, meas: Measurement, trial: int) -> Record:
@@ -79,13 +136,22 @@ class ReplayEvaluator:
 
 @dataclass
 class Trace:
-    """One replayed search: the evaluated configs' times in order (inf for a failure)."""
+    """One replayed search: the evaluated configs' recorded (true) times in order (inf for a
+    failure), and the winner it named (`named`, its true time `named_s`): the search's best
+    without noise; with noise, the fastest of `tune.finalists` re-timed in one interleave, as
+    `tune.pick_winner` names it."""
 
     times: list[float]
     best_s: float
     asks: int = 0
     wall_s: float = 0.0
     configs: list[Config] = field(default_factory=list)  # row for row with `times`
+    named: Config | None = None
+    named_s: float = math.inf
+    retimed: int = 0  # configs in the final interleave
+
+    def named_within(self, tolerance: float) -> bool:
+        return self.named_s <= self.best_s * (1 + tolerance)
 
     def timings(self) -> dict[Config, float | None]:
         """config -> seconds (None: failed), as `warm_timings` reads a run: a prior for another
@@ -103,22 +169,30 @@ class Trace:
 
 def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, budget: int = 100,
                   seeds: Iterable[Config] = (), stop_within: float | None = None,
-                  parallel: int = 1, **searcher_options) -> Trace:
+                  parallel: int = 1, noise: Noise | None = None, finalists: tuple[int, int, float] = (3, 8, 0.05),
+                  **searcher_options) -> Trace:
     """Run `tune.run_search` with a fresh Searcher against the landscape, as `tune.execute`
-    would (the space's default first, then `seeds`). `stop_within`: stop at the first config
-    within that fraction of the optimum (the budget still caps it)."""
+    would (the space's default first, then `seeds`), then name the winner as `tune.pick_winner`
+    does (`finalists`: its at_least, at_most, margin). `stop_within`: stop at the first config
+    truly within that fraction of the optimum (the budget still caps it). `noise`: timings
+    drawn around the recorded ones (`Noise`), seeded by `seed`."""
+    from tuner.run.tune import finalists as pick_finalists
     t0 = time.monotonic()
-    ev = ReplayEvaluator(landscape)
+    ev = ReplayEvaluator(landscape, noise=noise, seed=seed)
     searcher = prepare_searcher(landscape.space, sampler, seed, ev.check, ev.context, ev.limits, seeds,
                                 **searcher_options)
     store = MemoryStore()
     cut = None if stop_within is None else landscape.best_s * (1 + stop_within)
+
+    def true_s(r: Record) -> float:
+        o = landscape.lookup(r.config) if r.status is Status.OK else None
+        return o.seconds if o is not None else math.inf
     if cut is not None:
         class _Stop(Exception):
             pass
 
         def watch(progress) -> None:
-            if progress.best_s is not None and progress.best_s <= cut:
+            if progress.best_s is not None and min(map(true_s, store.records()), default=math.inf) <= cut:
                 raise _Stop
         try:
             run_search(store, ev, searcher, budget, None, parallel, watch)
@@ -127,8 +201,17 @@ def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, 
     else:
         run_search(store, ev, searcher, budget, None, parallel)
     done = [r for r in store.records() if r.status is not Status.INVALID]
-    return Trace([r.seconds for r in done], landscape.best_s, len(searcher.study.trials),
-                 time.monotonic() - t0, [r.config for r in done])
+    top = pick_finalists(done, *finalists)
+    named, retimed = None, 0
+    if top and noise is not None:
+        samples = ev.retime(top)
+        retimed = len(top)
+        named = min(zip(top, samples), key=lambda rs: statistics.median(rs[1]))[0]
+    elif top:
+        named = top[0]
+    return Trace([true_s(r) for r in done], landscape.best_s, len(searcher.study.trials),
+                 time.monotonic() - t0, [r.config for r in done],
+                 named.config if named else None, true_s(named) if named else math.inf, retimed)
 
 
 # ---- synthetic landscapes (strategies are judged on more than one kernel) --------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import functools
+import math
 import random
 import re
 import shutil
@@ -203,17 +204,40 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
     return progress
 
 
-def pick_winner(store: Store, evaluator: Evaluator, settings: Settings,
-                on_progress: Callable[[Progress], None] | None = None) -> Record | None:
-    """Re-time the top few interleaved, re-check the fastest on fresh inputs, and return it."""
-    ok = sorted((r for r in store.records() if r.status is Status.OK), key=lambda r: r.seconds)
+def finalists(records: list[Record], at_least: int = 3, at_most: int = 8, margin: float = 0.05) -> list[Record]:
+    """The kernels to re-time interleaved before a winner is named, fastest first, one per
+    binary: the fastest `at_least`, and every other whose search-time median is within the
+    noise of the best, up to `at_most`. Within the noise: at most `margin` slower, or more
+    where the two medians' own uncertainty says so (twice the sum of their relative standard
+    errors, from each timing's IQR and sample count): a config measured minutes later under
+    other drift may be the faster one, and only an interleave tells them apart."""
+    ok = sorted((r for r in records if r.status is Status.OK), key=lambda r: r.seconds)
     top, seen = [], set()
     for r in ok:
         if r.build.binary_hash not in seen:
             seen.add(r.build.binary_hash)
             top.append(r)
-        if len(top) >= max(1, settings.retime_top):
+    if not top:
+        return []
+    best = top[0]
+
+    def rel_err(r: Record) -> float:  # the median's standard error over the median, ~ 1.25 sigma/sqrt(n)
+        n = len(r.measurement.samples)
+        return 0.0 if n < 4 or r.seconds <= 0 else 1.25 * (r.measurement.iqr / 1.349) / math.sqrt(n) / r.seconds
+    out = []
+    for r in top:
+        within = r.seconds <= best.seconds * (1 + max(margin, 2 * (rel_err(best) + rel_err(r))))
+        if len(out) < max(1, at_least) or (within and len(out) < max(at_least, at_most)):
+            out.append(r)
+        else:
             break
+    return out
+
+
+def pick_winner(store: Store, evaluator: Evaluator, settings: Settings,
+                on_progress: Callable[[Progress], None] | None = None) -> Record | None:
+    """Re-time the finalists interleaved, re-check the fastest on fresh inputs, and return it."""
+    top = finalists(store.records(), settings.retime_top, settings.retime_max, settings.retime_margin)
     if not top:
         return None
     # The reference is re-timed in the same interleave: a speedup measured on a busy machine
