@@ -41,13 +41,14 @@ SAMPLERS = {"guided": "guided", "tpe": "tpe", "random": "random"}
 
 
 def one(job: tuple) -> tuple:
-    path, shape, sampler, rule, seed, budget, noise = job
+    path, shape, sampler, rule, seed, budget, noise, guided = job
     import warnings
     warnings.simplefilter("ignore")
     import optuna
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     land = load(path, shape, seed)
-    t = replay.replay_search(land, sampler, seed, budget=budget, noise=noise, finalists=RULES[rule])
+    options = {"sampler_options": dict(guided)} if sampler == "guided" and guided else {}
+    t = replay.replay_search(land, sampler, seed, budget=budget, noise=noise, finalists=RULES[rule], **options)
     return (t.named_within(0.03), t.named_within(0.01), t.named_s / t.best_s - 1, t.evaluations_to(0.03), t.retimed)
 
 
@@ -60,12 +61,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--budget", type=int, default=40)
-    ap.add_argument("--noise", default="0.03,0.01", help="DRIFT,JITTER (lognormal sigmas), default 0.03,0.01")
+    ap.add_argument("--noise", default="0.03,0.01",
+                    help="DRIFT,JITTER (lognormal sigmas), default 0.03,0.01; 'none': the recorded times")
     ap.add_argument("--strategies", default="guided,tpe,random")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--only", help="landscapes whose label contains this")
+    ap.add_argument("--rules", default=",".join(RULES), help="naming rules: " + ", ".join(RULES))
+    ap.add_argument("--guided", action="append", default=[], metavar="OPTION=VALUE",
+                    help="a guided-search option (GuidedOptions), e.g. noisy=false")
     a = ap.parse_args()
-    noise = replay.Noise.parse(a.noise)
+    noise = None if a.noise == "none" else replay.Noise.parse(a.noise)
+    import yaml
+    guided = tuple((k, yaml.safe_load(v)) for k, v in (o.split("=", 1) for o in a.guided))
     runs = sorted(str(p) for p in (ROOT / "bench" / "landscapes").iterdir() if p.is_dir())
     shared = sorted(str(p) for p in Path("/work/shared/landscapes").glob("*.json")) or \
         sorted(str(p) for p in (ROOT / "tests" / "fixtures" / "landscapes").glob("*.json"))
@@ -73,9 +80,9 @@ def main() -> None:
     jobs, keys = [], []
     for label, path, shape in lands:
         for s in a.strategies.split(","):
-            for rule in RULES:
+            for rule in a.rules.split(","):
                 for seed in range(a.seeds):
-                    jobs.append((path, shape, SAMPLERS[s.strip()], rule, seed, a.budget, noise))
+                    jobs.append((path, shape, SAMPLERS[s.strip()], rule, seed, a.budget, noise, guided))
                     keys.append((label, s.strip(), rule))
     t0 = time.monotonic()
     if a.jobs > 1:
@@ -87,7 +94,7 @@ def main() -> None:
     rows: dict[tuple, list] = {}
     for k, r in zip(keys, results):
         rows.setdefault(k, []).append(r)
-    print(f"noise: {noise}; budget {a.budget}; {a.seeds} seeds\n")
+    print(f"noise: {noise}; budget {a.budget}; {a.seeds} seeds; guided options {dict(guided) or 'default'}\n")
     print("| landscape | strategy | naming | named within 3 % | within 1 % | gap median | gap worst | "
           "evals to 3 % (median / p90) | re-timed |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
