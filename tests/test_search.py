@@ -245,6 +245,23 @@ def test_patience_stops_a_stalled_search_and_is_off_by_default():
     assert Searcher(land.space).stalled() is False
 
 
+def test_a_patience_stop_says_what_the_model_still_expected():
+    """A stop says why: nothing 0.5 % faster in the window, and (guided) the largest gain its
+    model expected from the configs it weighed at the last ask."""
+    from tuner.run.tune import run_search
+    from tuner.search.searcher import prepare_searcher
+    land = replay.synthetic("smooth", 0)
+    ev = replay.ReplayEvaluator(land)
+    searcher = prepare_searcher(land.space, "guided", 0, ev.check, ev.context, ev.limits, (), patience=6)
+    progress = run_search(replay.MemoryStore(), ev, searcher, 200, None, 1)
+    gain = searcher.expected_gain()
+    assert gain is not None and 0.0 <= gain < 0.5
+    assert progress.stopped == (f"--patience 6: the last 6 evaluations found nothing 0.5% faster than the best; "
+                                f"the search's model expected at most {gain:.1%} from the configs it weighed last")
+    random = prepare_searcher(land.space, "random", 0, ev.check, ev.context, ev.limits, (), patience=6)
+    assert run_search(replay.MemoryStore(), ev, random, 200, None, 1).stopped.endswith("faster than the best")
+
+
 def test_a_space_too_large_to_score_whole_is_searched_at_a_bounded_cost(monkeypatch):
     """Past ENUMERATE_MAX configs the candidates are a sample plus the incumbent's
     neighbourhoods, and the GP is fitted on at most FIT_MAX points: the ask stays cheap, and

@@ -195,8 +195,11 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
     if stop is not None and stop.is_set():
         raise Interrupted("stopped on request; the records are kept, resume the run")
     if not progress.stopped and searcher.stalled():  # said in the summary: a resume has no more to do
+        gain = searcher.expected_gain()
         progress.stopped = (f"{PATIENCE_STOP} {searcher.patience}: the last {searcher.patience} evaluations "
-                            f"found nothing {STALL_GAIN:.1%} faster than the best")
+                            f"found nothing {STALL_GAIN:.1%} faster than the best"
+                            + ("" if gain is None else f"; the search's model expected at most {gain:.1%} "
+                               f"from the configs it weighed last"))
     # Trials still waiting on a config that finished are told above; any left are abandoned.
     for trials in waiting.values():
         for t in trials:

@@ -176,6 +176,10 @@ class GuidedSearch:
         self.check = check
         self.repair = repair
         self.opt = GuidedOptions(**options)
+        # After an ask that used the model: the largest expected improvement among the configs
+        # it weighed, as a fraction of the best time (what a stop is explained with); None
+        # before the model is used.
+        self.expected_gain: float | None = None
         self._invalid: set[int] = set()  # flat keys the space's own formulas reject
         self._all: np.ndarray | None = None
         self._theta: np.ndarray | None = None
@@ -393,6 +397,7 @@ class GuidedSearch:
                 best = (y_min - prior(enc.flat(moves)) - gp.mean) / gp.scale
                 np.maximum.at(promised, at[hit], (expected_improvement(mean, sd, best) * gp.scale)[hit])
                 score = np.maximum(score, promised * p_ok)
+            self.expected_gain = float(1.0 - 10.0 ** -float(score.max())) if len(score) else 0.0
             if not self._stalled(ok, len(pending)):
                 score = score * self._near(cidx, incumbent, np.isin(flat, completed))
         pick = self._pick(flat, score, rng, seen)

@@ -231,6 +231,11 @@ class Searcher:
                 best, last = t.value, k
         return len(evaluations) - max(last + 1, self._patience_from) >= self.patience
 
+    def expected_gain(self) -> float | None:
+        """The guided search's model's largest expected improvement at its last ask, as a
+        fraction of the best time (None: another sampler, or no model yet)."""
+        return getattr(getattr(self.study.sampler, "search", None), "expected_gain", None)
+
     def restart_patience(self) -> None:
         """Count `patience` from here on (the best so far still counts): a resume that asks for
         more than the run had (a larger budget, another patience) gets a whole window of its own.
