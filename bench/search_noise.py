@@ -41,15 +41,17 @@ SAMPLERS = {"guided": "guided", "tpe": "tpe", "random": "random"}
 
 
 def one(job: tuple) -> tuple:
-    path, shape, sampler, rule, seed, budget, noise, guided = job
+    path, shape, sampler, rule, seed, budget, noise, guided, anchor = job
     import warnings
     warnings.simplefilter("ignore")
     import optuna
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     land = load(path, shape, seed)
     options = {"sampler_options": dict(guided)} if sampler == "guided" and guided else {}
-    t = replay.replay_search(land, sampler, seed, budget=budget, noise=noise, finalists=RULES[rule], **options)
-    return (t.named_within(0.03), t.named_within(0.01), t.named_s / t.best_s - 1, t.evaluations_to(0.03), t.retimed)
+    t = replay.replay_search(land, sampler, seed, budget=budget, noise=noise, finalists=RULES[rule],
+                             anchor_margin=anchor, **options)
+    return (t.named_within(0.03), t.named_within(0.01), t.named_s / t.best_s - 1, t.evaluations_to(0.03), t.retimed,
+            t.anchored)
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -68,7 +70,10 @@ def main() -> None:
     ap.add_argument("--only", help="landscapes whose label contains this")
     ap.add_argument("--rules", default=",".join(RULES), help="naming rules: " + ", ".join(RULES))
     ap.add_argument("--guided", action="append", default=[], metavar="OPTION=VALUE",
-                    help="a guided-search option (GuidedOptions), e.g. noisy=false")
+                    help="a guided-search option (GuidedOptions), e.g. clip=3")
+    ap.add_argument("--anchor", type=float, metavar="MARGIN",
+                    help="time configs within MARGIN of the best again against the incumbent in one "
+                         "interleave (run_search's anchor_margin; default: off)")
     a = ap.parse_args()
     noise = None if a.noise == "none" else replay.Noise.parse(a.noise)
     import yaml
@@ -82,7 +87,7 @@ def main() -> None:
         for s in a.strategies.split(","):
             for rule in a.rules.split(","):
                 for seed in range(a.seeds):
-                    jobs.append((path, shape, SAMPLERS[s.strip()], rule, seed, a.budget, noise, guided))
+                    jobs.append((path, shape, SAMPLERS[s.strip()], rule, seed, a.budget, noise, guided, a.anchor))
                     keys.append((label, s.strip(), rule))
     t0 = time.monotonic()
     if a.jobs > 1:
@@ -94,16 +99,18 @@ def main() -> None:
     rows: dict[tuple, list] = {}
     for k, r in zip(keys, results):
         rows.setdefault(k, []).append(r)
-    print(f"noise: {noise}; budget {a.budget}; {a.seeds} seeds; guided options {dict(guided) or 'default'}\n")
+    print(f"noise: {noise}; budget {a.budget}; {a.seeds} seeds; guided options {dict(guided) or 'default'}; "
+          f"anchor margin {a.anchor}\n")
     print("| landscape | strategy | naming | named within 3 % | within 1 % | gap median | gap worst | "
-          "evals to 3 % (median / p90) | re-timed |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "evals to 3 % (median / p90) | re-timed | anchored |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for (label, s, rule), res in rows.items():
         e3 = [r[3] for r in res]
         print(f"| {label} | {s} | {rule} | {100 * sum(r[0] for r in res) / len(res):.0f} % | "
               f"{100 * sum(r[1] for r in res) / len(res):.0f} % | {100 * statistics.median(r[2] for r in res):.1f} % | "
               f"{100 * max(r[2] for r in res):.1f} % | "
-              f"{statistics.median(e3):g} / {pct(e3, 0.9):g} | {statistics.mean(r[4] for r in res):.1f} |")
+              f"{statistics.median(e3):g} / {pct(e3, 0.9):g} | {statistics.mean(r[4] for r in res):.1f} | "
+              f"{statistics.mean(r[5] for r in res):.1f} |")
     print(f"\n{len(jobs)} runs in {time.monotonic() - t0:.0f} s")
 
 

@@ -266,3 +266,31 @@ def test_a_noisy_replay_is_seeded_and_names_its_winner_from_an_interleave():
     assert quiet.named_s == min(quiet.times)  # without noise: the search's best, as recorded
     with pytest.raises(ValueError, match="DRIFT"):
         replay.Noise.parse("lots")
+
+
+def test_a_new_best_is_timed_against_the_incumbent_before_the_search_walks_on():
+    """Under drift between evaluations, a config timed faster than the incumbent is timed
+    again with it in one interleave; the search is told the incumbent's figure times their
+    ratio (`Record.anchored_s`), the raw samples stay. Without noise the ratio is exact, so the
+    search is the same; and the record round-trips through JSON."""
+    from tuner.core.values import Record
+    from tuner.run.tune import run_search
+    from tuner.search.searcher import prepare_searcher
+    land = replay.synthetic("smooth", 1)
+    noise = replay.Noise(drift=0.05, jitter=0.01)
+    ev = replay.ReplayEvaluator(land, noise=noise, seed=2)
+    searcher = prepare_searcher(land.space, "guided", 2, ev.check, ev.context, ev.limits, ())
+    store = replay.MemoryStore()
+    progress = run_search(store, ev, searcher, 30, None, 1, anchor_margin=0.0)
+    anchored = [r for r in store.records() if r.anchored_s is not None]
+    assert anchored and progress.anchored == len(anchored) == ev.retimes
+    for r in anchored:
+        assert r.search_s == r.anchored_s != r.seconds and len(r.measurement.samples) == noise.calls
+        assert Record.from_json(json.loads(json.dumps(r.to_json()))) == r
+    told = {t.number: t.value for t in searcher.study.trials}
+    r = anchored[-1]
+    import math
+    assert told[r.trial] == pytest.approx(math.log10(r.anchored_s))
+    plain = replay.replay_search(land, "guided", 2, budget=30)
+    exact = replay.replay_search(land, "guided", 2, budget=30, anchor_margin=0.0)
+    assert exact.times == plain.times and exact.anchored > 0

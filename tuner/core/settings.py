@@ -45,6 +45,10 @@ class Settings:
     retime_top: int = 3
     retime_margin: float = 0.05
     retime_max: int = 8
+    # During the search, a config timed faster than the incumbent is timed again with it in one
+    # interleave, and the search is told the incumbent's figure times their ratio there (see
+    # `tune.run_search`): a new best that was only drift does not become where it walks on from.
+    anchor: bool = True
     suspect_speedup: float = 10.0  # faster than this x the reference: re-verify before trusting
     # The physics check: a kernel faster than moving the op's bytes at this x the measured copy
     # bandwidth (or its FLOPs at this x the fastest measured matmul rate) is SUSPECT, never OK.

@@ -173,6 +173,15 @@ class Record:
     toolchain: tuple[tuple[str, str], ...] = ()
     time: float = 0.0  # unix seconds when it finished
     trial: int = -1  # the Optuna trial number that asked for it, -1 when none
+    # What the search was told (seconds) when this config was timed against the incumbent in
+    # one interleave (`tune.run_search`): the incumbent's figure times their ratio there. None:
+    # its own median. The measurement keeps the raw samples either way.
+    anchored_s: float | None = None
+
+    @property
+    def search_s(self) -> float:
+        """The figure the search ranks this record by (`anchored_s`, else `seconds`)."""
+        return self.anchored_s if self.anchored_s is not None and self.status is Status.OK else self.seconds
 
     @property
     def status(self) -> Status:
@@ -192,7 +201,8 @@ class Record:
         return {"op_key": self.op_key, "skeleton_hash": self.skeleton_hash,
                 "config": self.config.to_json(), "build": self.build.to_json(),
                 "measurement": self.measurement.to_json(), "device": self.device,
-                "toolchain": dict(self.toolchain), "time": self.time, "trial": self.trial}
+                "toolchain": dict(self.toolchain), "time": self.time, "trial": self.trial,
+                **({"anchored_s": self.anchored_s} if self.anchored_s is not None else {})}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Record":
@@ -200,7 +210,7 @@ class Record:
                    config=Config.from_json(data["config"]), build=Build.from_json(data["build"]),
                    measurement=Measurement.from_json(data["measurement"]), device=data["device"],
                    toolchain=tuple(sorted(data.get("toolchain", {}).items())),
-                   time=data.get("time", 0.0), trial=data.get("trial", -1))
+                   time=data.get("time", 0.0), trial=data.get("trial", -1), anchored_s=data.get("anchored_s"))
 
 
 @dataclass(frozen=True)

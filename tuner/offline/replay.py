@@ -100,6 +100,7 @@ class ReplayEvaluator:
         self.limits = dict(landscape.limits if limits is None else limits)
         self.noise = noise
         self.rng = random.Random(seed)
+        self.retimes = 0  # interleaves asked for
 
     def _samples(self, seconds: float, factor: float | None = None) -> tuple[float, ...]:
         if self.noise is None:
@@ -108,6 +109,7 @@ class ReplayEvaluator:
 
     def retime(self, records: list[Record], with_reference: bool = False) -> list[list[float]]:
         """The records' configs re-timed in one interleave (one drift factor for all)."""
+        self.retimes += 1
         factor = self.noise.factor(self.rng) if self.noise else 1.0
         return [list(self._samples(self.landscape.lookup(r.config).seconds, factor)) for r in records]
 
@@ -149,6 +151,7 @@ class Trace:
     named: Config | None = None
     named_s: float = math.inf
     retimed: int = 0  # configs in the final interleave
+    anchored: int = 0  # configs timed again against the incumbent during the search
 
     def named_within(self, tolerance: float) -> bool:
         return self.named_s <= self.best_s * (1 + tolerance)
@@ -170,12 +173,13 @@ class Trace:
 def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, budget: int = 100,
                   seeds: Iterable[Config] = (), stop_within: float | None = None,
                   parallel: int = 1, noise: Noise | None = None, finalists: tuple[int, int, float] = (3, 8, 0.05),
-                  **searcher_options) -> Trace:
+                  anchor_margin: float | None = None, **searcher_options) -> Trace:
     """Run `tune.run_search` with a fresh Searcher against the landscape, as `tune.execute`
     would (the space's default first, then `seeds`), then name the winner as `tune.pick_winner`
     does (`finalists`: its at_least, at_most, margin). `stop_within`: stop at the first config
     truly within that fraction of the optimum (the budget still caps it). `noise`: timings
-    drawn around the recorded ones (`Noise`), seeded by `seed`."""
+    drawn around the recorded ones (`Noise`), seeded by `seed`. `anchor_margin`: as
+    `tune.run_search` takes it."""
     from tuner.run.tune import finalists as pick_finalists
     t0 = time.monotonic()
     ev = ReplayEvaluator(landscape, noise=noise, seed=seed)
@@ -195,12 +199,13 @@ def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, 
             if progress.best_s is not None and min(map(true_s, store.records()), default=math.inf) <= cut:
                 raise _Stop
         try:
-            run_search(store, ev, searcher, budget, None, parallel, watch)
+            run_search(store, ev, searcher, budget, None, parallel, watch, anchor_margin=anchor_margin)
         except _Stop:
             pass
     else:
-        run_search(store, ev, searcher, budget, None, parallel)
+        run_search(store, ev, searcher, budget, None, parallel, anchor_margin=anchor_margin)
     done = [r for r in store.records() if r.status is not Status.INVALID]
+    anchored = ev.retimes
     top = pick_finalists(done, *finalists)
     named, retimed = None, 0
     if top and noise is not None:
@@ -211,7 +216,7 @@ def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, 
         named = top[0]
     return Trace([true_s(r) for r in done], landscape.best_s, len(searcher.study.trials),
                  time.monotonic() - t0, [r.config for r in done],
-                 named.config if named else None, true_s(named) if named else math.inf, retimed)
+                 named.config if named else None, true_s(named) if named else math.inf, retimed, anchored)
 
 
 # ---- synthetic landscapes (strategies are judged on more than one kernel) --------------------

@@ -36,6 +36,7 @@ class Progress:
     phase: str = "searching"
     same_failure: tuple[str | None, int] = (None, 0)  # the last failure, how many in a row (none passed)
     stopped: str = ""  # why the search stopped before its budget, when it did (see SAME_FAILURE_STOP)
+    anchored: int = 0  # configs timed again against the incumbent in one interleave (run_search)
 
 
 

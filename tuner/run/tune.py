@@ -11,6 +11,7 @@ run directory gets best/ and summary.json.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import functools
 import math
 import random
@@ -111,13 +112,15 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
                time_budget_s: float | None, parallel: int | Callable[[], int],
                on_progress: Callable[[Progress], None] = lambda p: None,
                restart_patience: bool = False, stop: threading.Event | None = None,
-               on_record: Callable[[Record], None] = lambda r: None) -> Progress:
+               on_record: Callable[[Record], None] = lambda r: None,
+               anchor_margin: float | None = None) -> Progress:
     """`parallel`: evaluations kept in flight, or a function asked before each ask (a sweep
     raises it as its other tasks finish, so that the last ones keep the devices fed).
     `restart_patience`: the records on disk do not count towards `--patience` (see
     `Searcher.restart_patience`). `stop`: once set, nothing new is asked; the evaluations in
     flight finish and are recorded, then `Interrupted` is raised. `on_record`: called with each
-    new record once it is on disk (the study kept for people: tuner.search.study)."""
+    new record once it is on disk (the study kept for people: tuner.search.study).
+    `anchor_margin`: see `anchored` below (None: every config is told its own median)."""
     space = searcher.space
     limit = parallel if callable(parallel) else (lambda: parallel)
     known: dict[str, Record] = {}
@@ -136,6 +139,27 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
     if restart_patience:
         searcher.restart_patience()
 
+    def anchored(record: Record) -> Record:
+        """A config timed within `anchor_margin` of the best (or faster) is timed again in one
+        interleave with the incumbent, and the search is told the incumbent's figure times
+        their ratio there: medians taken minutes apart differ by drift (clocks, temperature,
+        other work) that one interleave does not have, and the search walks on from its best."""
+        if anchor_margin is None or record.status is not Status.OK:
+            return record
+        ok = [r for r in known.values() if r.status is Status.OK and r.build.binary_hash != record.build.binary_hash]
+        if not ok:
+            return record
+        incumbent = min(ok, key=lambda r: r.search_s)
+        if record.seconds > incumbent.search_s * (1 + anchor_margin):
+            return record
+        retime = getattr(evaluator, "retime", None)
+        samples = retime([record, incumbent]) if retime else None
+        if not samples or len(samples) < 2 or any(isinstance(x, str) or not x for x in samples[:2]):
+            return record  # not re-timed (a worker failure, wrong re-timed calls): its own figure
+        ratio = statistics.median(samples[0]) / statistics.median(samples[1])
+        progress.anchored += 1
+        return dataclasses.replace(record, anchored_s=incumbent.search_s * ratio)
+
     inflight: dict[cf.Future, tuple[object, Config]] = {}
     waiting: dict[str, list] = {}  # config key -> trials asking for a config already in flight
     stall = 0
@@ -143,6 +167,7 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
     on_progress(progress)
 
     def finish(trial, record: Record) -> None:
+        record = anchored(record)
         store.append(record)  # on disk before Optuna hears of it: a kill loses nothing
         on_record(record)
         known[record.config.key] = record
@@ -486,7 +511,8 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         progress = run_search(store, evaluator, searcher, budget, time_budget_s,
                               parallel or getattr(evaluator, "default_parallel", None)
                               or settings.n_compile_workers, view, restart_patience, stop,
-                              mirror.add if mirror is not None else (lambda r: None))
+                              mirror.add if mirror is not None else (lambda r: None),
+                              anchor_margin=0.0 if settings.anchor else None)
         evaluator.wait_reference()  # a search that measured nothing has not waited for it
         timeline = {"device_s": round((evaluator.device_done or time.monotonic()) - started, 2)}
         timeline["device_and_reference_s"] = round((evaluator.reference_done or time.monotonic()) - started, 2)
@@ -500,6 +526,8 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         if winner is not None:
             write_best(store, skeleton, evaluator, winner)
         summary = summarize(store, winner, evaluator, time.monotonic() - started, timeline, progress.stopped)
+        # Configs timed again against the incumbent during the search (`run_search`'s anchor)
+        summary["anchored"] = sum(1 for r in store.records() if r.anchored_s is not None)
         from tuner.run.html import report_at_end
         return report_at_end(store, summary, settings.report, view.note)
     finally:

@@ -17,7 +17,9 @@ Warm starts and a proposer's picks are `enqueue`d: Optuna hands them out first, 
 `patience` (off by default) stops a search once that many evaluations in a row brought no
 config at least 0.5 % faster than the best so far (`stalled`).
 
-What Optuna is told (one place, `tell`): the objective is log10(seconds). A config that is
+What Optuna is told (one place, `tell`): the objective is log10(seconds) (`Record.search_s`:
+a config timed against the incumbent in one interleave is told as the incumbent's figure
+times their ratio there). A config that is
 invalid or fails is told COMPLETE with a penalty value *and* a violated constraint
 (`trial.set_constraint`), because built-in samplers ignore FAILed trials entirely and would
 propose the same bad region again; TPE ranks constraint-violating trials below every
@@ -190,7 +192,7 @@ class Searcher:
             ok = r.status is Status.OK
             trials.append(optuna.trial.create_trial(
                 params=self._encode(self.space, r.config), distributions=self.dists,
-                value=math.log10(max(r.seconds, 1e-12)) if ok else PENALTY,
+                value=math.log10(max(r.search_s, 1e-12)) if ok else PENALTY,
                 constraints={"failed": 0.0 if ok else 1.0}, user_attrs={"status": r.status.value}))
         self.study.add_trials(trials)
 
@@ -214,7 +216,7 @@ class Searcher:
         t.set_user_attr("status", record.status.value)
         if repeat:
             t.set_user_attr("repeat", True)
-        value = math.log10(max(record.seconds, 1e-12)) if ok else PENALTY
+        value = math.log10(max(record.search_s, 1e-12)) if ok else PENALTY
         self.study.tell(t, value)
 
     def stalled(self) -> bool:
