@@ -191,3 +191,19 @@ def test_the_winners_memcheck_run_sees_a_store_far_from_any_buffer(fast_settings
             ev.close()
     assert results["honest"][1:] == ("clean", "clean"), results["honest"]
     assert all(r.startswith("errors") for r in results["far_store"][1:]), results["far_store"]
+
+
+def test_the_memory_checkers_input_is_the_artifact_path_and_nothing_more(tmp_path):
+    """The checker started ahead reads the winner's path from a pipe that the process running
+    candidates' launch code holds: a path written into it first (a clean kernel's, to be
+    checked in the winner's place) makes two lines, and the checker refuses rather than check
+    either (exit 3: the winner is not cleared); an empty input launches nothing."""
+    import json
+    import sys
+    op = json.dumps(builtin_spec("softmax", "4x8").to_json())
+    cmd = [sys.executable, "-m", "tuner.exec.memcheck", "cpu", "-", op]
+    two = subprocess.run(cmd, input=f"{tmp_path}/clean/kernel.so\n{tmp_path}/winner/kernel.so\n",
+                         capture_output=True, text=True, timeout=120)
+    assert two.returncode == 3 and "held 2 lines, not one artifact path" in two.stderr, two.stderr
+    none = subprocess.run(cmd, input="", capture_output=True, text=True, timeout=120)
+    assert none.returncode == 0, none.stderr

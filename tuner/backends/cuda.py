@@ -172,11 +172,16 @@ class CudaBackend(TritonDevice):
         key = json.dumps(op.to_json(), sort_keys=True)
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[0] == key and ahead[1].poll() is None:
-            proc, given = ahead[1], artifact + "\n"
-        else:
-            if ahead is not None:
-                self._end_ahead_proc(ahead[1])
-            proc, given = self._memcheck_popen(cmd), None
+            said = self._memcheck_run(ahead[1], artifact + "\n", timeout_s)
+            if said == "clean" or said.startswith("errors"):
+                return said
+            # Anything else from the process started ahead (it timed out, ended early, exited
+            # oddly): a fresh one, the path on its command line, decides.
+        elif ahead is not None:
+            self._end_ahead_proc(ahead[1])
+        return self._memcheck_run(self._memcheck_popen(cmd), None, timeout_s)
+
+    def _memcheck_run(self, proc: subprocess.Popen, given: str | None, timeout_s: float) -> str:
         try:
             stdout, stderr = proc.communicate(given, timeout=timeout_s)
         except subprocess.TimeoutExpired:

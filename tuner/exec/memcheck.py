@@ -6,8 +6,9 @@ this module under compute-sanitizer's memcheck for the winner: `Backend.memcheck
 Exit 0: the launch ran and its outputs, inputs and guard bands check; 3: they do not (the
 reason on stderr). What the memory checker itself finds, it reports on its own. ARTIFACT `-`:
 the process loads the op and sets up the device first, then reads the artifact's path from a
-line of stdin (started ahead, while the search runs: `Backend.memcheck_ahead`); at the end of
-stdin without one it exits 0, having launched nothing."""
+line of stdin, which must be all of stdin (started ahead, while the search runs:
+`Backend.memcheck_ahead`); at the end of stdin without one it exits 0, having launched nothing;
+with more than one line it exits 3."""
 
 from __future__ import annotations
 
@@ -32,9 +33,16 @@ def main() -> int:
         if where is not None:  # the device's context, made now under the checker
             import torch
             torch.empty(1, device=where)
-        artifact = sys.stdin.readline().strip()
-        if not artifact:
+        # The whole of stdin, to its end: exactly the artifact's path. Anything more (another
+        # path written first into the pipe by code in the process that holds it) is refused,
+        # not read past: the check would otherwise be of a kernel the caller did not name.
+        lines = [ln.strip() for ln in sys.stdin.read().splitlines() if ln.strip()]
+        if not lines:
             return 0
+        if len(lines) > 1:
+            print(f"the checker's input held {len(lines)} lines, not one artifact path: refused", file=sys.stderr)
+            return 3
+        artifact = lines[0]
     kernel = backend.load(artifact, op)
     seed = random.SystemRandom().randrange(1, 2**31)
     why, _, _ = measure.check(backend, kernel, op, seed, measure._reference(op, seed, backend.data_device()))
