@@ -192,7 +192,8 @@ def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, monkeypatch, capsys):
     """The whole path a user takes from a model, through the commands: profile (an RMSNorm and
     a gated MLP written as transformers writes them are rows of the library's ops, a module
     that ignores its weight is not), emit, sweep, db update, export, verify (outputs held to
-    float64, eager / compile / patched / patched + compile timed; the norm module replaced)."""
+    float64, eager / compile / patched / patched + compile timed; the norm and the MLP's gate
+    run the tuned C kernels)."""
     import json
     import yaml
     monkeypatch.chdir(tmp_path)
@@ -206,10 +207,14 @@ def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, monkeypatch, capsys):
     assert rows["module::swiglu"].library == ("swiglu", "32x96", "fp32")
     assert sum(r.aten == "aten::linear" for r in prof.rows) == 2  # the MLP's projections stay rows
     assert "aten::rsqrt" in rows  # NoWeightNorm's ops: not absorbed into a module row
+    # A routed module whose op has no skeleton in a backend's language is said so, not extracted.
+    from tuner.cli.profile import with_skeletons
+    elsewhere = emit_sweep(with_skeletons(prof, "no_such_language"), tmp_path / "elsewhere.yaml", "cpu", min_share=0.0)
+    assert "the library's swiglu has no skeleton in this backend's language (it has: c, triton" in elsewhere.read_text()
     assert main(["profile", "model.py", "--iterations", "1", "--emit", "hot.yaml"]) == 0
     plan = yaml.safe_load((tmp_path / "hot.yaml").read_text())
-    assert plan["ops"] == {"rmsnorm-fp32": {"op": "rmsnorm", "shapes": ["32x64"], "dtypes": ["fp32"]}}
-    assert "the library's swiglu has no skeleton in this backend's language" in (tmp_path / "hot.yaml").read_text()
+    assert plan["ops"] == {"rmsnorm-fp32": {"op": "rmsnorm", "shapes": ["32x64"], "dtypes": ["fp32"]},
+                           "swiglu-fp32": {"op": "swiglu", "shapes": ["32x96"], "dtypes": ["fp32"]}}
     plan["budget"] = 2
     (tmp_path / "hot.yaml").write_text(yaml.safe_dump(plan))
     assert main(["sweep", "hot.yaml", "--out", "sw"]) == 0
@@ -221,4 +226,5 @@ def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, monkeypatch, capsys):
     assert v["passed"] and v["error"] <= v["allowed"]
     assert [list(m) for m in v["modules"]] == [["mlp", "swiglu"], ["norm", "rmsnorm"]]
     assert ["rmsnorm 32x64 fp32", 1, 0] in [list(r) for r in v["routed"]]
+    assert ["swiglu 32x96 fp32", 1, 0] in [list(r) for r in v["routed"]]
     assert {k for k, _ in v["medians_s"]} == {"eager", "torch.compile", "patched eager", "patched + torch.compile"}

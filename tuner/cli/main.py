@@ -557,6 +557,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: a worker failed: {last}\n(full traceback in the run's workers.log and below)\n{e}",
               file=sys.stderr)
         return 1
+    except BrokenPipeError:  # before OSError, which it is
+        # The reader went away (`tuner show --json | head`): not an error of this command. The
+        # interpreter's own flush at exit would raise again; stdout goes nowhere from here.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             return _disk_full(args, str(e))
@@ -569,11 +574,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: a worker failed outside any candidate ({e.reason}); see the run's workers.log",
               file=sys.stderr)
         return 1
-    except BrokenPipeError:
-        # The reader went away (`tuner show --json | head`): not an error of this command. The
-        # interpreter's own flush at exit would raise again; stdout goes nowhere from here.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
     except KeyboardInterrupt:
         # The exact command: a user who pressed Ctrl-C has not seen the run's path yet.
         hint = getattr(args, "resume_hint", None)
