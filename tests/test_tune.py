@@ -76,6 +76,29 @@ def test_null_run_end_to_end(tmp_path, monkeypatch, capsys):
     assert json.loads((tmp_path / "exp" / "softmax_best.json").read_text())["config"] == summary["best"]["config"]
 
 
+def test_anchoring_goes_through_the_real_workers_and_survives_a_resume(tmp_path, monkeypatch):
+    """TUNER_ANCHOR=on (default only on cuda and npu): a config timed faster than the incumbent
+    is re-timed with it through the evaluator's interleave; the figure told is on the record
+    (`anchored_s`) and counted in the summary; a resume reads it back; a bad value is refused."""
+    from tuner.core.settings import Settings
+    fast_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("TUNER_ANCHOR", "on")
+    runs = tmp_path / "runs"
+    assert main(["tune", "softmax", "--shape", "256x512", *NULL, "--budget", "12", "--seed", "1",
+                 "--runs-dir", str(runs), "--quiet"]) == 0
+    run = only_run(runs)
+    anchored = [r for r in Store.open(run).records() if r.anchored_s is not None]
+    assert anchored and all(r.status is Status.OK and r.anchored_s > 0 for r in anchored)
+    assert json.loads((run / "summary.json").read_text())["anchored"] == len(anchored)
+    before = [(r.config.key, r.anchored_s) for r in Store.open(run).records()]
+    assert main(["tune", "--resume", str(run), "--budget", "16", "--quiet"]) == 0
+    after = [(r.config.key, r.anchored_s) for r in Store.open(run).records()]
+    assert after[:len(before)] == before and len(after) > len(before)  # read back as written
+    assert Settings().anchors("cuda") and not Settings().anchors("cpu") and Settings(anchor="on").anchors("cpu")
+    with pytest.raises(ValueError, match="one of auto, on, off"):
+        Settings(anchor="yes").anchors("cuda")
+
+
 def test_every_sampler_runs(tmp_path, monkeypatch):
     fast_env(monkeypatch, tmp_path)
     for sampler in ("random", "cmaes", "grid"):

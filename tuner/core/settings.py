@@ -48,7 +48,10 @@ class Settings:
     # During the search, a config timed faster than the incumbent is timed again with it in one
     # interleave, and the search is told the incumbent's figure times their ratio there (see
     # `tune.run_search`): a new best that was only drift does not become where it walks on from.
-    anchor: bool = True
+    # "auto": on the accelerators (cuda, npu), where such a re-timing costs two kernels' timed
+    # calls; off on the cpu backend, where each timed call flushes the caches (it doubled a
+    # 40-evaluation run there) and on the simulated ones; "on" / "off" force it.
+    anchor: str = "auto"
     suspect_speedup: float = 10.0  # faster than this x the reference: re-verify before trusting
     # The physics check: a kernel faster than moving the op's bytes at this x the measured copy
     # bandwidth (or its FLOPs at this x the fastest measured matmul rate) is SUSPECT, never OK.
@@ -58,6 +61,12 @@ class Settings:
     worker_memory_gb: float = 0.0  # 0: three quarters of the machine's memory
     worker_cpu_s: int = 600  # CPU seconds (all threads) one compile or measure request may use
     report: bool = True  # write report.html (tuner.run.html) into each run directory at its end
+
+    def anchors(self, backend: str) -> bool:
+        """Whether a search on `backend` anchors new bests (see `anchor`)."""
+        if self.anchor not in ("auto", "on", "off"):
+            raise ValueError(f"TUNER_ANCHOR={self.anchor!r}: one of auto, on, off")
+        return self.anchor == "on" or (self.anchor == "auto" and backend in ("cuda", "npu"))
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":

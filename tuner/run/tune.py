@@ -512,7 +512,7 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
                               parallel or getattr(evaluator, "default_parallel", None)
                               or settings.n_compile_workers, view, restart_patience, stop,
                               mirror.add if mirror is not None else (lambda r: None),
-                              anchor_margin=0.0 if settings.anchor else None)
+                              anchor_margin=0.0 if settings.anchors(meta.backend) else None)
         evaluator.wait_reference()  # a search that measured nothing has not waited for it
         timeline = {"device_s": round((evaluator.device_done or time.monotonic()) - started, 2)}
         timeline["device_and_reference_s"] = round((evaluator.reference_done or time.monotonic()) - started, 2)
