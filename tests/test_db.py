@@ -110,12 +110,16 @@ def test_triton_autotune_export(tmp_path):
         def __init__(self, kwargs, num_warps=4, num_stages=2):
             self.kwargs, self.num_warps, self.num_stages = kwargs, num_warps, num_stages
     fake.Config = Config
-    sys.modules["triton"] = fake
+    real = sys.modules.get("triton")  # put back as it was: a fresh `import triton` afterwards
+    sys.modules["triton"] = fake      # would lack the submodules the first import bound to it
     try:
         ns = {}
         exec((tmp_path / "out" / "triton_autotune.py").read_text(), ns)
     finally:
-        del sys.modules["triton"]
+        if real is not None:
+            sys.modules["triton"] = real
+        else:
+            del sys.modules["triton"]
     configs = ns["CONFIGS"]["softmax"]
     assert [(c.kwargs, c.num_warps, c.num_stages) for c in configs] == [
         ({"BLOCK_N": 1024}, 4, 1), ({"BLOCK_N": 4096}, 8, 2)]  # distinct, fastest first
