@@ -154,8 +154,11 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
             return record
         retime = getattr(evaluator, "retime", None)
         samples = retime([record, incumbent]) if retime else None
+        if samples and isinstance(samples[0], str):  # its re-timed calls were wrong: so is it
+            return dataclasses.replace(record, measurement=Measurement(
+                Status.WRONG_RESULT, detail=f"re-timed against the incumbent: {samples[0]}"))
         if not samples or len(samples) < 2 or any(isinstance(x, str) or not x for x in samples[:2]):
-            return record  # not re-timed (a worker failure, wrong re-timed calls): its own figure
+            return record  # not re-timed (a worker failure; the incumbent's calls wrong): its own figure
         ratio = statistics.median(samples[0]) / statistics.median(samples[1])
         progress.anchored += 1
         return dataclasses.replace(record, anchored_s=incumbent.search_s * ratio)
