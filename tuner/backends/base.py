@@ -100,7 +100,8 @@ class BackendUnavailable(RuntimeError):
 
 class Backend(abc.ABC):
     name: str = ""
-    language: str = ""
+    language: str = ""  # the language of its skeletons; with option `language`, one of `languages`
+    languages: tuple[str, ...] = ()
     # Whether candidate timing must not overlap compilation on the same machine (true for
     # the CPU backend, whose timing runs on the cores that a compile would steal).
     exclusive_timing: bool = False
@@ -118,6 +119,12 @@ class Backend(abc.ABC):
     def __init__(self, device: int = 0, **options: Any) -> None:
         self.device = device
         self.options = options
+        lang = options.get("language")
+        if lang and lang != self.language:
+            if lang not in self.languages:
+                raise BackendUnavailable(f"the {self.name} backend compiles "
+                                         f"{' or '.join(self.languages or (self.language,))}, not {lang!r}")
+            self.language = lang
 
     @classmethod
     def check_available(cls) -> None:

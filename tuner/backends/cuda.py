@@ -20,8 +20,18 @@ latency, as `triton.testing.do_bench` does). An illegal memory access poisons th
 context: the measurement says RUNTIME_ERROR with the reason and `context_lost` tells the
 worker to hand its reply back and be replaced.
 
+Language `cuda` (option `language="cuda"`; `tuner tune --language cuda`, or a space that says
+`language: cuda`): CUDA C++ kernels launched from a checked Python launch module through
+`tuner.cuda.launch` (contract there). Compile: the module's `launch` runs on meta tensors with
+the launches recorded; each (source, options) unit is checked, compiled to a cubin and its PTX
+checked (`cuda_source`), and every launch checked against what was compiled (kernel name,
+argument types, block, grid, shared memory, registers); `kernel.cuda.json` beside the module
+names the cubins. Load: the cubins through the CUDA driver, then the module. Timing, checks and
+fault isolation are the Triton path's.
+
 Options: `arch` (e.g. 90) compiles for that target without asking the device; `interpret`
-runs kernels through Triton's interpreter on CPU tensors (`TRITON_INTERPRET=1`), for CI.
+runs kernels through Triton's interpreter on CPU tensors (`TRITON_INTERPRET=1`), for CI;
+`language` ("triton", the default, or "cuda").
 """
 
 from __future__ import annotations
@@ -53,9 +63,13 @@ SMEM_OPTIN = {70: 98304, 75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 1013
               90: 232448, 100: 232448, 103: 232448, 120: 101376}
 
 
+MANIFEST = "kernel.cuda.json"  # beside a `cuda` launch module: its compiled units
+
+
 class CudaBackend(TritonDevice):
     name = "cuda"
     language = "triton"
+    languages = ("triton", "cuda")
     torch_device = "cuda"
     module_prefix = "tuner_triton"
     flush_factor = 4
@@ -231,6 +245,8 @@ class CudaBackend(TritonDevice):
     # ---- compile ------------------------------------------------------------------------
 
     def compile(self, source: str, op: OpSpec, workdir: str, timeout_s: float) -> Build:
+        if self.language == "cuda":
+            return self._compile_cuda(source, op, workdir, timeout_s)
         t0 = time.monotonic()
         try:
             require_clean("triton", source)
@@ -272,6 +288,73 @@ class CudaBackend(TritonDevice):
                      else str(k.asm.get("ptx", "")).encode())
         return Build(Status.OK, artifact=str(path), compile_s=dt, binary_hash=h.hexdigest()[:16])
 
+    def _compile_cuda(self, source: str, op: OpSpec, workdir: str, timeout_s: float) -> Build:
+        """A `cuda` launch module: its launches recorded on meta tensors, each unit compiled
+        and checked, each launch checked against what was compiled (module docstring)."""
+        import torch
+
+        from tuner import cuda
+        from tuner.backends import cuda_source
+        t0 = time.monotonic()
+
+        def failed(why: str) -> Build:
+            return Build(Status.COMPILE_ERROR, error=why[:2000], compile_s=time.monotonic() - t0)
+
+        if self.interpret:
+            return failed("CUDA C++ kernels need a GPU: Triton's interpreter runs only Triton kernels")
+        try:
+            require_clean("cuda", source)
+        except SyntaxError as e:
+            return failed(f"SyntaxError: {e.msg} (line {e.lineno})")
+        except Forbidden as e:
+            return failed(str(e))
+        wd = Path(workdir)
+        wd.mkdir(parents=True, exist_ok=True)
+        path = wd / "kernel.py"
+        path.write_text(source)
+        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+        try:
+            module = load_module(path, f"tuner_cuda_{digest}", "cuda")
+            with cuda.recording() as launches, torch.no_grad():
+                module.launch(*[a for group in meta_args(op) for a in group])
+        except Exception as e:  # noqa: BLE001 - the launch module's own error: the config's
+            return failed(f"launch() failed on the op's shapes: {type(e).__name__}: {e}")
+        if not launches:
+            return failed("launch() launched no kernel (call cuda.launch(SOURCE, name, grid, block, *args))")
+        units: dict[str, dict] = {}
+        budget = time.monotonic() + timeout_s
+        for ln in launches:
+            if ln.key in units:
+                continue
+            try:
+                units[ln.key] = cuda_source.compile_unit(ln.source, ln.options, self._arch(), wd / ln.key,
+                                                         max(1.0, budget - time.monotonic()))
+            except cuda_source.CudaCompileError as e:
+                raise_if_disk_full(str(e), "the CUDA compiler")
+                return failed(str(e))
+        why = cuda_source.check_launches(launches, units, int(self.limits()["smem_bytes"]))
+        if why:
+            return failed(why)
+        h = hashlib.sha256()
+        for key in sorted(units):
+            h.update((wd / key / "unit.cubin").read_bytes())
+        (wd / MANIFEST).write_text(json.dumps({"arch": self._arch(), "units": units}, indent=1))
+        return Build(Status.OK, artifact=str(path), compile_s=time.monotonic() - t0,
+                     binary_hash=h.hexdigest()[:16])
+
+    def load(self, artifact: str, op) -> Any:
+        manifest = Path(artifact).with_name(MANIFEST)
+        if not manifest.is_file():
+            return super().load(artifact, op)
+        # A `cuda` launch module (whatever this backend's language option: the memory checker
+        # and the runtime load artifacts by what they are).
+        from tuner import cuda
+        self._bind()
+        units = json.loads(manifest.read_text())["units"]
+        cuda.load_units(units, lambda key: (manifest.parent / key / "unit.cubin").read_bytes())
+        digest = hashlib.sha256(Path(artifact).read_bytes()).hexdigest()[:16]
+        return load_module(artifact, f"tuner_cuda_{digest}", "cuda").launch
+
     def _warm(self, module, op: OpSpec) -> list:
         """Compile-only launches on meta tensors, for this device's architecture."""
         with _compile_only(self._arch()):
@@ -297,7 +380,7 @@ class CudaBackend(TritonDevice):
         import torch  # noqa: F401 - the imports are the warm-up: seconds of a compile's start
         import triton.compiler  # noqa: F401
         import triton.language  # noqa: F401
-        if self.interpret:
+        if self.interpret or self.language == "cuda":
             return
         if op is not None:  # the shapes its kernels are compiled for (a failure: the compile says)
             with contextlib.suppress(Exception):

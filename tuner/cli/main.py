@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 from tuner import __version__
-from tuner.backends import BACKENDS, BackendUnavailable, default_backend, get_backend
+from tuner.backends import BACKENDS, BackendUnavailable, backend_class, default_backend, get_backend
 from tuner.cli.argv import redacted_argv
 from tuner.core.landscape import LandscapeError
 from tuner.core.ops import BUILTINS, OpError, builtin_spec, load_op, parse_sizes, render_context
@@ -74,8 +74,9 @@ def entry_signature(spec: OpSpec, language: str) -> str:
     return f"def launch({', '.join(op.input_names + op.output_names)})"
 
 
-def choose_skeleton(args, spec: OpSpec, backend: str) -> Skeleton:
-    language = get_backend(backend).language if backend in BACKENDS else "c"
+def choose_skeleton(args, spec: OpSpec, backend: str, language: str | None = None) -> Skeleton:
+    language = (get_backend(backend, **({"language": language} if language else {})).language
+                if backend in BACKENDS else "c")
     if args.template or args.space:
         if not (args.template and args.space):
             raise SkeletonError("pass both --template FILE and --space FILE")
@@ -134,6 +135,9 @@ def tune_from_args(args) -> tuple[Store, dict]:
             raise BackendUnavailable(f"--chip picks the Ascend chip profile of --backend sim (or of an NPU "
                                      f"whose SoC has none built in), not of {backend}")
         options = {"chip": args.chip} if args.chip else {}
+        if getattr(args, "language", None):
+            get_backend(backend, language=args.language)  # one it compiles, or a message that says which
+            options["language"] = args.language
         llm = None
         if args.proposer != "library":
             llm = LLMConfig.from_env(api_key=args.llm_api_key, **_llm_overrides(args))
@@ -151,7 +155,10 @@ def tune_from_args(args) -> tuple[Store, dict]:
         if (args.rounds or 1) > 1:
             print("note: no model is configured (--llm MODEL or TUNER_LLM_MODEL), so the library "
                   "skeleton is searched in one round", file=sys.stderr)
-        skeleton = choose_skeleton(args, spec, backend)
+        skeleton = choose_skeleton(args, spec, backend, options.get("language"))
+        if skeleton.language != backend_class(backend).language \
+                and skeleton.language in backend_class(backend).languages:  # a skeleton of its other language
+            options["language"] = skeleton.language
         # Fail on an unsupported dtype, a missing toolchain or a space with no valid config at
         # this shape before a run directory exists (else every such mistake leaves an empty run).
         device = get_backend(backend, **options)
@@ -401,6 +408,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--chip", help="with --backend sim (implied): the simulated Ascend chip, 910B1, 910B2 "
                    "(default), 910B3, 910B4, 910_93, 310P3, a profile .yaml or CANN's platform_config/<SoC>.ini; "
                    "with --backend npu: the profile of a SoC that has none built in")
+    t.add_argument("--language", help="the kernel language, where the backend compiles several (cuda: "
+                                      "triton, the default, or cuda for CUDA C++)")
     t.add_argument("--template", help="a Jinja2 kernel template (with --space)")
     t.add_argument("--space", help="the YAML space of the template's tunables")
     t.add_argument("--budget", type=int, help=f"configs to evaluate (default {DEFAULT_BUDGET}; with "

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from tuner.codecheck.c import check_c, check_object
 from tuner.codecheck.findings import Finding, Forbidden
-from tuner.codecheck.python import TRITON, TRITON_ASCEND, PythonPolicy, check_python
+from tuner.codecheck.python import CUDA, TRITON, TRITON_ASCEND, PythonPolicy, check_python
 from tuner.codecheck.template import check_template
 
-POLICIES = {"triton": TRITON, "triton_ascend": TRITON_ASCEND}
+POLICIES = {"triton": TRITON, "triton_ascend": TRITON_ASCEND, "cuda": CUDA}
 
-__all__ = ["Finding", "Forbidden", "PythonPolicy", "TRITON", "TRITON_ASCEND", "check_c", "check_object",
+__all__ = ["CUDA", "Finding", "Forbidden", "PythonPolicy", "TRITON", "TRITON_ASCEND", "check_c", "check_object",
            "check_python", "check_source", "check_template", "require_clean"]
 
 

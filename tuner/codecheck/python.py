@@ -1,7 +1,9 @@
-"""The Python kernel checker (Triton launch modules for the cuda, npu and sim backends).
+"""The Python kernel checker (Triton launch modules for the cuda, npu and sim backends; `cuda`
+launch modules, whose kernels are CUDA C++ launched through `tuner.cuda.launch`).
 
 A `triton` or `triton_ascend` skeleton renders to a Python module that defines @triton.jit
-kernels and `def launch(<inputs>, <outputs>)`. Templates may come from a language model, so the
+kernels and `def launch(<inputs>, <outputs>)`; a `cuda` one to constants (the CUDA C++ source)
+and `launch`, which may import `math`, `torch` and `tuner.cuda` (only `launch` and `cdiv`). Templates may come from a language model, so the
 module's AST is checked before anything in it runs:
 
 * imports: only the policy's modules (`triton`, `triton.language` and its submodules, `math`,
@@ -44,6 +46,11 @@ class PythonPolicy:
     triton_attrs: frozenset[str]     # names a module may take from `triton`
     torch_attrs: frozenset[str]      # names a module may take from `torch` (dtypes, allocation)
     module_prefixes: tuple[str, ...]  # a module reached through an attribute path must be one of these
+    # Per module path, the only names a module may take from it (`tuner.cuda`: `launch`, `cdiv`).
+    attrs: tuple[tuple[str, frozenset[str]], ...] = ()
+
+    def names_of(self, module: str) -> frozenset[str] | None:
+        return dict(self.attrs).get(module)
 
 
 TRITON_ATTRS = frozenset({"jit", "cdiv", "next_power_of_2", "language", "tools", "Config"})
@@ -71,6 +78,12 @@ TRITON_ASCEND = PythonPolicy(
     imports=frozenset({"triton", "triton.language", "math", "torch", "torch_npu"}),
     triton_attrs=TRITON_ATTRS, torch_attrs=TORCH_DTYPES | TORCH_ALLOC,
     module_prefixes=("triton.language", "math", "torch"))
+# `cuda` launch modules (cuda backend): CUDA C++ kernels launched through `tuner.cuda.launch`.
+CUDA = PythonPolicy(
+    imports=frozenset({"math", "torch", "tuner.cuda"}),
+    triton_attrs=frozenset(), torch_attrs=TORCH_DTYPES | TORCH_ALLOC,
+    module_prefixes=("math", "torch", "tuner.cuda"),
+    attrs=(("tuner", frozenset({"cuda"})), ("tuner.cuda", frozenset({"launch", "cdiv"}))))
 
 
 def check_python(source: str, policy: PythonPolicy = TRITON) -> list[Finding]:
@@ -218,6 +231,8 @@ class _Checker(ast.NodeVisitor):
                                 f"(torch.empty*) and name dtypes, not compute")
             elif mod == "triton" and a.name not in self.policy.triton_attrs:
                 self.fail(node, f"from triton import {a.name}")
+            elif self.policy.names_of(mod) is not None and a.name not in self.policy.names_of(mod):
+                self.fail(node, f"from {mod} import {a.name}; allowed: {', '.join(sorted(self.policy.names_of(mod)))}")
             else:
                 self.aliases[a.asname or a.name] = f"{mod}.{a.name}"
                 self._check_reached_modules(node, f"{mod}.{a.name}")  # `from tl.core import builtins`
@@ -244,6 +259,12 @@ class _Checker(ast.NodeVisitor):
 
     def _check_module_path(self, node: ast.AST, full: str) -> None:
         parts = full.split(".")
+        for i in range(1, len(parts)):
+            allowed = self.policy.names_of(".".join(parts[:i]))
+            if allowed is not None and parts[i] not in allowed:
+                self.fail(node, f"{'.'.join(parts[:i + 1])}; from {'.'.join(parts[:i])} only "
+                                f"{', '.join(sorted(allowed))}")
+                return
         if parts[0] == "torch":
             if len(parts) > 1 and not (len(parts) == 2 and parts[1] in self.policy.torch_attrs):
                 self.fail(node, f"{full}: torch is for dtypes and allocation "

@@ -23,7 +23,7 @@ import jinja2.sandbox
 from tuner.core.space import Space, SpaceError, load_space
 from tuner.core.values import Config, content_hash
 
-EXTENSIONS = {"c": "c", "triton": "py", "triton_ascend": "py", "script": "txt"}
+EXTENSIONS = {"c": "c", "triton": "py", "triton_ascend": "py", "cuda": "py", "script": "txt"}
 
 
 class SkeletonError(ValueError):

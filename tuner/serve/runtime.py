@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.backends import BackendUnavailable, get_backend
+from tuner.backends import BackendUnavailable, backend_class, get_backend
 from tuner.core.ops import arg_specs, load_op, render_context
 from tuner.core.settings import Settings
 from tuner.core.skeleton import Skeleton, SkeletonError
@@ -428,7 +428,10 @@ class Table:
     def _context(self, entry: dict, sizes: dict[str, int]):
         spec = self._spec(entry, sizes)
         op = load_op(spec)
-        backend = get_backend(entry["backend"], 0, cache_dir=str(self.cache_dir), op=spec.to_json())
+        # The entry's language where its backend compiles several (a cuda entry's CUDA C++).
+        lang = self.skeletons.get(entry.get("skeleton"), {}).get("language")
+        backend = get_backend(entry["backend"], 0, cache_dir=str(self.cache_dir), op=spec.to_json(),
+                              **({"language": lang} if lang in backend_class(entry["backend"]).languages else {}))
         return op, backend, {**render_context(op), **backend.render_context(op)}
 
     def _invalid(self, c: Candidate, sizes: dict[str, int]) -> str | None:
