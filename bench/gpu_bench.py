@@ -1,8 +1,9 @@
-"""The Triton library on one NVIDIA GPU, in one run.
+"""The kernel library on one NVIDIA GPU, in one run.
 
-`ops`: for each op at two shapes (bf16), a tuning run of the library skeleton, then, in this
-process and timed the same way (CUDA events, L2 flushed before each call, median of many,
-contenders interleaved): the tuned kernel, torch eager, torch.compile(mode=
+`ops`: for each op at two shapes (bf16), a tuning run of the library's Triton skeleton and of
+its CUDA C++ one where it has one (`--languages`), then, in this process and timed the same
+way (CUDA events, L2 flushed before each call, median of many, contenders interleaved): the
+tuned kernels, Liger Kernel's Triton kernel where it has the op (if installed), torch eager, torch.compile(mode=
 "max-autotune-no-cudagraphs") (each timed as the tuner times: repetitions queued, each
 with its own flush and events, waited for once), against the ceiling the run measured (copy bandwidth for
 memory-bound ops, and a copy of the op's own byte count timed in the same interleave; the
@@ -34,7 +35,7 @@ from tuner.core.ops import builtin_spec, load_op  # noqa: E402
 from tuner.core.settings import Settings  # noqa: E402
 from tuner.core.skeleton import library_skeleton, load_skeleton  # noqa: E402
 from tuner.core.values import Status  # noqa: E402
-from tuner.run.tune import create_run, execute  # noqa: E402
+from tuner.run.tune import create_run, execute, with_backend_options  # noqa: E402
 
 CASES = [
     ("softmax", "8192x8192"), ("softmax", "32768x4096"),
@@ -83,38 +84,92 @@ def kernel_names(fn) -> list[str]:
     return sorted({e.key[:120] for e in prof.key_averages() if e.device_type.name == "CUDA"})
 
 
-def bench_op(op_name: str, shape: str, budget: int, out: Path, with_compile: bool = True) -> dict:
-    import torch
+def liger_fn(op_name: str, xs: list):
+    """Liger Kernel's Triton kernel for the op on the same inputs (forward), or None where it
+    has none that takes them as they are (rope: Liger's wants q and k as [B, H, S, D] and
+    rotates both in place)."""
+    try:
+        from liger_kernel.transformers import functional as lf
+    except ImportError:
+        return None
+    if op_name == "softmax":
+        return lambda: lf.liger_softmax(xs[0])
+    if op_name == "rmsnorm":
+        return lambda: lf.liger_rms_norm(xs[0], xs[1], 1e-6, in_place=False)
+    if op_name == "layernorm":
+        return lambda: lf.liger_layer_norm(xs[0], xs[1], xs[2], 1e-5)
+    if op_name == "swiglu":
+        return lambda: lf.liger_swiglu(xs[0], xs[1])
+    if op_name == "cross_entropy":
+        return lambda: lf.liger_cross_entropy(xs[0], xs[1], reduction="none")
+    return None
 
+
+def tune_one(op_name: str, shape: str, language: str, budget: int, out: Path, row: dict):
+    """A tuning run of the library's `language` skeleton; the winner's launch function loaded
+    here, or None (the reason in row)."""
     from tuner.backends.cuda import CudaBackend
     settings = settings_for(out)
     spec = builtin_spec(op_name, shape, "bf16")
-    store = create_run(settings, spec, "cuda", library_skeleton(op_name, "triton"), seed=0,
-                       command=f"bench/gpu_bench.py ops {op_name} {shape}")
+    store = create_run(settings, spec, "cuda", library_skeleton(op_name, language), seed=0,
+                       command=f"bench/gpu_bench.py ops {op_name} {shape} ({language})",
+                       extra={"backend_options": {"language": language}} if language != "triton" else None)
     t0 = time.monotonic()
-    summary = execute(store, settings, budget)
-    wall = time.monotonic() - t0
-    row = {"op": op_name, "shape": shape, "tune_wall_s": round(wall, 1),
-           "trials": summary["evaluations"], "invalid": summary["invalid"],
-           "failures": {k: f"{v['count']}: {v['example'][:160]}" for k, v in summary["failures"].items()
-                        if k != "INVALID"},
-           "device": summary["device"]["name"], "peaks": summary["device"]["peaks"]}
+    summary = execute(store, settings, budget,
+                      make_evaluator=with_backend_options(None, {"language": language}) if language != "triton" else None)
+    tag = "" if language == "triton" else f"{language}_"
+    row.update({f"{tag}tune_wall_s": round(time.monotonic() - t0, 1), f"{tag}trials": summary["evaluations"],
+                f"{tag}failures": {k: f"{v['count']}: {v['example'][:160]}" for k, v in summary["failures"].items()
+                                   if k != "INVALID"},
+                "device": summary["device"]["name"], "peaks": summary["device"]["peaks"]})
     best = summary["best"]
     if best is None:
-        row["error"] = "no config passed: " + json.dumps(summary["failures"])[:500]
+        row[f"{tag}error"] = "no config passed: " + json.dumps(summary["failures"])[:500]
+        return None
+    winner = next(r for r in store.records() if r.status is Status.OK and r.config.to_json() == best["config"])
+    row[f"{tag}config"] = best["config"]
+    backend = CudaBackend(0, cache_dir=settings.cache_dir, language=language)
+    return backend.load(winner.build.artifact, load_op(spec))
+
+
+def bench_op(op_name: str, shape: str, budget: int, out: Path, with_compile: bool = True,
+             languages: tuple[str, ...] = ("triton",)) -> dict:
+    import torch
+
+    from tuner.backends.cuda import CudaBackend
+    from tuner.core.skeleton import library_skeletons
+    settings = settings_for(out)
+    spec = builtin_spec(op_name, shape, "bf16")
+    row = {"op": op_name, "shape": shape}
+    kernels = {}
+    for lang in languages:
+        if lang in library_skeletons().get(op_name, []):
+            try:
+                k = tune_one(op_name, shape, lang, budget, out, row)
+            except Exception as e:  # noqa: BLE001 - e.g. a space with no config at this shape
+                row[f"{lang}_error"] = f"{type(e).__name__}: {e}"[:300]
+                continue
+            if k is not None:
+                kernels[lang] = k
+    if "triton" not in kernels:
+        row.setdefault("error", "the Triton skeleton named no winner")
         return row
-    winner = next(r for r in store.records() if r.status is Status.OK
-                  and r.config.to_json() == best["config"])
-    row["config"] = best["config"]
+    row["tune_wall_s"], row["trials"] = row.get("tune_wall_s"), row.get("trials")
+    kernel = kernels["triton"]
     op = load_op(spec)
     backend = CudaBackend(0, cache_dir=settings.cache_dir)
-    kernel = backend.load(winner.build.artifact, op)
     host = op.make_inputs(12345)
     xs = [backend.to_device(x) for x in host]
     outs = [torch.empty(o.shape, dtype=xs[0].dtype, device="cuda") for o in
             op.reference([x.to("meta", torch.float64) if x.is_floating_point() else x.to("meta")
                           for x in host])]
     fns = {"tuned": lambda: kernel(*xs, *outs), "eager": lambda: op.torch_impl(xs)}
+    for lang, k in kernels.items():
+        if lang != "triton":
+            fns[f"tuned_{lang}"] = (lambda k: lambda: k(*xs, *outs))(k)
+    liger = liger_fn(op_name, xs)
+    if liger is not None:
+        fns["liger"] = liger
     key = f"{op_name}:{shape}"
     if key not in COMPUTE_BOUND:
         # A device-to-device copy moving as many bytes as the op (half read, half written),
@@ -136,29 +191,44 @@ def bench_op(op_name: str, shape: str, budget: int, out: Path, with_compile: boo
         torch.cuda.synchronize()
         row["compile_s"] = round(time.monotonic() - t1, 1)
         fns["compile"] = lambda: compiled_fn(*xs)
+    for lang, k in kernels.items():
+        if lang != "triton":
+            k(*xs, *outs)
+            ref = op.torch_impl(xs)
+            row[f"{lang}_max_diff_vs_eager"] = max(float((o.float() - r.float()).abs().max())
+                                                   for o, r in zip(outs, [ref] if torch.is_tensor(ref) else ref))
     kernel(*xs, *outs)
     ref = op.torch_impl(xs)
     row["max_diff_vs_eager"] = max(float((o.float() - r.float()).abs().max()) for o, r in zip(outs, ref))
     t = interleaved(backend, fns)
     try:
-        row["kernels"] = {k: kernel_names(fns[k]) for k in ("eager", "compile") if k in fns}
+        row["kernels"] = {k: kernel_names(fns[k]) for k in ("eager", "compile", "liger") if k in fns}
     except Exception as e:  # noqa: BLE001 - naming kernels is a note, never a lost row
         row["kernels"] = f"profiler: {type(e).__name__}: {e}"[:200]
     row.update({f"{k}_ms": round(v * 1e3, 4) for k, v in t.items()})
     if key in COMPUTE_BOUND:
         tf = {k: op.flops / v / 1e12 for k, v in t.items()}
         row.update({f"{k}_tflops": round(v, 1) for k, v in tf.items()})
-        row["ceiling"] = {"what": "cuBLAS bf16 8192^3", "tflops": summary["device"]["peaks"]["bf16_gflops"] / 1e3}
+        row["ceiling"] = {"what": "cuBLAS bf16 8192^3", "tflops": row["peaks"]["bf16_gflops"] / 1e3}
         row["pct_ceiling"] = round(100 * tf["tuned"] / row["ceiling"]["tflops"], 1)
     else:
         bw = {k: op.bytes / v / 1e12 for k, v in t.items()}
         row.update({f"{k}_tbps": round(v, 3) for k, v in bw.items()})
-        row["ceiling"] = {"what": "device copy", "tbps": summary["device"]["peaks"]["copy_gbps"] / 1e3}
+        row["ceiling"] = {"what": "device copy", "tbps": row["peaks"]["copy_gbps"] / 1e3}
         row["pct_ceiling"] = round(100 * bw["tuned"] / row["ceiling"]["tbps"], 1)
-        row["pct_same_size_copy"] = round(100 * t["copy"] / t["tuned"], 1)
+        for k in t:
+            if k.startswith("tuned") or k == "liger":
+                row[f"{k}_pct_copy"] = round(100 * t["copy"] / t[k], 1)
+        row["pct_same_size_copy"] = row["tuned_pct_copy"]
     row["vs_eager"] = round(t["eager"] / t["tuned"], 3)
     if with_compile:
         row["vs_compile"] = round(t["compile"] / t["tuned"], 3)
+    # Ours (the faster language) against the best a user would pick instead.
+    ours = min(v for k, v in t.items() if k.startswith("tuned"))
+    peers = {k: v for k, v in t.items() if k in ("compile", "liger", "eager")}
+    best_peer = min(peers, key=peers.get)
+    row["best_ours_ms"], row["best_peer"] = round(ours * 1e3, 4), best_peer
+    row["vs_best_peer"] = round(peers[best_peer] / ours, 3)
     return row
 
 
@@ -174,7 +244,7 @@ def cmd_ops(args) -> None:
         seen.add(op_name)
         budget = args.budget * (2 if op_name in ("matmul", "attention", "attention_causal") else 1)
         try:
-            row = bench_op(op_name, shape, budget, out, not args.no_compile)
+            row = bench_op(op_name, shape, budget, out, not args.no_compile, tuple(args.languages.split(",")))
         except Exception as e:  # one op's failure must not lose the others' rows
             row = {"op": op_name, "shape": shape, "error": f"{type(e).__name__}: {e}"[:800]}
         rows.append(row)
@@ -184,20 +254,20 @@ def cmd_ops(args) -> None:
 
 
 def print_ops_table(rows: list) -> None:
-    print("\n| op | shape | tuned | eager | torch.compile | ceiling | % ceiling | % same-size copy | vs compile | vs eager | tune s | trials |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| op | shape | Triton (ours) | CUDA C++ (ours) | Liger | torch.compile | eager | ours vs best peer | "
+          "% same-size copy (best ours) | trials |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+
+    def ms(r, k):
+        return f"{r[k + '_ms']:.4f} ms" if k + "_ms" in r else "-"
     for r in rows:
-        if "error" in r:
-            print(f"| {r['op']} | {r['shape']} | error: {r['error'][:120]} |")
+        if "tuned_ms" not in r:
+            print(f"| {r['op']} | {r['shape']} | error: {str(r.get('error', ''))[:120]} |")
             continue
-        unit = "tflops" if "tuned_tflops" in r else "tbps"
-        u = "TFLOP/s" if unit == "tflops" else "TB/s"
-        ceil = r["ceiling"][unit]
-        comp = f"{r['compile_ms']:.4f} ms" if "compile_ms" in r else "-"
-        vsc = f"{r['vs_compile']:.2f}x" if "vs_compile" in r else "-"
-        print(f"| {r['op']} | {r['shape']} | {r['tuned_ms']:.4f} ms ({r['tuned_' + unit]:.2f} {u}) | "
-              f"{r['eager_ms']:.4f} ms | {comp} | {ceil:.2f} {u} | {r['pct_ceiling']} | {r.get('pct_same_size_copy', '-')} | "
-              f"{vsc} | {r['vs_eager']:.2f}x | {r['tune_wall_s']} | {r['trials']} |")
+        pct = max((v for k, v in r.items() if k.startswith("tuned") and k.endswith("_pct_copy")), default=None)
+        print(f"| {r['op']} | {r['shape']} | {ms(r, 'tuned')} | {ms(r, 'tuned_cuda')} | {ms(r, 'liger')} | "
+              f"{ms(r, 'compile')} | {ms(r, 'eager')} | {r['vs_best_peer']:.2f}x ({r['best_peer']}) | "
+              f"{pct if pct is not None else '-'} | {r.get('trials')}/{r.get('cuda_trials', '-')} |")
 
 
 # ---- tuning wall time against @triton.autotune ------------------------------------------
@@ -336,6 +406,8 @@ def main() -> None:
     o.add_argument("--first", action="store_true", help="only the first shape of each op")
     o.add_argument("--cases", help="op:shape pairs instead of the built-in list, e.g. matmul:16x14336x4096")
     o.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    o.add_argument("--languages", default="triton,cuda",
+                   help="kernel languages tuned where the library has a skeleton (triton always; cuda: CUDA C++)")
     o.set_defaults(fn=cmd_ops)
     a = sub.add_parser("autotune")
     a.add_argument("--out", default=os.environ.get("OUT", "bench_out"))

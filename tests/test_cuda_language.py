@@ -1,0 +1,243 @@
+"""The cuda backend's `cuda` language: CUDA C++ launched from a checked Python module.
+
+Without a GPU: the launch module's checks, the CUDA source and option checks, and real compiles
+(NVRTC or nvcc, where one is installed) for an architecture named, with the PTX checks and each
+launch checked against what was compiled. On a GPU (marked): the whole harness."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+import pytest
+
+from tuner import codecheck
+from tuner.backends import cuda_source
+from tuner.core.ops import builtin_spec, load_op, render_context
+from tuner.core.skeleton import library_skeleton
+from tuner.core.values import Status
+
+
+def _has_compiler() -> bool:
+    try:
+        cuda_source.compiler()
+        return True
+    except cuda_source.CudaCompileError:
+        return False
+
+
+needs_compiler = pytest.mark.skipif(not _has_compiler(), reason="no CUDA C++ compiler (nvcc or libnvrtc)")
+
+COPY = r'''
+extern "C" __global__ void copy_rows(const float* __restrict__ x, float* __restrict__ y, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i];
+}
+'''
+
+
+def module(source: str = COPY, launch: str = 'cuda.launch(SOURCE, "copy_rows", (cuda.cdiv(n, 256),), (256,), x, y, n)',
+           head: str = "import tuner.cuda as cuda") -> str:
+    return f"{head}\n\nSOURCE = r'''{source}'''\n\n\ndef launch(x, y):\n    n = x.numel()\n    {launch}\n"
+
+
+def _backend():
+    from tuner.backends.cuda import CudaBackend
+    return CudaBackend(0, arch=90, cores=132, language="cuda")
+
+
+# ---- the launch module ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("op,shape", [("rmsnorm", "8192x8192"), ("matmul", "16x14336x4096")])
+def test_the_library_cuda_skeletons_render_clean_modules(op, shape):
+    sk = library_skeleton(op, "cuda")
+    o = load_op(builtin_spec(op, shape, "bf16"))
+    ctx = {**render_context(o), "CORES": 132}
+    configs = [c for c in sk.space.configs() if sk.space.check(c, ctx, {"smem_bytes": 232448}) is None]
+    assert len(configs) > 100
+    for c in configs[::max(1, len(configs) // 25)]:
+        src = sk.render(c, ctx)
+        assert codecheck.check_source("cuda", src) == []
+        cu = re.search(r"SOURCE = r\"\"\"(.*?)\"\"\"", src, re.S).group(1)
+        assert cuda_source.check_source(cu) == []
+
+
+@pytest.mark.parametrize("head,launch,why", [
+    ("from tuner.cuda import load_units", "load_units({}, None)", "from tuner.cuda import load_units"),
+    ("import tuner.cuda as cuda", "cuda.load_units({}, None)", "tuner.cuda.load_units"),
+    ("import tuner.cuda as cuda", "cuda._driver()", "private"),
+    ("import tuner.cuda as cuda\nimport tuner", "cuda.cdiv(1, 1)", "import tuner;"),
+    ("import tuner.cuda", "tuner.tune('softmax')", "tuner.tune"),
+    ("import tuner.cuda as cuda\nimport ctypes", "ctypes.memmove(y.data_ptr(), x.data_ptr(), 4)", "import ctypes"),
+    ("import tuner.cuda as cuda\nimport torch", "torch.cuda.synchronize()", "torch.cuda"),
+    ("import tuner.cuda as cuda", "y.copy_(x)", "method call .copy_"),
+])
+def test_a_launch_module_reaches_nothing_but_cuda_launch(head, launch, why):
+    findings = codecheck.check_source("cuda", module(head=head, launch=launch))
+    assert findings and any(why in f.why for f in findings), findings
+
+
+def test_the_triton_policy_refuses_a_cuda_module_and_back():
+    assert any("tuner.cuda" in f.why for f in codecheck.check_source("triton", module()))
+    triton_module = "import triton\n\n\ndef launch(x, y):\n    pass\n"
+    assert any("import triton" in f.why for f in codecheck.check_source("cuda", triton_module))
+
+
+# ---- the CUDA source and options -----------------------------------------------------------
+
+@pytest.mark.parametrize("line,why", [
+    ('#include "/etc/passwd"', "angle brackets"),
+    ("#include </etc/passwd>", "only CUDA's device headers"),
+    ("#include <cuda/../../../../etc/passwd>", "only CUDA's device headers"),
+    ("#define H <stdio.h>\n#include H", "angle brackets"),
+    ("#include_next <cuda_bf16.h>", "angle brackets"),
+    ("#include <stdio.h>", "only CUDA's device headers"),
+])
+def test_a_cuda_source_includes_only_device_headers(line, why):
+    findings = cuda_source.check_source(line + "\n" + COPY)
+    assert findings and why in findings[0].why
+
+
+@pytest.mark.parametrize("opt", ["-o/tmp/x", "--compiler-bindir=/tmp", "-I/etc", "-Xcompiler=-fplugin=x.so",
+                                 "--run", "-DX=$(id)", "-maxrregcount=64 -o /tmp/x", "--output-file=/tmp/y"])
+def test_compile_options_outside_the_list_are_refused(opt):
+    assert cuda_source.check_options((opt,))
+
+
+def test_listed_compile_options_pass():
+    assert cuda_source.check_options(("-maxrregcount=64", "--use_fast_math", "-O3", "-lineinfo",
+                                      "-DTILE=128", "--ftz=true")) is None
+
+
+def test_ptx_is_read_for_parameters_and_forbidden_calls():
+    ptx = textwrap.dedent("""
+        .extern .func (.param .b32 func_retval0) vprintf (.param .b64 vprintf_param_0, .param .b64 vprintf_param_1);
+        .global .align 4 .u32 N = 5;
+        .global .align 4 .u32 hits;
+        .visible .entry k(
+            .param .u64 .ptr .global .align 1 k_param_0,
+            .param .u32 k_param_1,
+            .param .f32 k_param_2,
+            .param .align 8 .b8 k_param_3[16]
+        )
+        {
+            ld.global.u32 %r1, [N];
+            ld.global.u32 %r2, [hits];
+            st.global.u32 [hits], %r3;
+        }
+    """)
+    assert cuda_source.ptx_entries(ptx) == {"k": ["u64", "u32", "f32", "b8[]"]}
+    why = cuda_source.check_ptx(ptx)
+    assert any("printf" in w for w in why) and any("'hits'" in w for w in why)
+    assert not any("'N'" in w for w in why)  # read only: a constant
+
+
+# ---- real compiles (no GPU needed) ----------------------------------------------------------
+
+@needs_compiler
+@pytest.mark.parametrize("src,why", [
+    (COPY.replace("if (i < n) y[i] = x[i];", 'if (i < n) { y[i] = x[i]; printf("%d", i); }'), "printf"),
+    (COPY.replace("if (i < n) y[i] = x[i];", "float* p = (float*)malloc(4); y[i] = p[0]; free(p);"), "malloc"),
+    ("__device__ float cache[1 << 20];\n" + COPY.replace("y[i] = x[i];", "{ y[i] = cache[i]; cache[i] = x[i]; }"),
+     "writable __device__ variable 'cache'"),
+    (COPY.replace("y[i] = x[i];", "y[i] = x[i] +;"), "error"),
+])
+def test_device_code_that_does_what_a_timed_kernel_may_not_is_refused_when_compiled(tmp_path, src, why):
+    with pytest.raises(cuda_source.CudaCompileError, match=re.escape(why)):
+        cuda_source.compile_unit(src, (), 90, tmp_path, 120)
+
+
+@needs_compiler
+@pytest.mark.parametrize("launch,why", [
+    ('cuda.launch(SOURCE, "copy", (cuda.cdiv(n, 256),), (256,), x, y, n)', "does not define"),
+    ('cuda.launch(SOURCE, "copy_rows", (cuda.cdiv(n, 256),), (256,), x, y)', "2 arguments"),
+    ('cuda.launch(SOURCE, "copy_rows", (cuda.cdiv(n, 256),), (256,), x, y, 1.5)', "float for an integer"),
+    ('cuda.launch(SOURCE, "copy_rows", (cuda.cdiv(n, 256),), (256,), x, y, x)', "a tensor (a 64-bit device pointer)"),
+    ('cuda.launch(SOURCE, "copy_rows", (1,), (2048,), x, y, n)', "at most 1024 threads"),
+    ('cuda.launch(SOURCE, "copy_rows", (1,), (256,), x, y, n, smem=300000)', "shared memory"),
+    ('cuda.launch(SOURCE, "copy_rows", (0,), (256,), x, y, n)', "at least 1"),
+    ('cuda.launch(SOURCE, "copy_rows", (1,), (256,), x, y, n, options=("-o/tmp/x",))', "not allowed"),
+    ("n + 1", "launched no kernel"),
+])
+def test_each_launch_is_checked_against_the_compiled_kernel(tmp_path, launch, why):
+    b = _backend()
+    build = b.compile(module(launch=launch), builtin_spec("softmax", "64x256", "fp32"), str(tmp_path), 120)
+    assert build.status is Status.COMPILE_ERROR and why in build.error, build.error
+
+
+@needs_compiler
+@pytest.mark.parametrize("op,shape,dtype", [("rmsnorm", "256x4096", "bf16"), ("rmsnorm", "64x1024", "fp32"),
+                                            ("matmul", "16x2048x1024", "bf16"), ("matmul", "5x1024x512", "fp16")])
+def test_library_configs_compile_for_hopper_without_a_gpu(tmp_path, op, shape, dtype):
+    import json
+    b = _backend()
+    sk = library_skeleton(op, "cuda")
+    spec = builtin_spec(op, shape, dtype)
+    ctx = {**render_context(load_op(spec)), **b.render_context(load_op(spec))}
+    configs = [c for c in sk.space.configs() if sk.space.check(c, ctx, b.limits()) is None]
+    for i, c in enumerate(configs[:: max(1, len(configs) // 3)][:3]):
+        build = b.compile(sk.render(c, ctx), spec, str(tmp_path / str(i)), 120)
+        assert build.status is Status.OK, (c, build.error)
+        manifest = json.loads((tmp_path / str(i) / "kernel.cuda.json").read_text())
+        assert manifest["arch"] == 90 and all(
+            k["params"] and "regs" in k for u in manifest["units"].values() for k in u["kernels"].values())
+
+
+def test_a_source_not_compiled_ahead_is_not_launched():
+    from tuner import cuda
+    with pytest.raises(RuntimeError, match="not compiled ahead"):
+        cuda.launch("extern \"C\" __global__ void k() {}", "k", (1,), (1,))
+
+
+def test_the_cuda_backend_names_its_languages():
+    from tuner.backends import BackendUnavailable
+    from tuner.backends.cuda import CudaBackend
+    with pytest.raises(BackendUnavailable, match="triton or cuda"):
+        CudaBackend(0, arch=90, language="c")
+    assert CudaBackend(0, arch=90).language == "triton"
+
+
+# ---- on a GPU -------------------------------------------------------------------------------
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op,shape,budget", [("rmsnorm", "4096x4096", 6), ("matmul", "16x4096x2048", 6)])
+def test_cuda_cpp_kernels_tune_verify_and_win_through_the_harness(fast_settings, tmp_path, op, shape, budget):
+    from tuner.run.tune import create_run, execute, with_backend_options
+    sk = library_skeleton(op, "cuda")
+    store = create_run(fast_settings, builtin_spec(op, shape, "bf16"), "cuda", sk, seed=0,
+                       extra={"backend_options": {"language": "cuda"}})
+    summary = execute(store, fast_settings, budget, make_evaluator=with_backend_options(None, {"language": "cuda"}))
+    assert summary["best"] is not None, summary["failures"]
+    assert summary["evaluations"] >= budget
+
+
+HOSTILE = {
+    "out of bounds": ("if (i < n) y[i + (1 << 26)] = x[i];", {"RUNTIME_ERROR", "WRONG_RESULT"}),
+    "trap": ('if (i < n) { y[i] = x[i]; asm volatile("trap;"); }', {"RUNTIME_ERROR"}),
+    "hang": ("while (n > 0) { y[i % n] = x[i % n]; }", {"TIMEOUT", "RUNTIME_ERROR"}),
+    "skips work": ("if (i < n / 2) y[i] = x[i];", {"WRONG_RESULT"}),
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_cuda_kernels_are_records_with_reasons(fast_settings, tmp_path, name):
+    """A kernel that faults, hangs or skips work is a failed record; the next config runs in a
+    fresh worker. (softmax of a copy is wrong anyway: what is checked is the status kind.)"""
+    from tuner.core.skeleton import Skeleton
+    from tuner.core.space import parse_space
+    from tuner.exec.evaluate import Evaluator
+    body, allowed = HOSTILE[name]
+    src = COPY.replace("if (i < n) y[i] = x[i];", body)
+    space = parse_space("language: cuda\nparams:\n  X: [1]\n")
+    sk = Skeleton(template=module(src), space=space, language="cuda", name="hostile")
+    ev = Evaluator("cuda", builtin_spec("softmax", "64x256", "fp32"), sk, fast_settings, tmp_path / "run",
+                   options={"language": "cuda"})
+    try:
+        ev.start()
+        build = ev.compile(module(src), "probe")
+        assert build.status is Status.OK, build.error
+        meas = ev.measure(build)
+        assert meas.status.name in allowed | {"WRONG_RESULT"}, (meas.status, meas.detail)
+    finally:
+        ev.close()
