@@ -214,7 +214,7 @@ def test_cuda_cpp_kernels_tune_verify_and_win_through_the_harness(fast_settings,
 HOSTILE = {
     "out of bounds": ("if (i < n) y[i + (1 << 26)] = x[i];", {"RUNTIME_ERROR", "WRONG_RESULT"}),
     "trap": ('if (i < n) { y[i] = x[i]; asm volatile("trap;"); }', {"RUNTIME_ERROR"}),
-    "hang": ("while (n > 0) { y[i % n] = x[i % n]; }", {"TIMEOUT", "RUNTIME_ERROR"}),
+    "hang": ("while (n > 0) { y[i % n] = x[i % n]; }", {"RUN_TIMEOUT"}),
     "skips work": ("if (i < n / 2) y[i] = x[i];", {"WRONG_RESULT"}),
 }
 
@@ -241,3 +241,17 @@ def test_hostile_cuda_kernels_are_records_with_reasons(fast_settings, tmp_path, 
         assert meas.status.name in allowed | {"WRONG_RESULT"}, (meas.status, meas.detail)
     finally:
         ev.close()
+
+
+def test_a_model_writing_cuda_cpp_is_told_the_cuda_contract_and_shown_a_cuda_skeleton():
+    from tuner.core.values import DeviceInfo
+    from tuner.llm.prompt import PromptKit
+    spec = builtin_spec("rmsnorm", "4096x4096", "bf16")
+    op = load_op(spec)
+    dev = DeviceInfo("cuda", "NVIDIA H200", 132, limits=(("smem_bytes", 232448.0),))
+    k = PromptKit(spec, op, "cuda", "cuda", dev, {**render_context(op), "CORES": 132},
+                  {"smem_bytes": 232448.0}, 1e-4)
+    rules = k.backend_rules()
+    assert "cuda.launch(" in rules and "def launch(x, w, y)" in rules and "@triton.jit" not in rules
+    text = k.propose()[1]["content"]
+    assert "language: cuda" in text and "import tuner.cuda as cuda" in text

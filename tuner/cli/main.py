@@ -148,10 +148,10 @@ def tune_from_args(args) -> tuple[Store, dict]:
                 raise LLMError("the default OpenAI endpoint needs a key: set OPENAI_API_KEY (or "
                                "--llm-api-key), or point --llm-base-url at your own server")
         if llm is not None:
-            if options:
+            if "chip" in options:
                 raise BackendUnavailable("--chip with a model proposer is not supported yet; "
                                          "use the library skeletons (--proposer library)")
-            return _tune_rounds(args, settings, None, spec, backend, llm)
+            return _tune_rounds(args, settings, None, spec, backend, llm, options)
         if (args.rounds or 1) > 1:
             print("note: no model is configured (--llm MODEL or TUNER_LLM_MODEL), so the library "
                   "skeleton is searched in one round", file=sys.stderr)
@@ -217,13 +217,15 @@ def _executor(args, settings: Settings, store: Store):
 
 
 def _tune_rounds(args, settings: Settings, store: Store | None, spec: OpSpec | None = None,
-                 backend: str | None = None, llm: LLMConfig | None = None) -> tuple[Store, dict]:
+                 backend: str | None = None, llm: LLMConfig | None = None,
+                 options: dict | None = None) -> tuple[Store, dict]:
     """A multi-round run with a model proposer: a new one (spec, backend, llm) or a resumed one."""
     from tuner.run.report import ProgressView
     if store is None:
         assert spec is not None and backend is not None and llm is not None
-        start = choose_skeleton(args, spec, backend) if (args.template or args.space) else None
-        get_backend(backend).render_context(load_op(spec))
+        start = choose_skeleton(args, spec, backend, (options or {}).get("language")) \
+            if (args.template or args.space) else None
+        get_backend(backend, **(options or {})).render_context(load_op(spec))
         try:
             meta = openai_meta(llm, args.candidates, args.repairs, args.validate_configs, args.llm_prompts)
         except FileNotFoundError as e:
@@ -231,7 +233,7 @@ def _tune_rounds(args, settings: Settings, store: Store | None, spec: OpSpec | N
         rounds = args.rounds or 3
         store = create_rounds_run(settings, spec, backend, meta, rounds, start, args.sampler, args.seed,
                                   args.storage, command=redacted_argv(sys.argv), patience=args.patience,
-                                  study_name=args.study_name)
+                                  study_name=args.study_name, backend_options=options)
         print(f"run {store.path}: {rounds} round(s) with {llm.model} at "
               f"{llm.base_url or 'the default endpoint'}", file=sys.stderr)
         with store.lock():

@@ -46,6 +46,10 @@ def prompts_hash(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+# A backend's rules for a language other than its default one.
+RULES = {("cuda", "cuda"): "backend_cuda_cpp.md"}
+
+
 @dataclass
 class PromptKit:
     """Everything a prompt says about the op, device and backend, gathered once per run."""
@@ -80,7 +84,7 @@ class PromptKit:
         names_in, names_out = self.op.input_names, self.op.output_names
         if self.language == "c":
             return c_entry(self.op, self.context.get("ctype", "float"))
-        if self.language in ("triton", "triton_ascend"):
+        if self.language in ("triton", "triton_ascend", "cuda"):
             return f"def launch({', '.join(names_in + names_out)})"
         return "(none: the null device runs the reference itself)"
 
@@ -136,7 +140,7 @@ class PromptKit:
 
     def backend_rules(self) -> str:
         name = "npu" if self.backend in ("npu", "sim") else self.backend
-        path = self.dir / f"backend_{name}.md"
+        path = self.dir / RULES.get((name, self.language), f"backend_{name}.md")
         if not path.is_file():
             return f"(no rules written for the {self.backend} backend; the kernel entry is {self.entry()})"
         return self.render(path.name, entry=self.entry(), limits=self._limits_text(),

@@ -83,6 +83,10 @@ class RoundContext:
     # Builds the Evaluator that checks replies (the Evaluator signature): the round's own
     # workers, so that checks and the search after them share warm processes.
     make_evaluator: Any = None
+    language: str | None = None  # the backend's language where it compiles several (cuda: "cuda")
+
+    def backend_language(self) -> str:
+        return get_backend(self.backend, **({"language": self.language} if self.language else {})).language
 
 
 @dataclass
@@ -119,7 +123,7 @@ class LibraryProposer(Proposer):
         if ctx.spec.kind != "builtin":
             raise SkeletonError(f"{ctx.spec.source} has no library skeleton: configure a model "
                                 "(--llm MODEL) or pass --template FILE --space FILE")
-        sk = library_skeleton(ctx.spec.name, get_backend(ctx.backend).language)
+        sk = library_skeleton(ctx.spec.name, ctx.backend_language())
         return Proposal(sk, space_yaml(sk), report={"source": "library", "name": sk.name})
 
 
@@ -316,7 +320,7 @@ class LLMProposer(Proposer):
         the prompts describe; its compile workers start (and, where the backend allows, compile
         a first kernel) meanwhile, so that they are warm when the first reply comes."""
         if self.validator is None:
-            language = get_backend(ctx.backend).language
+            language = ctx.backend_language()
             placeholder = Skeleton("", Space((Param("unset", (0,)),)), language, name="(none yet)")
             self.validator = (ctx.make_evaluator or Evaluator)(ctx.backend, ctx.spec, placeholder,
                                                                ctx.settings, ctx.rundir / "validate")

@@ -29,7 +29,7 @@ from tuner.run.tune import QuietView, _iqr, create_run, execute, keep_problem, w
 def create_rounds_run(settings: Settings, spec: OpSpec, backend: str, proposer: dict, rounds: int,
                       start: Skeleton | None = None, sampler: str = "guided", seed: int | None = None,
                       storage: str | None = None, command: str = "", patience: int | None = None,
-                      study_name: str | None = None) -> Store:
+                      study_name: str | None = None, backend_options: dict | None = None) -> Store:
     """A run of `rounds` rounds. Each round is a whole run directory under rounds/NN/; round 1
     searches `start` when given, else the proposer's skeleton; later rounds the proposer's
     revision. `proposer` is the proposer's description (`Proposer.meta()`, no key). llm/ keeps every call's transcript; best/ and summary.json name the overall winner."""
@@ -44,6 +44,7 @@ def create_rounds_run(settings: Settings, spec: OpSpec, backend: str, proposer: 
         store.write_meta(RunMeta(id=store.path.name, op=spec, backend=backend, rounds=rounds,
                                  proposer=proposer, sampler=sampler, seed=seed, storage=storage,
                                  study_name=study_name or store.path.name, patience=patience, command=command, tuner=__version__,
+                                 backend_options=backend_options or None,
                                  created=time.strftime("%Y-%m-%dT%H:%M:%S%z")))
     except OSError:  # a directory that could not be written whole (a full disk): no debris
         shutil.rmtree(store.path, ignore_errors=True)
@@ -92,7 +93,8 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
                                             f"in {rstore.path / 'proposal.json'})")
                     stopped = f"round {r}: {previous.get('error', 'no valid skeleton')}"
                     break
-                ctx = RoundContext(spec, backend, settings, store.path, r, budget, meta.seed, make_evaluator)
+                ctx = RoundContext(spec, backend, settings, store.path, r, budget, meta.seed, make_evaluator,
+                                   (meta.backend_options or {}).get("language"))
                 start = store.read_json("start/skeleton.json") if r == 1 else None
                 try:
                     if start is not None:
@@ -130,7 +132,8 @@ def execute_rounds(store: Store, settings: Settings, proposer, budget: int,
                 create_run(settings, spec, backend, sk, meta.sampler, meta.seed + r, meta.storage,
                            meta.command, path=rstore.path,
                            extra={"round": r, "study_name": f"{meta.study_name or store.path.name}-round-{r:02d}", "parent_run": store.path.name,
-                                  "patience": meta.patience})
+                                  "patience": meta.patience,
+                                  **({"backend_options": meta.backend_options} if meta.backend_options else {})})
             sk = rstore.skeleton()
             space_text = (rstore.path / "skeleton/space.yaml").read_text()
             fb_json = rstore.read_json("feedback.json")
