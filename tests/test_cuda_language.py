@@ -255,3 +255,15 @@ def test_a_model_writing_cuda_cpp_is_told_the_cuda_contract_and_shown_a_cuda_ske
     assert "cuda.launch(" in rules and "def launch(x, w, y)" in rules and "@triton.jit" not in rules
     text = k.propose()[1]["content"]
     assert "language: cuda" in text and "import tuner.cuda as cuda" in text
+
+
+def test_a_sweep_entry_names_its_language_and_gets_a_task_of_its_own(tmp_path):
+    from tuner.sweeps.plan import SweepError, load_plan
+    f = tmp_path / "s.yaml"
+    f.write_text("name: lang\nbackend: cpu\ndtypes: [fp32]\nops:\n  rmsnorm: {shapes: [64x256]}\n"
+                 "  rmsnorm_c: {op: rmsnorm, language: c, shapes: [64x256]}\n")
+    keys = [t.key for t in load_plan(f).tasks]
+    assert keys == ["rmsnorm-64x256-fp32-cpu", "rmsnorm-64x256-fp32-cpu-c"]
+    f.write_text("name: lang\nbackend: cpu\nops:\n  rmsnorm: {language: cuda, shapes: [64x256]}\n")
+    with pytest.raises(SweepError, match="the cpu backend compiles c"):
+        load_plan(f)

@@ -45,6 +45,7 @@ from tuner.run.tune import (
     execute,
     keep_resume_settings,
     stopped_by_patience,
+    with_backend_options,
 )
 from tuner.sweeps.plan import Plan, SweepError, Task
 
@@ -173,7 +174,9 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
                         store = create_run(settings, task.spec, task.backend, task.skeleton(), plan.sampler,
                                            plan.task_seed(task), None, command=f"tuner sweep {plan.source}",
                                            path=path, extra={"sweep": plan.name, "warm_start": warm,
-                                                             "budget": task.budget, "patience": plan.patience})
+                                                             "budget": task.budget, "patience": plan.patience,
+                                                             **({"backend_options": task.backend_options}
+                                                                if task.backend_options else {})})
                         restart = False
                         state.warm_from = [anchor.key] if anchor else []
                     tb = plan.time_budget_s
@@ -186,7 +189,9 @@ def run_sweep(plan: Plan, settings: Settings, executor: str = "local", address: 
                     state.state = "running"
                     view.update()
                     state.summary = execute(store, settings, task.budget, tb, in_flight or per_task_parallel,
-                                            view.for_task(state), make_evaluator=make_evaluator,
+                                            view.for_task(state),
+                                            make_evaluator=with_backend_options(make_evaluator,
+                                                                                store.meta().backend_options),
                                             restart_patience=restart, stop=stop)
                     state.state = "done"
                 except Interrupted:

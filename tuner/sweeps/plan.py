@@ -46,7 +46,13 @@ from tuner.core.values import OpSpec
 
 TOP_KEYS = {"name", "backend", "dtypes", "budget", "total_budget", "time_budget_s", "total_time_s",
             "sampler", "seed", "ops", "out", "concurrency", "warm_start", "patience"}
-OP_KEYS = {"op", "shapes", "dtypes", "template", "space", "budget", "problem", "sizes", "warm_start"}
+OP_KEYS = {"op", "shapes", "dtypes", "template", "space", "budget", "problem", "sizes", "warm_start", "language"}
+
+
+def _backend_languages(backend: str) -> tuple[str, ...]:
+    from tuner.backends import backend_class
+    cls = backend_class(backend)
+    return cls.languages or (cls.language,)
 
 
 class SweepError(ValueError):
@@ -65,16 +71,21 @@ class Task:
     problem: str | None = None  # a problem file: `shape` is then a label of `sizes`
     sizes: tuple[tuple[str, int], ...] = ()
     cold: bool = False  # its entry says `warm_start: false`: never warm-started, nor a warm start
+    language: str | None = None  # the backend's language where it compiles several (cuda: cuda)
 
     @property
     def key(self) -> str:
-        return f"{self.op}-{self.shape}-{self.dtype}-{self.backend}"
+        return f"{self.op}-{self.shape}-{self.dtype}-{self.backend}" + (f"-{self.language}" if self.language else "")
 
     @property
     def family(self) -> tuple:
         """Tasks that search the same space: the same op and skeleton on the same backend
         (shapes and dtypes differ)."""
-        return (self.op, self.template, self.space, self.problem, self.backend)
+        return (self.op, self.template, self.space, self.problem, self.backend, self.language)
+
+    @property
+    def backend_options(self) -> dict:
+        return {"language": self.language} if self.language else {}
 
     @functools.cached_property
     def spec(self) -> OpSpec:
@@ -85,7 +96,7 @@ class Task:
     def skeleton(self) -> Skeleton:
         if self.template:
             return load_skeleton(self.template, self.space)
-        return library_skeleton(self.op, get_backend(self.backend).language)
+        return library_skeleton(self.op, get_backend(self.backend, **self.backend_options).language)
 
 
 @dataclass
@@ -236,13 +247,19 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
             raise SweepError(f"{where}: give both `template:` and `space:`, or neither (the library skeleton)")
         template = str(base / template) if template else None
         space = str(base / space) if space else None
+        language = entry.get("language")
+        if language is not None:
+            if str(language) not in _backend_languages(backend):
+                raise SweepError(f"{where}: language {language!r}: the {backend} backend compiles "
+                                 f"{', '.join(_backend_languages(backend))}")
+            language = str(language)
         for shape in shapes:
             for dtype in _list(entry.get("dtypes", dtypes), "dtypes", where):
                 try:
                     builtin_spec(op, shape, dtype)
                 except OpError as e:
                     raise SweepError(f"{where}: {e}") from None
-                t = Task(op, shape, dtype, backend, template, space, cold=not warm)
+                t = Task(op, shape, dtype, backend, template, space, cold=not warm, language=language)
                 if not _add(tasks, t, where):
                     continue
                 if entry.get("budget") is not None:
@@ -253,7 +270,7 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
         raise SweepError(f"{path}: give `budget:` (per task) or `total_budget:` (split over the tasks), not both")
     checked: dict[tuple, str | None] = {}
     for t in tasks:  # every skeleton resolves and the backend can run the op, before any run
-        k = (t.op, t.template, t.space)
+        k = (t.op, t.template, t.space, t.language)
         if k not in checked:
             try:
                 t.skeleton()
