@@ -229,3 +229,11 @@ def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, monkeypatch, capsys):
     assert ["rmsnorm 32x64 fp32", 1, 0] in [list(r) for r in v["routed"]]
     assert ["swiglu 32x96 fp32", 1, 0] in [list(r) for r in v["routed"]]
     assert {k for k, _ in v["medians_s"]} == {"eager", "torch.compile", "patched eager", "patched + torch.compile"}
+    # tuner run: the same table serves the model's forward; its outputs saved.
+    assert main(["run", "model.py", "--db", "exp/tuning.json", "--iterations", "2", "--save", "out.pt",
+                 "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert ["rmsnorm 32x64 fp32", 1, 0] in [list(x) for x in r["routed"]] and r["forward_s"] > 0
+    import torch
+    saved = torch.load(tmp_path / "out.pt")
+    assert [list(t.shape) for t in saved] == [list(s) for s, _ in r["outputs"]]

@@ -41,6 +41,17 @@ def add_cli(sub) -> None:
     v.add_argument("--json", action="store_true")
     v.set_defaults(fn=cmd_verify)
 
+    r = sub.add_parser("run", help="run a model with the tuned kernels swapped in: its forward time and what "
+                                   "served each operator call")
+    r.add_argument("model", help="the model file (as for tuner profile)")
+    r.add_argument("--db", required=True, help="an exported tuning.json or a tuning database (tuning-db.json)")
+    r.add_argument("--device", choices=("cpu", "cuda", "npu"), help="default: cuda if usable, else cpu")
+    r.add_argument("--dtype", help="cast the model and its floating inputs (default: as built)")
+    r.add_argument("--iterations", type=int, default=10, help="timed forwards after the first (default 10)")
+    r.add_argument("--save", metavar="OUT.pt", help="write the last forward's outputs there (torch.save)")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=cmd_run)
+
 
 def cmd_profile(args) -> int:
     import torch
@@ -149,3 +160,31 @@ def cmd_verify(args) -> int:
     for n in v.notes:
         print(f"note: {n}", file=sys.stderr)
     return 0 if v.passed else 1
+
+
+def cmd_run(args) -> int:
+    import dataclasses
+
+    import torch
+
+    from tuner.model.verify import run_patched
+    from tuner.run.report import fmt_time
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    table = _table(args.db, BACKEND[device])
+    print(f"running {args.model} on {device} with {args.db}…", file=sys.stderr)
+    r = run_patched(args.model, table, device, args.dtype, args.iterations, args.save)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(r), indent=1, default=str))
+        return 0
+    print(f"forward: {fmt_time(r.forward_s)} (median of {r.iterations}, {r.dtype}, {r.device}); outputs "
+          + ", ".join(f"{'x'.join(map(str, shape)) or 'scalar'} {dt}" for shape, dt in r.outputs))
+    for name, op in r.modules:
+        print(f"  module {name}: {op}")
+    for key, routed, fell in r.routed:
+        print(f"  {key}: {routed} call(s) to the tuned kernel, {fell} to torch")
+    if not r.routed:
+        print("  no call was served by the table: its entries match no operator call of this model "
+              "(op, sizes, dtype, device); `tuner profile` shows the model's calls")
+    if r.saved:
+        print(f"wrote {r.saved}", file=sys.stderr)
+    return 0

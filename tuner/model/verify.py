@@ -123,3 +123,56 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
     return Verdict(str(path), device, dt, passed, err, eager_err, allowed,
                    tuple((k, statistics.median(v)) for k, v in samples.items()), routed, tuple(notes),
                    tuple(sorted(modules.items())))
+
+
+@dataclass(frozen=True)
+class Ran:
+    """`tuner run`: the patched model's forward on the file's inputs, what served it, its time."""
+    model: str
+    device: str
+    dtype: str
+    forward_s: float  # median of `iterations` device-synchronised forwards
+    iterations: int
+    routed: tuple[tuple[str, int, int], ...] = ()  # (op call, routed, fell back), per forward
+    modules: tuple[tuple[str, str], ...] = ()  # (module name, op) replaced
+    outputs: tuple[tuple[tuple[int, ...], str], ...] = ()  # (shape, dtype) of each output tensor
+    saved: str | None = None
+
+
+def run_patched(path: str | Path, table, device: str = "cpu", dtype: str | None = None, iterations: int = 10,
+                save: str | Path | None = None) -> Ran:
+    """The model of `path` with `table`'s kernels in place (runtime.patch), run `iterations`
+    times on its get_inputs(); with `save`, its last outputs written there (torch.save, on the
+    host). Routing counts are of one forward. Checks nothing: `verify` compares."""
+    import torch
+
+    from tuner.model.profile import _prepared, load_model
+    from tuner.serve.patch import patch, unpatch
+    if iterations < 1:
+        raise ValueError(f"iterations={iterations}: at least 1")
+    model, inputs = load_model(path)
+    model, xs = _prepared(model, inputs, device, dtype)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    with torch.no_grad():
+        patch(model, table)
+        try:
+            out = model(*xs)  # the first call resolves and loads the kernels: not timed
+            sync()
+            stats = {k: list(v) for k, v in model.tuner_patch.stats.items()}
+            modules = dict(model.tuner_patch.modules)
+            times = []
+            for _ in range(iterations):
+                t0 = time.perf_counter()
+                out = model(*xs)
+                sync()
+                times.append(time.perf_counter() - t0)
+        finally:
+            unpatch(model)
+    outs = _outputs(out)
+    saved = None
+    if save is not None:
+        torch.save([o.detach().cpu() for o in outs], save)
+        saved = str(save)
+    return Ran(str(path), device, dtype or "as built", statistics.median(times), iterations,
+               tuple(sorted((k, v[0], v[1]) for k, v in stats.items())), tuple(sorted(modules.items())),
+               tuple((tuple(o.shape), str(o.dtype).removeprefix("torch.")) for o in outs), saved)
