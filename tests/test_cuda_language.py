@@ -92,6 +92,9 @@ def test_the_triton_policy_refuses_a_cuda_module_and_back():
     ("#define H <stdio.h>\n#include H", "angle brackets"),
     ("#include_next <cuda_bf16.h>", "angle brackets"),
     ("#include <stdio.h>", "only CUDA's device headers"),
+    ('#incl\\\nude "/etc/passwd"', "angle brackets"),        # joined by the preprocessor
+    ('%:include "/etc/passwd"', "angle brackets"),               # the digraph of #
+    ("%: include </etc/shadow>", "only CUDA's device headers"),
 ])
 def test_a_cuda_source_includes_only_device_headers(line, why):
     findings = cuda_source.check_source(line + "\n" + COPY)

@@ -63,12 +63,18 @@ def check_source(source: str) -> list[Finding]:
     """What is wrong with a unit's CUDA C++ source before it is compiled."""
     out: list[Finding] = []
     original = source.splitlines()
-    stripped = _COMMENT.sub(lambda m: "\n" * m.group(0).count("\n"), source).replace("\\\n", " \n")
-    for n, ln in enumerate(stripped.splitlines(), 1):
+    # Comments out (newlines kept), then backslash-continued lines joined as the preprocessor
+    # joins them: `#incl\<newline>ude` is an include. Each logical line keeps its first line.
+    stripped = _COMMENT.sub(lambda m: "\n" * m.group(0).count("\n"), source)
+    logical, line_no = [], 1
+    for chunk in re.split(r"(?<!\\)\n", stripped):
+        logical.append((line_no, chunk.replace("\\\n", "")))
+        line_no += chunk.count("\n") + 1
+    for n, ln in logical:
         s = ln.strip()
-        if not s.startswith("#"):
+        if not s.startswith(("#", "%:")):  # `%:` is the digraph of `#`
             continue
-        directive = s[1:].strip()
+        directive = s[2:].strip() if s.startswith("%:") else s[1:].strip()
         if directive.startswith(("include", "import", "include_next", "embed")):
             m = re.match(r"(include|include_next)\s*<([\w./-]+)>\s*$", directive)
             text = original[n - 1] if n <= len(original) else ""
