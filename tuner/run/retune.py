@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuner.backends import BACKENDS, BackendUnavailable, get_backend
+from tuner.backends import BACKENDS, BackendUnavailable, backend_class, get_backend
 from tuner.core.ops import OpError, builtin_spec
 from tuner.core.settings import Settings
 from tuner.core.skeleton import Skeleton, SkeletonError
@@ -118,6 +118,8 @@ def retune(old_run: str | Path, settings: Settings, *, device: str | None = None
         from tuner.core.problem import spec_from_problem_file
         spec = spec_from_problem_file(old_spec.source, old_spec.dtype, {**old_spec.size_dict(), **sizes})
     backend, index, options = parse_target(device, chip, old_meta.backend, old_meta.backend_options)
+    if skeleton.language in backend_class(backend).languages and skeleton.language != backend_class(backend).language:
+        options = {**options, "language": skeleton.language}  # a CUDA C++ run re-tuned on another GPU
     b = get_backend(backend, index, **options)
     if b.language != skeleton.language:
         raise SkeletonError(f"the old run's skeleton is {skeleton.language}; the {backend} backend runs "
