@@ -262,6 +262,31 @@ def test_a_patience_stop_says_what_the_model_still_expected():
     assert run_search(replay.MemoryStore(), ev, random, 200, None, 1).stopped.endswith("faster than the best")
 
 
+def test_stop_gain_keeps_a_stalled_search_going_while_the_model_expects_more():
+    """--stop-gain: a stall stops only once the model's expected gain is below it; with a
+    threshold under what the model still expects the search goes on past the stall, and the
+    stop, when it comes, names the threshold."""
+    from tuner.run.tune import run_search
+    from tuner.search.searcher import prepare_searcher
+    land = replay.synthetic("smooth", 0)
+    ev = replay.ReplayEvaluator(land)
+    plain = prepare_searcher(land.space, "guided", 0, ev.check, ev.context, ev.limits, (), patience=6)
+    stalled_at = run_search(replay.MemoryStore(), ev, plain, 200, None, 1).evaluations
+    gain = plain.expected_gain()
+    assert gain is not None and gain > 0
+    # A threshold above what the model expects: the same stop, said with it.
+    loose = prepare_searcher(land.space, "guided", 0, ev.check, ev.context, ev.limits, (), patience=6,
+                             stop_gain=gain + 0.5)
+    progress = run_search(replay.MemoryStore(), ev, loose, 200, None, 1)
+    assert progress.evaluations == stalled_at and progress.stopped.endswith(f"(under --stop-gain {gain + 0.5:.1%})")
+    # A threshold of (almost) nothing: the model's every hope is followed, up to the budget.
+    strict = prepare_searcher(land.space, "guided", 0, ev.check, ev.context, ev.limits, (), patience=6,
+                              stop_gain=1e-9)
+    progress = run_search(replay.MemoryStore(), ev, strict, 60, None, 1)
+    assert progress.evaluations > stalled_at
+    assert Searcher(land.space, patience=6, stop_gain=0.01).stalled() is False
+
+
 def test_a_space_too_large_to_score_whole_is_searched_at_a_bounded_cost(monkeypatch):
     """Past ENUMERATE_MAX configs the candidates are a sample plus the incumbent's
     neighbourhoods, and the GP is fitted on at most FIT_MAX points: the ask stays cheap, and

@@ -110,7 +110,7 @@ def tune_from_args(args) -> tuple[Store, dict]:
     store and its summary. Bad input raises one of USER_ERRORS before any run directory
     exists."""
     settings = Settings.from_env(runs_dir=args.runs_dir, run_timeout_s=args.run_timeout,
-                                 compile_timeout_s=args.compile_timeout)
+                                 compile_timeout_s=args.compile_timeout, stop_gain=args.stop_gain)
     if args.resume:
         store = Store.open(args.resume)
         with store.lock():  # before the repair: another process may be appending a record
@@ -423,6 +423,9 @@ def parser() -> argparse.ArgumentParser:
                         "grid: every config once (records a full landscape for replay)")
     t.add_argument("--patience", type=int, metavar="N",
                    help="stop once N evaluations in a row brought no config 0.5%% faster (default: off)")
+    t.add_argument("--stop-gain", type=float, metavar="FRACTION",
+                   help="with --patience: stop only once the guided search's model also expects less than "
+                        "this fraction more (e.g. 0.01: good enough within 1%%; TUNER_STOP_GAIN)")
     t.add_argument("--warm-start", action="append", default=[], metavar="SOURCE",
                    help="try the best configs measured elsewhere first: a run directory, a landscape "
                         "JSON (FILE@SHAPE for one of its shapes) or a JSON list of configs (repeatable)")

@@ -61,6 +61,9 @@ class Settings:
     worker_memory_gb: float = 0.0  # 0: three quarters of the machine's memory
     worker_cpu_s: int = 600  # CPU seconds (all threads) one compile or measure request may use
     report: bool = True  # write report.html (tuner.run.html) into each run directory at its end
+    # With --patience: a stall stops the search only once the guided model also expects less
+    # than this fraction from the configs it weighed last ("good enough"); 0: the stall alone.
+    stop_gain: float = 0.0
 
     def anchors(self, backend: str) -> bool:
         """Whether a search on `backend` anchors new bests (see `anchor`)."""

@@ -227,7 +227,9 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
         progress.stopped = (f"{PATIENCE_STOP} {searcher.patience}: the last {searcher.patience} evaluations "
                             f"found nothing {STALL_GAIN:.1%} faster than the best"
                             + ("" if gain is None else f"; the search's model expected at most {gain:.1%} "
-                               f"from the configs it weighed last"))
+                               f"from the configs it weighed last")
+                            + (f" (under --stop-gain {searcher.stop_gain:.1%})"
+                               if searcher.stop_gain > 0 and gain is not None else ""))
     # Trials still waiting on a config that finished are told above; any left are abandoned.
     for trials in waiting.values():
         for t in trials:
@@ -490,7 +492,7 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         searcher = prepare_searcher(skeleton.space, meta.sampler, meta.seed, evaluator.check,
                                     evaluator.context, evaluator.limits, (*seeds, *warm), notes,
                                     {"prior": prior} if meta.sampler == "guided" else None,
-                                    patience=meta.patience)
+                                    patience=meta.patience, stop_gain=settings.stop_gain)
         mirror = None
         if meta.storage:
             from tuner.search.study import StudyMirror

@@ -162,9 +162,9 @@ class Searcher:
     def __init__(self, space: Space, sampler: str = DEFAULT_SAMPLER, seed: int | None = None,
                  n_startup: int = 8,
                  check=None, patience: int | None = None, encoding: str = "ordinal",
-                 sampler_options: dict | None = None):
+                 sampler_options: dict | None = None, stop_gain: float = 0.0):
         """`check(config) -> reason or None`: the space's formulas under the run's sizes and
-        limits (what the evaluator rejects as INVALID). `patience`: see `stalled`.
+        limits (what the evaluator rejects as INVALID). `patience`, `stop_gain`: see `stalled`.
         `encoding`: "ordinal" (the default) or "categorical" (for benchmarks).
         `sampler_options`: keyword options of the guided sampler (`guided.GuidedSearch`)."""
         self.space = space
@@ -172,6 +172,7 @@ class Searcher:
         self.dists = distributions(space, encoding)
         self.sampler_name = sampler
         self.patience = patience
+        self.stop_gain = stop_gain
         self._patience_from = 0  # evaluations before this one do not count (`restart_patience`)
         if encoding == "categorical":
             self._encode, self._decode = (lambda sp, c: c.as_dict()), (lambda sp, p: Config.of(dict(p)))
@@ -222,7 +223,9 @@ class Searcher:
     def stalled(self) -> bool:
         """With `patience` N: the last N evaluations (INVALID configs and repeats cost none)
         brought no config at least STALL_GAIN faster than the best before them. Read from the
-        study, so it holds across a resume. Always False without `patience`."""
+        study, so it holds across a resume. Always False without `patience`. With `stop_gain`
+        > 0, also the guided model's expected improvement (`expected_gain`) is below it: a stall
+        while the model still expects that much more goes on (another sampler: the stall alone)."""
         if not self.patience:
             return False
         evaluations = self._evaluations()
@@ -231,7 +234,10 @@ class Searcher:
             feasible = all(v <= 0.0 for v in t.constraints.values())
             if feasible and t.value is not None and t.value < best + math.log10(1 - STALL_GAIN):
                 best, last = t.value, k
-        return len(evaluations) - max(last + 1, self._patience_from) >= self.patience
+        if len(evaluations) - max(last + 1, self._patience_from) < self.patience:
+            return False
+        gain = self.expected_gain() if self.stop_gain > 0 else None
+        return gain is None or gain < self.stop_gain
 
     def expected_gain(self) -> float | None:
         """The guided search's model's largest expected improvement at its last ask, as a
