@@ -80,6 +80,20 @@ def test_every_operator_call_is_counted_at_its_shapes(model):
         assert r.bound_s is not None and 0 <= r.saving <= r.share
 
 
+def test_emit_adds_a_task_per_other_language_that_can_run_the_call(model, tmp_path):
+    """`also` names the backend's other languages for a call (cuda: the CUDA C++ skeleton where
+    its space fits the shape): each becomes an entry of its own with `language:`."""
+    from tuner.cli.profile import other_languages
+    from tuner.sweeps.plan import load_plan
+    prof = profile_model(model, "cpu", iterations=1, peaks={"copy_gbps": 10.0, "fp32_gflops": 100.0})
+    path = emit_sweep(prof, tmp_path / "hot.yaml", "cpu", top=20, min_share=0.0,
+                      also=lambda op, shape, dtype: ["c"] if op == "softmax" else [])
+    tasks = {(t.op, t.shape, t.language) for t in load_plan(path).tasks}
+    assert ("softmax", "32x32", "c") in tasks and ("softmax", "32x32", None) in tasks
+    assert not any(lang for op, _, lang in tasks if op != "softmax")
+    assert other_languages("cpu") is None
+
+
 def test_emitted_sweep_and_problem_files_reproduce_the_calls(model, tmp_path):
     from tuner.core.ops import load_op
     from tuner.core.problem import spec_from_problem_file

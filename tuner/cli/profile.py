@@ -70,7 +70,8 @@ def cmd_profile(args) -> int:
         from tuner.run.report import console
         console.print(profile_table(prof, args.top))
     if args.emit:
-        path = emit_sweep(prof, args.emit, BACKEND[device], top=args.top, min_share=args.min_share)
+        path = emit_sweep(prof, args.emit, BACKEND[device], top=args.top, min_share=args.min_share,
+                          also=other_languages(BACKEND[device]))
         print(f"wrote {path}: tune it with `tuner sweep {path}`", file=sys.stderr)
     if args.report:
         from tuner.run.html import write_profile_report
@@ -188,3 +189,32 @@ def cmd_run(args) -> int:
     if r.saved:
         print(f"wrote {r.saved}", file=sys.stderr)
     return 0
+
+
+def other_languages(backend: str):
+    """`also` for emit_sweep: the backend's languages besides its default whose library
+    skeleton has a config that can run at the call's shape (the cuda backend's CUDA C++
+    matmul only for M <= 16, for instance). None where the backend has one language."""
+    import itertools
+
+    from tuner.backends import backend_class, get_backend
+    from tuner.core.ops import builtin_spec, load_op, render_context
+    from tuner.core.skeleton import library_skeleton, library_skeletons
+    cls = backend_class(backend)
+    others = [lang for lang in cls.languages if lang != cls.language]
+    if not others:
+        return None
+
+    def also(op: str, shape: str, dtype: str) -> list[str]:
+        out = []
+        for lang in others:
+            if lang not in library_skeletons().get(op, ()):
+                continue
+            b = get_backend(backend, language=lang)
+            o = load_op(builtin_spec(op, shape, dtype))
+            sk = library_skeleton(op, lang)
+            ctx, limits = {**render_context(o), **b.render_context(o)}, b.limits()
+            if any(sk.space.check(c, ctx, limits) is None for c in itertools.islice(sk.space.configs(), 50000)):
+                out.append(lang)
+        return out
+    return also

@@ -66,9 +66,11 @@ def problem_source(row: OpRow, model: str) -> str | None:
 
 
 def emit_sweep(profile: Profile, out: str | Path, backend: str | None = None, top: int = 10,
-               min_share: float = 0.01) -> Path:
+               min_share: float = 0.01, also=None) -> Path:
     """Write the sweep file `out` (and its problem files beside it) for the `top` hottest rows
-    with at least `min_share` of the model's time; return its path."""
+    with at least `min_share` of the model's time; return its path. `also(op, shape, dtype)`:
+    the backend's other languages whose library skeleton can run that call (cuda: CUDA C++),
+    each a task of its own beside the default language's (`tuner db update` keeps the faster)."""
     out = Path(out)
     folder = out.parent / f"{out.stem}_problems"
     hot = [r for r in profile.rows[:top] if r.share >= min_share]
@@ -80,6 +82,11 @@ def emit_sweep(profile: Profile, out: str | Path, backend: str | None = None, to
             entry = ops.setdefault(f"{op}-{dtype}", {"op": op, "shapes": [], "dtypes": [dtype]})
             if shape not in entry["shapes"]:
                 entry["shapes"].append(shape)
+            for lang in (also(op, shape, dtype) if also else ()):
+                entry = ops.setdefault(f"{op}-{dtype}-{lang}", {"op": op, "language": lang, "shapes": [],
+                                                               "dtypes": [dtype]})
+                if shape not in entry["shapes"]:
+                    entry["shapes"].append(shape)
             continue
         if row.aten.startswith("module::"):  # a module the patch routes to a library op
             from tuner.core.skeleton import library_skeletons
