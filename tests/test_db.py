@@ -184,3 +184,23 @@ def test_a_run_with_noisy_timing_loses_to_one_without(runs, tmp_path):
     clean = dict(flagged, run="third", run_id="clean", flags=[])
     assert db._put(db.entries, clean)[0] == "replaced"
     assert db.entries[0]["run"] == "third"
+
+
+def test_one_shape_tuned_in_two_languages_keeps_both_and_serves_the_faster(runs, tmp_path):
+    """A backend with two languages (cuda: Triton and CUDA C++): the best of each language is
+    kept per shape, and the runtime's first candidate is the faster of the two."""
+    from tuner.serve.runtime import Table
+    folder, paths, _ = runs
+    other = copy_run(paths[1], tmp_path / "other-language")
+    skel = json.loads((other / "skeleton" / "skeleton.json").read_text())
+    skel["language"] = "other"
+    (other / "skeleton" / "skeleton.json").write_text(json.dumps(skel))
+    summary = json.loads((other / "summary.json").read_text())
+    summary["best"]["median_s"] *= 0.5  # the faster of the two
+    (other / "summary.json").write_text(json.dumps(summary))
+    db = TuningDB(tmp_path / "db.json")
+    db.collect([folder, other])
+    at512 = [e for e in db.entries if e["sizes"]["M"] == 512]
+    assert sorted(e["language"] for e in at512) == ["other", "script"]
+    first = Table.from_db(db, backend="null").candidates("softmax", {"M": 512, "N": 512}, "fp32")[0]
+    assert first.entry["language"] == "other" and first.exact

@@ -70,7 +70,7 @@ def emit_sweep(profile: Profile, out: str | Path, backend: str | None = None, to
     """Write the sweep file `out` (and its problem files beside it) for the `top` hottest rows
     with at least `min_share` of the model's time; return its path. `also(op, shape, dtype)`:
     the backend's other languages whose library skeleton can run that call (cuda: CUDA C++),
-    each a task of its own beside the default language's (`tuner db update` keeps the faster)."""
+    each a task of its own beside the default language's (`tuner db update` keeps both; the runtime serves the faster)."""
     out = Path(out)
     folder = out.parent / f"{out.stem}_problems"
     hot = [r for r in profile.rows[:top] if r.share >= min_share]

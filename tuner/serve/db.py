@@ -18,7 +18,9 @@ Toolchains. The fingerprint hashes a device's toolchain versions (compiler, torc
 CUDA, driver, ...; not clocks). A device model's *current* toolchain is the one of its newest
 collected run (by the run's creation time). When a newer run brings another fingerprint, every
 entry of the old one moves to `stale`; a run older than the current toolchain's goes straight to
-`stale`. Two runs of one key and fingerprint: the faster median wins (ties: the newer run).
+`stale`. Two runs of one key (op, sizes, dtype, backend, device, language) and fingerprint: the
+faster median wins (ties: the newer run); a Triton and a CUDA C++ winner of one shape are both
+kept, and the runtime serves the faster.
 `tuner.runtime` checks once more, at serve time, that the live toolchain is the entry's.
 """
 
@@ -52,7 +54,10 @@ def fingerprint(toolchain: dict[str, str]) -> str:
 
 
 def entry_key(e: dict) -> tuple:
-    return (e["backend"], e["device"], e["op"], json.dumps(e["sizes"], sort_keys=True), e["dtype"])
+    """One entry per key: a backend that compiles two languages (cuda: Triton and CUDA C++)
+    keeps the best of each, and the runtime serves the faster (its rank is by median)."""
+    return (e["backend"], e["device"], e["op"], json.dumps(e["sizes"], sort_keys=True), e["dtype"],
+            e.get("language", ""))
 
 
 def group_key(backend: str, device: str) -> str:
