@@ -320,3 +320,35 @@ def test_retiming_forgives_one_late_start_but_not_two(monkeypatch):
     assert out[0] == [1e-3] * 12  # four of five rounds
     assert isinstance(out[1], str) and "late" in out[1] and "twice" in out[1]
     assert out[2] == [1e-3] * 15
+
+
+def test_the_winners_recheck_leaves_no_reference_in_memory_for_a_kernel_to_copy():
+    """A kernel can read any memory of its device: one that computes a row of the answer and
+    then looks for a float64 tensor starting with that row finds the reference of a check made
+    before its call, and passes by copying it. The winner's recheck makes its reference only
+    after the kernel returned: there is nothing to find."""
+    import gc
+
+    from tuner.backends.null import NullBackend
+    op = load_op(builtin_spec("softmax", "64x128"))
+    backend = NullBackend()
+
+    def copier(args):
+        x, y = args
+        row = op.reference([x[:1].double()])[0]
+        for t in gc.get_objects():
+            if (type(t) is torch.Tensor and t.dtype == torch.float64 and t.shape == y.shape
+                    and torch.allclose(t[:1], row, rtol=0, atol=1e-12)):
+                y.copy_(t)
+                return
+
+    seed = 4242
+    assert measure.check(backend, copier, op, seed, measure._reference(op, seed))[0] is None  # copied
+    why = measure._check_reference_after(backend, copier, op, seed + 1)[0]
+    assert why is not None and "output" in why
+
+    def honest(args):
+        x, y = args
+        y.copy_(op.reference([x.double()])[0])
+
+    assert measure._check_reference_after(backend, honest, op, seed + 2)[0] is None

@@ -286,6 +286,37 @@ def _check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | 
     return bufs.verdict()
 
 
+def _check_reference_after(backend, kernel, op: Op, seed: int) -> tuple[str | None, float, float]:
+    """A check whose reference does not exist while the kernel runs. On a GPU a kernel can read
+    any device memory: the references of the pooled sets sit there, and a kernel that found
+    the one for its inputs could copy it instead of computing. Here the inputs are new, the
+    outputs are allocated from the op's shapes, and the float64 reference is made from the
+    untouched inputs after the kernel has returned."""
+    import torch
+
+    from tuner.core.ops import arg_specs
+    where = backend.data_device()
+    host = None if where is not None else op.make_inputs(seed)
+    xs = op.make_inputs(seed, where) if where is not None else [backend.to_device(x.clone()) for x in host]
+    if not backend.isolated_kernels:
+        for t in xs:
+            t._tuner_digest = _digest(t)
+    on_host = where is None and getattr(backend, "verify_on_host", False)
+    ref_device = xs[0].device if xs else (where or "cpu")  # the outputs go beside the inputs
+    _, outs = arg_specs(op)
+    placeholders = [torch.empty(shape, dtype=torch.float64 if dt.is_floating_point else dt, device=ref_device)
+                    for shape, dt in outs]
+    bufs = _BufferSet(backend, op, xs, placeholders)
+    try:
+        backend.launch_checked(kernel, bufs.args)
+    except HostCompute as e:
+        return str(e), 0.0, 0.0
+    backend.sync()
+    ref = _reference_of(op, xs) if host is None else _reference_of(op, host)
+    bufs.ref = ref if on_host or host is None else [backend.to_device(r) for r in ref]
+    return bufs.verdict()
+
+
 class _BufferSet:
     """One set of guarded buffers for the kernel: inputs copied from `pristine`, outputs
     poisoned; `verdict` says whether the last call on them did the work (and poisons the
@@ -673,12 +704,13 @@ def time_reference(backend, spec: OpSpec, settings: Settings) -> list[float]:
 
 
 def recheck(backend, artifact: str, spec: OpSpec) -> str | None:
-    """One more verification on brand-new inputs (for the winner); the reason it fails, or None."""
+    """One more verification on brand-new inputs (for the winner); the reason it fails, or None.
+    Its reference is made only after the kernel has run (`_check_reference_after`)."""
     op = load_op(spec)
     kernel = backend.load(artifact, op)
     seed = _rng.randrange(1, 2**31)
     try:
-        why, _, _ = check(backend, kernel, op, seed, _reference(op, seed, backend.data_device()))
+        why, _, _ = _check_reference_after(backend, kernel, op, seed)
     except (OutsideKill, BackendUnavailable):
         raise
     except Exception as e:  # its process died under it (cpu), a launch error
