@@ -31,11 +31,7 @@ def add_cli(sub) -> None:
 
     v = sub.add_parser("verify", help="the model with the tuned kernels swapped in against the model as it is: "
                                       "outputs and end-to-end latency, side by side")
-    v.add_argument("model", help="the model file (as for tuner profile)")
-    v.add_argument("--db", required=True, help="an exported tuning.json (tuner export --db ...) or a tuning "
-                   "database (tuning-db.json)")
-    v.add_argument("--device", choices=("cpu", "cuda", "npu"), help="default: cuda if usable, else cpu")
-    v.add_argument("--dtype", help="cast the model and its floating inputs (default: fp32)")
+    _patched_model_args(v, "fp32")
     v.add_argument("--rounds", type=int, default=20, help="timed calls of each variant, interleaved (default 20)")
     v.add_argument("--no-compile", action="store_true", help="leave torch.compile out of the comparison")
     v.add_argument("--json", action="store_true")
@@ -43,14 +39,20 @@ def add_cli(sub) -> None:
 
     r = sub.add_parser("run", help="run a model with the tuned kernels swapped in: its forward time and what "
                                    "served each operator call")
-    r.add_argument("model", help="the model file (as for tuner profile)")
-    r.add_argument("--db", required=True, help="an exported tuning.json or a tuning database (tuning-db.json)")
-    r.add_argument("--device", choices=("cpu", "cuda", "npu"), help="default: cuda if usable, else cpu")
-    r.add_argument("--dtype", help="cast the model and its floating inputs (default: as built)")
+    _patched_model_args(r, "as built")
     r.add_argument("--iterations", type=int, default=10, help="timed forwards after the first (default 10)")
     r.add_argument("--save", metavar="OUT.pt", help="write the last forward's outputs there (torch.save)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(fn=cmd_run)
+
+
+def _patched_model_args(p, dtype_default: str) -> None:
+    """The arguments `verify` and `run` share: the model, its table, where and in what dtype."""
+    p.add_argument("model", help="the model file (as for tuner profile)")
+    p.add_argument("--db", required=True, help="an exported tuning.json (tuner export --db ...) or a tuning "
+                   "database (tuning-db.json)")
+    p.add_argument("--device", choices=("cpu", "cuda", "npu"), help="default: cuda if usable, else cpu")
+    p.add_argument("--dtype", help=f"cast the model and its floating inputs (default: {dtype_default})")
 
 
 def cmd_profile(args) -> int:

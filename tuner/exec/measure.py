@@ -278,12 +278,18 @@ def check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | N
 def _check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | None, float, float]:
     pristine, ref_dev = _device_set(backend, op, seed, ref)
     bufs = _BufferSet(backend, op, pristine, ref_dev)
+    refused = _launch_once(backend, kernel, bufs)
+    return (refused, 0.0, 0.0) if refused else bufs.verdict()
+
+
+def _launch_once(backend, kernel, bufs: "_BufferSet") -> str | None:
+    """One checked call on `bufs`, waited for; why it was refused (host compute), or None."""
     try:
         backend.launch_checked(kernel, bufs.args)
     except HostCompute as e:
-        return str(e), 0.0, 0.0
+        return str(e)
     backend.sync()
-    return bufs.verdict()
+    return None
 
 
 def _check_reference_after(backend, kernel, op: Op, seed: int) -> tuple[str | None, float, float]:
@@ -307,11 +313,9 @@ def _check_reference_after(backend, kernel, op: Op, seed: int) -> tuple[str | No
     placeholders = [torch.empty(shape, dtype=torch.float64 if dt.is_floating_point else dt, device=ref_device)
                     for shape, dt in outs]
     bufs = _BufferSet(backend, op, xs, placeholders)
-    try:
-        backend.launch_checked(kernel, bufs.args)
-    except HostCompute as e:
-        return str(e), 0.0, 0.0
-    backend.sync()
+    refused = _launch_once(backend, kernel, bufs)
+    if refused:
+        return refused, 0.0, 0.0
     ref = _reference_of(op, xs) if host is None else _reference_of(op, host)
     bufs.ref = ref if on_host or host is None else [backend.to_device(r) for r in ref]
     return bufs.verdict()
