@@ -557,6 +557,26 @@ def bench(backend, fn: Callable[[], None], settings: Settings, best_s: float | N
     return samples, False
 
 
+def _bench_forgiving_one_late_start(backend, rotation, settings: Settings, best_s: float | None):
+    """bench() on a rotation, run once more after a pause when its kernel's process began its
+    calls late (ClockMismatch): a loaded machine delays a process's wake-up as a kernel that goes
+    on working after it answered does (an honest 9 us C kernel's calls began 260 us late on a
+    2-core machine under a test suite). The first round's samples are dropped; only a second
+    late round counts against the kernel. A kernel that answers early gains only if it does so
+    on most calls, and then it is late in both rounds."""
+    try:
+        return bench(backend, rotation.call, settings, best_s, rotation.verify)
+    except ClockMismatch:
+        time.sleep(_LATE_PAUSE_S)
+    try:
+        return bench(backend, rotation.call, settings, best_s, rotation.verify)
+    except ClockMismatch as e:
+        raise ClockMismatch(f"{e} (in two rounds of timing)") from None
+
+
+_LATE_PAUSE_S = 0.1  # between the two rounds: long enough for a passing load to pass
+
+
 _PRECISE_MIN = 32  # samples before the spread is trusted to say the median is known
 
 
@@ -612,7 +632,7 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
                                    detail=f"{why} (input seed {seed})")
         rotation = _Rotation(backend, kernel, op)
         t2 = time.perf_counter()
-        samples, stopped = bench(backend, rotation.call, settings, best_s, rotation.verify)
+        samples, stopped = _bench_forgiving_one_late_start(backend, rotation, settings, best_s)
         rotation.decoy_round()
         TIMES["reps"] += len(samples)
         median = max(statistics.median(samples), 1e-12)  # 0 s is suspect, not a division by zero
