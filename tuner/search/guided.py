@@ -55,7 +55,11 @@ fewer evaluations. Each ask:
   GP on 200 points cost ~0.8 s an ask; the search barely looks beyond a few steps of the
   incumbent anyway.
 * **Start.** The caller enqueues the space's default and any warm starts or proposer picks;
-  they come first. With nothing timed yet, candidates spread out away from failures.
+  they come first. With nothing timed yet, candidates spread out away from failures. Then,
+  without a prior, each value of a switch (a boolean, an unordered choice, an 'off' 0) that
+  no config has had yet is tried as a move from the incumbent (`screen`): a switch often
+  selects the kernel's regime (one pass or looped, persistent or not), which the model alone
+  tries late.
 
 The sampler keeps no state of its own (only caches): the history is re-read from the study
 on each ask, so a resumed run continues where its records say it is.
