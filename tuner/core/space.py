@@ -209,27 +209,39 @@ class Space:
         `guided.GuidedSearch`)."""
         current = config.as_dict()
         v = self.violation(config, context, limits)
+        free = [p for p in self.params if p.name not in keep and len(p.values) > 1]
         for _ in range(max_steps):
             if v == 0.0:
                 return Config.of(current)
-            best = None
-            for p in self.params:
-                if p.name in keep:
-                    continue
-                i = p.values.index(current[p.name]) if current[p.name] in p.values else 0
-                for j, value in enumerate(p.values):
-                    if j == i:
-                        continue
-                    trial = Config.of({**current, p.name: value})
-                    tv = self.violation(trial, context, limits)
-                    key = (tv, abs(j - i))
-                    if tv < v and (best is None or key < best[0]):
-                        best = (key, p.name, value)
+            moves = [((p.name, value, abs(j - self._at(p, current))),) for p in free
+                     for j, value in enumerate(p.values) if value != current[p.name]]
+            best = self._best_move(moves, current, v, context, limits)
+            if best is None:
+                # No single move helps: two coupled ones may (a one-pass kernel needs its block
+                # up to the row and, for the registers that takes, the rows per program down).
+                pairs = [a + b for k, a in enumerate(moves) for b in moves[k + 1:] if a[0][0] != b[0][0]]
+                best = self._best_move(pairs, current, v, context, limits)
             if best is None:
                 return None
-            current[best[1]] = best[2]
-            v = best[0][0]
+            (v, _), move = best
+            current.update({name: value for name, value, _ in move})
         return Config.of(current) if v == 0.0 else None
+
+    @staticmethod
+    def _at(p: Param, current: dict[str, Any]) -> int:
+        return p.values.index(current[p.name]) if current[p.name] in p.values else 0
+
+    def _best_move(self, moves: list[tuple], current: dict[str, Any], v: float, context: dict[str, Any],
+                   limits: dict[str, float] | None) -> tuple | None:
+        """The move (one or more (param, value, steps)) that most reduces the violation below
+        `v`, the smallest on a tie; None when none reduces it."""
+        best = None
+        for move in moves:
+            trial = Config.of({**current, **{name: value for name, value, _ in move}})
+            key = (self.violation(trial, context, limits), sum(d for _, _, d in move))
+            if key[0] < v and (best is None or key < best[0]):
+                best = (key, move)
+        return best
 
     # ---- serialisation -------------------------------------------------------------------
 

@@ -57,7 +57,7 @@ fewer evaluations. Each ask:
 * **Start.** The caller enqueues the space's default and any warm starts or proposer picks;
   they come first. With nothing timed yet, candidates spread out away from failures. Then,
   without a prior, each value of a switch (a boolean, an unordered choice, an 'off' 0) that
-  no config has had yet is tried as a move from the incumbent (`screen`): a switch often
+  no config has had yet is tried, flipped from the start (`screen`): a switch often
   selects the kernel's regime (one pass or looped, persistent or not), which the model alone
   tries late.
 
@@ -169,8 +169,9 @@ class GuidedSearch:
       them (`tuner.search.prior`); `prior_weight` x the sources' coverage is where their
       weight starts before the timings fit it.
     * `screen`: the switches (booleans, unordered choices, an 'off' 0: the values that are a
-      feature of their own) are each tried once as a move from the incumbent before the model
-      picks, when the space has at most this many such values besides the start's (0: off).
+      feature of their own) are each tried once, flipped from the first config timed, before
+      the model picks, when the space has at most this many such values besides the start's
+      (0: off; see `_screen`).
       The model alone flips a switch late: its features are far from everything timed, so
       it predicts the timings' average there, while the slopes it learned along the ordered
       params promise more (a one-pass softmax, a non-persistent cross-entropy: the optimum's
@@ -360,7 +361,10 @@ class GuidedSearch:
             rescues, cliffs = self._rescues(ranked[0][0], done, hard)
             fixed, moves = np.concatenate([fixed, rescues]), np.concatenate([moves, cliffs])
         if ok and self.opt.screen and self._prior is None:  # a prior already rates the switches
-            flip = self._screen(np.array(seen_idx), seen, ranked[0][0], rng)
+            real = {tuple(h) for h in hard}
+            timed = [i for i, y in done if y is not None or tuple(i) not in real] + list(pending)
+            flip = self._screen(np.array(timed), np.array(hard).reshape(len(hard), len(enc.params)), seen,
+                                (ok[0][0], ranked[0][0]), rng)
             if flip is not None:
                 return flip
         completed = np.unique(fixed)
@@ -426,32 +430,40 @@ class GuidedSearch:
         return [(j, v) for j, n in enumerate(enc.n_values) if n > 1 and not enc.ordered[j] for v in range(n)] + \
             [(j, 0) for j in range(len(enc.params)) if enc.zero[j]]
 
-    def _screen(self, seen_idx: np.ndarray, seen: np.ndarray, incumbent: Sequence[int],
+    def _screen(self, timed: np.ndarray, failed: np.ndarray, seen: np.ndarray, bases: Sequence[Sequence[int]],
                 rng: np.random.Generator) -> tuple[int, ...] | None:
-        """The incumbent with one switch value that no config seen so far had (see `screen` in
-        the class notes), completed by `repair` when the formulas reject the move; None when
-        none is left to try, or the space has more than `screen` of them to try."""
+        """The first of `bases` (the first config timed, then the incumbent) with one switch
+        value that is still untried (see `screen` in the class notes), completed by `repair`
+        when the formulas reject the move; None when none is left to try, or the space has more
+        than `screen` switch values besides the start's. Each switch flipped from the same
+        start (one factor at a time) gives the model each one's effect from one base: flipped
+        from a moving incumbent, the first flip that helps leads the rest into its regime (a
+        one-pass cross-entropy at 1.4x the optimum, where not persistent was the way).
+        Untried: in no config `timed` (or in flight), and in fewer than two that `failed` (a
+        default the formulas reject at this shape says nothing of its switches' speed; two
+        failures say the value does not work here)."""
         switches = self._switches()
-        params = {j for j, _ in switches}
-        # Untried beyond the start's own values: the space's count, not the history's, so that the
-        # decision is the same on every ask.
-        if not switches or len(switches) - len(params) > self.opt.screen:
+        unordered = {j for j, _ in switches if not self.enc.ordered[j]}
+        # The space's count, not the history's, so that the decision is the same on every ask.
+        if not switches or len(switches) - len(unordered) > self.opt.screen:
             return None
-        untried = [(j, v) for j, v in switches if not (seen_idx[:, j] == v).any()]
+        untried = [(j, v) for j, v in switches
+                   if not (timed[:, j] == v).any() and (failed[:, j] == v).sum() < 2]
         taken = set(int(f) for f in seen)
-        for k in rng.permutation(len(untried)):
-            j, v = untried[k]
-            idx = np.array(incumbent, dtype=np.int64)
-            idx[j] = v
-            if not self._valid(int(self.enc.flat(idx[None])[0])):
-                fixed = self.repair(self.enc.config(idx), keep=(self.enc.params[j].name,)) if self.repair else None
-                got = self.enc.index(fixed) if fixed is not None else None
-                if got is None or got[j] != v:
-                    continue
-                idx = np.array(got, dtype=np.int64)
-            flat = int(self.enc.flat(idx[None])[0])
-            if flat not in taken and self._valid(flat):
-                return tuple(int(x) for x in idx)
+        for base in bases:
+            for k in rng.permutation(len(untried)):
+                j, v = untried[k]
+                idx = np.array(base, dtype=np.int64)
+                idx[j] = v
+                if not self._valid(int(self.enc.flat(idx[None])[0])):
+                    fixed = self.repair(self.enc.config(idx), keep=(self.enc.params[j].name,)) if self.repair else None
+                    got = self.enc.index(fixed) if fixed is not None else None
+                    if got is None or got[j] != v:
+                        continue
+                    idx = np.array(got, dtype=np.int64)
+                flat = int(self.enc.flat(idx[None])[0])
+                if flat not in taken and self._valid(flat):
+                    return tuple(int(x) for x in idx)
         return None
 
     def _stalled(self, ok: list, in_flight: int = 0) -> bool:
