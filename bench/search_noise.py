@@ -13,6 +13,11 @@ median and worst true gap of the named winner, the median and p90 evaluations un
 truly within 3 % was evaluated, and the configs re-timed at the end.
 
     python bench/search_noise.py [--seeds 20] [--budget 40] [--noise 0.03,0.01] [--jobs 2]
+        [--strategies guided,tpe,random,kt:dual_annealing,...]
+
+`kt:NAME` replays Kernel Tuner's strategy NAME through its cache-file simulation mode under the
+same noise (`pip install -e .[bench]`). With guided among the strategies, a last table checks
+the search-reliability targets per landscape against the best of the others.
 """
 
 from __future__ import annotations
