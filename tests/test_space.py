@@ -168,3 +168,17 @@ def test_promising_configs_are_completed_repaired_at_this_shape_and_kept_in_the_
     from tuner.core.space import Space
     assert Space.from_json(s.to_json()).promising_configs(ctx) == promising
     assert parse_space(GOOD).promising_configs(ctx) == []
+
+
+def test_repair_makes_two_coupled_moves_when_no_single_move_helps():
+    """A one-pass kernel needs its block as long as the row and, for the registers that takes,
+    fewer rows per program: neither change alone brings the config closer to valid, and a
+    one-param-at-a-time repair gave up (the guided search's completion of a switch flip, and a
+    default the formulas reject, then had nowhere to go)."""
+    from tuner.core.values import Config
+    sp = parse_space("params:\n  A: [1, 2, 4, 8]\n  B: [1, 2, 4, 8]\n  C: [1, 2]\n"
+                     "constraints:\n  - A == B\n  - A >= 4 or C == 9\n")
+    start = Config.of({"A": 1, "B": 1, "C": 1})
+    assert all(sp.violation(Config.of({**start.as_dict(), "A": a}), {}) >= sp.violation(start, {}) for a in (2, 4, 8))
+    assert sp.repair(start, {}) == Config.of({"A": 4, "B": 4, "C": 1})
+    assert sp.repair(start, {}, keep=("B",)) is None  # B held at 1: A == B and A >= 4 cannot both hold
