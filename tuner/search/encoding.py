@@ -25,7 +25,8 @@ from tuner.core.values import Config
 class Encoding:
     """Configs <-> value-index vectors <-> model features."""
 
-    def __init__(self, space: Space):
+    def __init__(self, space: Space, off_switch: bool = True):
+        """`off_switch`: read a 0 before a geometric run as an 'off' switch (see the module notes)."""
         self.space = space
         # Ordered params count through their sorted values, whatever order the space lists them.
         self.params = tuple(type(p)(p.name, tuple(sorted(p.values)), p.log) if p.ordered else p
@@ -34,7 +35,8 @@ class Encoding:
         self.ordered = np.array([p.ordered for p in self.params])
         # 0 before a geometric run (PROGS_PER_SM 0, 1, 2, 4 ...) is an 'off' switch: its own
         # choice next to the ordinal, one step from every other value.
-        self.zero = np.array([p.ordered and _zero_then_geometric(p.values) for p in self.params])
+        self.zero = np.array([off_switch and p.ordered and _zero_then_geometric(p.values) for p in self.params],
+                             dtype=bool)
         self._index = [{_vkey(v): i for i, v in enumerate(p.values)} for p in self.params]
         cols: list[tuple[int, int | str | None]] = []  # (param, category, "zero" or None)
         for j, p in enumerate(self.params):

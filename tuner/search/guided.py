@@ -126,6 +126,7 @@ class GuidedOptions:
     promise: bool = True
     prior_weight: float = 0.25
     screen: int = 6
+    off_switch: bool = True
 
 
 class GuidedSearch:
@@ -176,6 +177,8 @@ class GuidedSearch:
       it predicts the timings' average there, while the slopes it learned along the ordered
       params promise more (a one-pass softmax, a non-persistent cross-entropy: the optimum's
       regime, found after 30-40 evaluations from a start in the other).
+    * `off_switch`: a 0 before a geometric run (PROGS_PER_SM 0, 1, 2, 4) is an 'off' switch
+      of its own (`tuner.search.encoding`); False: the run's next point down.
     * `rescue`: rescues tried at most per cliff next to the incumbent (see the module notes;
       0: off). Only ordered params rescue, and only cliffs, not hard failures (left to the
       failure model, which learns which way is feasible).
@@ -185,10 +188,10 @@ class GuidedSearch:
                  repair: Callable[..., Config | None] | None = None,
                  prior: Sequence[Mapping[Any, float | None]] = (), **options: Any):
         """`options`: the knobs of `GuidedOptions` by name (a name it lacks is a TypeError)."""
-        self.enc = Encoding(space)
+        self.opt = GuidedOptions(**options)
+        self.enc = Encoding(space, self.opt.off_switch)
         self.check = check
         self.repair = repair
-        self.opt = GuidedOptions(**options)
         # After an ask that used the model: the largest expected improvement among the configs
         # it weighed, as a fraction of the best time (what a stop is explained with); None
         # before the model is used.
