@@ -19,6 +19,10 @@ import yaml
 from tuner.core import expr as _expr
 from tuner.core.values import Config
 
+# Pairs of moves `Space.repair` tries at most at a step where no single move helps (each costs one
+# evaluation of the formulas: ~20 us).
+_REPAIR_PAIRS = 2000
+
 # Names a space may read besides its params, its declared sizes and its resources.
 CONTEXT_NAMES = frozenset({"DTYPE_BYTES", "CORES"})
 MAX_PARAM_VALUES = 4096
@@ -220,7 +224,8 @@ class Space:
                 # No single move helps: two coupled ones may (a one-pass kernel needs its block
                 # up to the row and, for the registers that takes, the rows per program down).
                 pairs = [a + b for k, a in enumerate(moves) for b in moves[k + 1:] if a[0][0] != b[0][0]]
-                best = self._best_move(pairs, current, v, context, limits)
+                pairs.sort(key=lambda m: m[0][2] + m[1][2])  # the smallest first: a bounded cost
+                best = self._best_move(pairs[:_REPAIR_PAIRS], current, v, context, limits)
             if best is None:
                 return None
             (v, _), move = best
