@@ -359,7 +359,7 @@ def test_a_measurement_forgives_one_late_round_of_timing_but_not_two(fast_settin
     m = measure.measure(host, "-", builtin_spec("softmax", "16x64", "fp32"), fast_settings)
     assert m.status.value == status, m.detail
     if status == "SUSPECT":
-        assert "two rounds" in m.detail
+        assert "two rounds of timing" in m.detail
     else:
         assert len(m.samples) == 5
 
@@ -394,3 +394,46 @@ def test_the_winners_recheck_leaves_no_reference_in_memory_for_a_kernel_to_copy(
         y.copy_(op.reference([x.double()])[0])
 
     assert measure._check_reference_after(backend, honest, op, seed + 2)[0] is None
+
+
+def test_checks_and_the_winners_recheck_forgive_one_late_start_too(fast_settings, monkeypatch):
+    """Every call of a C kernel's host feeds the late-start window, the checks' calls too: a
+    loaded machine can trip it in a check as in the timing. One late round of checks is
+    checked again (the recheck on new inputs: none the kernel was called on); two are the
+    kernel's."""
+    from tuner.backends.base import ClockMismatch
+    monkeypatch.setattr(measure, "_LATE_PAUSE_S", 0.0)
+    spec = builtin_spec("softmax", "16x64", "fp32")
+
+    class LateLaunches(HostBackend):
+        def __init__(self, late):
+            self.late, self.calls, self.inputs = late, 0, []
+
+        def load(self, artifact, op):
+            return softmax_kernel
+
+        def launch(self, kernel, args):
+            self.calls += 1
+            self.inputs.append(args[0].clone())
+            if self.calls in self.late:
+                raise ClockMismatch("the kernel's process began its calls late")
+            kernel(*args)
+
+        launch_checked = launch
+
+        def time_call(self, fn):
+            import time as _time
+            t0 = _time.perf_counter()
+            fn()
+            return _time.perf_counter() - t0
+
+        def time_calls(self, fn, n):
+            return [self.time_call(fn) for _ in range(n)]
+
+    assert measure.measure(LateLaunches({1}), "-", spec, fast_settings).status.value == "OK"
+    twice = measure.measure(LateLaunches({1, 2}), "-", spec, fast_settings)
+    assert twice.status.value == "SUSPECT" and "two rounds of checks" in twice.detail
+    once = LateLaunches({1})
+    assert measure.recheck(once, "-", spec) is None
+    assert not torch.equal(once.inputs[0], once.inputs[1])  # the second round's inputs are new
+    assert "two rounds of checks" in measure.recheck(LateLaunches({1, 2}), "-", spec)

@@ -557,21 +557,22 @@ def bench(backend, fn: Callable[[], None], settings: Settings, best_s: float | N
     return samples, False
 
 
-def _bench_forgiving_one_late_start(backend, rotation, settings: Settings, best_s: float | None):
-    """bench() on a rotation, run once more after a pause when its kernel's process began its
-    calls late (ClockMismatch): a loaded machine delays a process's wake-up as a kernel that goes
-    on working after it answered does (an honest 9 us C kernel's calls began 260 us late on a
-    2-core machine under a test suite). The first round's samples are dropped; only a second
-    late round counts against the kernel. A kernel that answers early gains only if it does so
-    on most calls, and then it is late in both rounds."""
+def _forgiving_one_late_start(what: str, step: Callable[[], Any]) -> Any:
+    """`step()` (calls of a kernel: its checks, its timing, its calls on fresh buffers), run once
+    more after a pause when its kernel's process began its calls late (ClockMismatch): a loaded
+    machine delays a process's wake-up as a kernel that goes on working after it answered does
+    (an honest 9 us C kernel's calls began 260 us late on a 2-core machine under a test suite).
+    What the first round measured is dropped; only a second late round counts against the
+    kernel. A kernel that answers early gains only if it does so on most calls, and then it is
+    late in both rounds."""
     try:
-        return bench(backend, rotation.call, settings, best_s, rotation.verify)
+        return step()
     except ClockMismatch:
         time.sleep(_LATE_PAUSE_S)
     try:
-        return bench(backend, rotation.call, settings, best_s, rotation.verify)
+        return step()
     except ClockMismatch as e:
-        raise ClockMismatch(f"{e} (in two rounds of timing)") from None
+        raise ClockMismatch(f"{e} (in two rounds of {what})") from None
 
 
 _LATE_PAUSE_S = 0.1  # between the two rounds: long enough for a passing load to pass
@@ -625,18 +626,20 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
     t2 = None  # when timing began
     try:
         for seed, ref in _rng.sample(_pooled(op, backend), 2):
-            why, a, r = check(backend, kernel, op, seed, ref)
+            why, a, r = _forgiving_one_late_start("checks", lambda: check(backend, kernel, op, seed, ref))
             max_abs, max_rel = max(max_abs, a), max(max_rel, r)
             if why:
                 return Measurement(Status.WRONG_RESULT, max_abs_err=a, max_rel_err=r,
                                    detail=f"{why} (input seed {seed})")
         rotation = _Rotation(backend, kernel, op)
         t2 = time.perf_counter()
-        samples, stopped = _bench_forgiving_one_late_start(backend, rotation, settings, best_s)
+        samples, stopped = _forgiving_one_late_start(
+            "timing", lambda: bench(backend, rotation.call, settings, best_s, rotation.verify))
         rotation.decoy_round()
         TIMES["reps"] += len(samples)
         median = max(statistics.median(samples), 1e-12)  # 0 s is suspect, not a division by zero
-        history = None if stopped else _history(backend, kernel, op, rotation, median)
+        history = None if stopped else _forgiving_one_late_start(
+            "calls on fresh buffers", lambda: _history(backend, kernel, op, rotation, median))
     except Caught as e:
         return Measurement(Status.WRONG_RESULT, max_abs_err=max_abs, max_rel_err=max_rel, detail=str(e))
     except ClockMismatch as e:
@@ -732,9 +735,10 @@ def recheck(backend, artifact: str, spec: OpSpec) -> str | None:
     Its reference is made only after the kernel has run (`_check_reference_after`)."""
     op = load_op(spec)
     kernel = backend.load(artifact, op)
-    seed = _rng.randrange(1, 2**31)
     try:
-        why, _, _ = _check_reference_after(backend, kernel, op, seed)
+        # A second round draws new inputs too: none the kernel has been called on.
+        why, _, _ = _forgiving_one_late_start(
+            "checks", lambda: _check_reference_after(backend, kernel, op, _rng.randrange(1, 2**31)))
     except (OutsideKill, BackendUnavailable):
         raise
     except Exception as e:  # its process died under it (cpu), a launch error
