@@ -1,5 +1,7 @@
 """The verification pool: input sets and references kept per op, on the device too."""
 
+import time
+
 import pytest
 import torch
 
@@ -31,6 +33,18 @@ class HostBackend:
 
     def data_device(self):
         return None
+
+
+class HostClock(HostBackend):
+    """HostBackend timed by the host's clock around each call."""
+
+    def time_call(self, fn):
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    def time_calls(self, fn, n):
+        return [self.time_call(fn) for _ in range(n)]
 
 
 class DeviceMadeBackend(HostBackend):
@@ -215,22 +229,12 @@ def test_cpu_ceilings_are_measured_at_every_run_and_the_highest_is_kept(tmp_path
 def test_each_measurement_counts_where_its_time_went(fast_settings, monkeypatch):
     """The breakdown a sweep's device actors report (load / verify / time): a candidate that
     fails its check adds to the verifying share only; one that passes, to both."""
-    import time as _time
-
-    class TimedHost(HostBackend):
+    class TimedHost(HostClock):
         def __init__(self, kernel):
             self.kernel = kernel
 
         def load(self, artifact, op):
             return self.kernel
-
-        def time_call(self, fn):
-            t0 = _time.perf_counter()
-            fn()
-            return _time.perf_counter() - t0
-
-        def time_calls(self, fn, n):
-            return [self.time_call(fn) for _ in range(n)]
 
     monkeypatch.setattr(measure, "TIMES", {k: 0 for k in measure.TIMES})
     spec = builtin_spec("softmax", "16x64", "fp32")
@@ -329,24 +333,14 @@ def test_a_measurement_forgives_one_late_round_of_timing_but_not_two(fast_settin
     kernel process's wake-up as a kernel that works on after it answered does (an honest 9 us C
     kernel was recorded SUSPECT under a test suite on a 2-core machine). One late round is
     dropped and timed again; a second is the kernel's."""
-    import time as _time
-
     from tuner.backends.base import ClockMismatch
     monkeypatch.setattr(measure, "_LATE_PAUSE_S", 0.0)
 
-    class LateHost(HostBackend):
+    class LateHost(HostClock):
         rounds = 0
 
         def load(self, artifact, op):
             return softmax_kernel
-
-        def time_call(self, fn):
-            t0 = _time.perf_counter()
-            fn()
-            return _time.perf_counter() - t0
-
-        def time_calls(self, fn, n):
-            return [self.time_call(fn) for _ in range(n)]
 
     def bench(backend, fn, settings, best_s=None, between=None):
         backend.rounds += 1
@@ -405,7 +399,7 @@ def test_checks_and_the_winners_recheck_forgive_one_late_start_too(fast_settings
     monkeypatch.setattr(measure, "_LATE_PAUSE_S", 0.0)
     spec = builtin_spec("softmax", "16x64", "fp32")
 
-    class LateLaunches(HostBackend):
+    class LateLaunches(HostClock):
         def __init__(self, late):
             self.late, self.calls, self.inputs = late, 0, []
 
@@ -420,15 +414,6 @@ def test_checks_and_the_winners_recheck_forgive_one_late_start_too(fast_settings
             kernel(*args)
 
         launch_checked = launch
-
-        def time_call(self, fn):
-            import time as _time
-            t0 = _time.perf_counter()
-            fn()
-            return _time.perf_counter() - t0
-
-        def time_calls(self, fn, n):
-            return [self.time_call(fn) for _ in range(n)]
 
     assert measure.measure(LateLaunches({1}), "-", spec, fast_settings).status.value == "OK"
     twice = measure.measure(LateLaunches({1, 2}), "-", spec, fast_settings)
