@@ -9,11 +9,16 @@ with its own flush and events, waited for once), against the ceiling the run mea
 memory-bound ops, and a copy of the op's own byte count timed in the same interleave; the
 cuBLAS bf16 rate for matmul and attention).
 
+`seeds`: the default search once per seed (--seeds, default 5) per case; every seed's winner,
+torch.compile, Liger and a copy of the op's bytes timed in one interleave: the spread a user
+sees running the same command twice.
+
 `autotune`: tuning wall time on the 202-config matmul space of bench/triton_matmul202.yaml at
 4096^3 bf16: the tuner (every config, grid; and TPE with a budget) against @triton.autotune
 over the same config list (serial compile, then do_bench per config), each with a cold cache.
 
     python bench/gpu_bench.py ops [--ops softmax,matmul] [--cases matmul:16x14336x4096] [--budget 40] [--out DIR]
+    python bench/gpu_bench.py seeds [--cases softmax:8192x8192] [--seeds 5] [--budget 40]
     python bench/gpu_bench.py autotune [--part autotune|grid|tpe|winners] [--compile-workers N] [--out DIR]
 
 Writes <out>/gpu_<what>.json (rows appended as they finish) and prints a markdown table.
@@ -105,13 +110,13 @@ def liger_fn(op_name: str, xs: list):
     return None
 
 
-def tune_one(op_name: str, shape: str, language: str, budget: int, out: Path, row: dict):
+def tune_one(op_name: str, shape: str, language: str, budget: int, out: Path, row: dict, seed: int = 0):
     """A tuning run of the library's `language` skeleton; the winner's launch function loaded
     here, or None (the reason in row)."""
     from tuner.backends.cuda import CudaBackend
     settings = settings_for(out)
     spec = builtin_spec(op_name, shape, "bf16")
-    store = create_run(settings, spec, "cuda", library_skeleton(op_name, language), seed=0,
+    store = create_run(settings, spec, "cuda", library_skeleton(op_name, language), seed=seed,
                        command=f"bench/gpu_bench.py ops {op_name} {shape} ({language})",
                        extra={"backend_options": {"language": language}} if language != "triton" else None)
     t0 = time.monotonic()
@@ -270,6 +275,75 @@ def print_ops_table(rows: list) -> None:
               f"{pct if pct is not None else '-'} | {r.get('trials')}/{r.get('cuda_trials', '-')} |")
 
 
+# ---- the same command with five seeds --------------------------------------------------
+
+def cmd_seeds(args) -> None:
+    """Per case: the default search (guided, --budget trials, Triton) once per seed, then every
+    seed's winner, torch.compile, Liger and a copy of the op's bytes timed in one interleave.
+    The spread is what a user sees running the same command twice; "worst vs best" compares
+    the worst seed's winner with the best any seed found, in the same interleave."""
+    import torch
+
+    from tuner.backends.cuda import CudaBackend
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for case in args.cases.split(","):
+        op_name, shape = case.split(":", 1)
+        row = {"op": op_name, "shape": shape, "budget": args.budget, "seeds": {}}
+        kernels = {}
+        for seed in range(args.seeds):
+            info: dict = {}
+            try:
+                k = tune_one(op_name, shape, "triton", args.budget, out / f"{op_name}_{shape}_{seed}", info, seed)
+            except Exception as e:  # noqa: BLE001 - one seed's failure is a row, not a lost run
+                info["error"] = f"{type(e).__name__}: {e}"[:300]
+                k = None
+            row["seeds"][seed] = {k2: info[k2] for k2 in ("config", "tune_wall_s", "trials", "error") if k2 in info}
+            if k is not None:
+                kernels[f"seed {seed}"] = k
+        spec = builtin_spec(op_name, shape, "bf16")
+        op = load_op(spec)
+        backend = CudaBackend(0, cache_dir=str(out / "cache"))
+        host = op.make_inputs(12345)
+        xs = [backend.to_device(x) for x in host]
+        outs = [torch.empty(o.shape, dtype=xs[0].dtype, device="cuda") for o in
+                op.reference([x.to("meta", torch.float64) if x.is_floating_point() else x.to("meta") for x in host])]
+        fns = {name: (lambda k: lambda: k(*xs, *outs))(k) for name, k in kernels.items()}
+        liger = liger_fn(op_name, xs)
+        if liger is not None:
+            fns["liger"] = liger
+        half = int(op.bytes // 2)
+        src = torch.empty(half, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        fns["copy"] = lambda: dst.copy_(src)
+        torch._dynamo.reset()
+        compiled_fn = torch.compile(lambda *a: op.torch_impl(list(a)), mode="max-autotune-no-cudagraphs", dynamic=False)
+        compiled_fn(*xs)
+        fns["compile"] = lambda: compiled_fn(*xs)
+        t = interleaved(backend, fns, rounds=args.rounds)
+        row["us"] = {k: round(v * 1e6, 2) for k, v in t.items()}
+        ours = [t[k] for k in kernels]
+        if ours:
+            peers = [t[k] for k in ("compile", "liger") if k in t]
+            row["best_seed_us"], row["worst_seed_us"] = round(min(ours) * 1e6, 2), round(max(ours) * 1e6, 2)
+            row["worst_vs_best_pct"] = round(100 * (max(ours) / min(ours) - 1), 2)
+            row["worst_vs_best_peer_pct"] = round(100 * (max(ours) / min(peers) - 1), 2)
+        rows.append(row)
+        (out / "gpu_seeds.json").write_text(json.dumps(rows, indent=1))
+        print(json.dumps(row), flush=True)
+    print(f"\n| op | shape | seeds' winners (us) | worst vs best seed | best peer (us) | worst vs best peer | copy (us) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        if "worst_seed_us" not in r:
+            print(f"| {r['op']} | {r['shape']} | no winner: {json.dumps(r['seeds'])[:200]} |")
+            continue
+        seeds = ", ".join(f"{v:.1f}" for k, v in r["us"].items() if k.startswith("seed"))
+        peer = min((k for k in ("compile", "liger") if k in r["us"]), key=r["us"].get)
+        print(f"| {r['op']} | {r['shape']} | {seeds} | +{r['worst_vs_best_pct']:.1f} % | {r['us'][peer]:.1f} ({peer}) | "
+              f"{r['worst_vs_best_peer_pct']:+.1f} % | {r['us']['copy']:.1f} |")
+
+
 # ---- tuning wall time against @triton.autotune ------------------------------------------
 
 def matmul202():
@@ -409,13 +483,20 @@ def main() -> None:
     o.add_argument("--languages", default="triton,cuda",
                    help="kernel languages tuned where the library has a skeleton (triton always; cuda: CUDA C++)")
     o.set_defaults(fn=cmd_ops)
+    sd = sub.add_parser("seeds", help="the default search with several seeds; the winners timed side by side")
+    sd.add_argument("--cases", default="softmax:8192x8192,layernorm:8192x8192", help="op:shape pairs")
+    sd.add_argument("--seeds", type=int, default=5)
+    sd.add_argument("--budget", type=int, default=40)
+    sd.add_argument("--rounds", type=int, default=10)
+    sd.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
+    sd.set_defaults(fn=cmd_seeds)
     a = sub.add_parser("autotune")
     a.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     a.add_argument("--part", default="all", choices=["all", "autotune", "grid", "tpe", "winners"],
                    help="run one part (each within a command's time limit); parts add to one report; "
                         "winners: the earlier parts' winners timed by both harnesses on one GPU")
     a.set_defaults(fn=cmd_autotune)
-    for sp in (o, a):
+    for sp in (o, a, sd):
         sp.add_argument("--compile-workers", type=int, help="compile processes (default: CPUs - 1)")
     args = p.parse_args()
     global COMPILE_WORKERS

@@ -214,6 +214,41 @@ def test_cuda_cpp_kernels_tune_verify_and_win_through_the_harness(fast_settings,
     assert summary["evaluations"] >= budget
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("which", ["nvrtc", "nvcc"])
+def test_a_cuda_cpp_kernel_is_tuned_exported_and_served(tmp_path, cache_dir, monkeypatch, which):
+    """Each compiler end to end: a CUDA C++ rmsnorm tuned, exported and served by the runtime at
+    the tuned shape and (checked, then served) at a nearer one; the entry served is the CUDA C++
+    one, and its output is rmsnorm's."""
+    import torch
+
+    from tests.test_runtime import exported_runs
+    from tuner.core.settings import Settings
+    from tuner.run.tune import create_run, execute, with_backend_options
+    from tuner.serve.runtime import Table
+    monkeypatch.setenv("TUNER_CUDA_COMPILER", which)
+    try:
+        cuda_source.compiler()
+    except cuda_source.CudaCompileError as e:
+        pytest.skip(str(e))
+    settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.01,
+                        warmup_s=0.0, min_reps=3, max_reps=20)
+    store = create_run(settings, builtin_spec("rmsnorm", "256x1024", "bf16"), "cuda", library_skeleton("rmsnorm", "cuda"),
+                       "guided", 0, extra={"backend_options": {"language": "cuda"}})
+    summary = execute(store, settings, 3, make_evaluator=with_backend_options(None, {"language": "cuda"}))
+    assert summary["best"] is not None, summary["failures"]
+    exported_runs(tmp_path)
+    table = Table.load(tmp_path / "out" / "tuning.json", cache_dir=cache_dir)
+    w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    for rows in (256, 300):
+        x = torch.randn(rows, 1024, device="cuda", dtype=torch.bfloat16)
+        want = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * w.float())
+        got = table("rmsnorm", x, w)
+        assert table.last is not None, f"{rows} rows: not served by the tuned kernel"
+        assert table.skeletons[table.last.entry["skeleton"]]["language"] == "cuda"
+        torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=2e-2)
+
+
 SWIGLU = r'''
 extern "C" __global__ void swiglu(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;

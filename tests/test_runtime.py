@@ -380,3 +380,51 @@ def test_verify_passes_a_right_patch_and_catches_a_wrong_one(exported, cache_dir
     monkeypatch.setattr(rt.Kernel, "_launch", lambda self, inputs, out=None: launch(self, inputs, out) * 1.001)
     wrong = verify(model, table, "cpu", rounds=1, compile=False)
     assert not wrong.passed and wrong.error > wrong.allowed
+
+
+def test_under_torch_compile_only_a_call_the_table_serves_is_opaque(exported, tmp_path, cache_dir):
+    """An RMSNorm tuned on cpu at 4x64 fp32: under torch.compile a call it serves is the
+    `tuner::routed` custom op in the traced graph; a call it cannot serve (fp64) is the module's
+    own forward, traced, for the compiler to fuse. A table without the op replaces no module."""
+    import torch.nn as nn
+
+    from tuner import runtime
+    from tuner.core.settings import Settings
+
+    class Norm(nn.Module):  # as transformers writes its RMSNorm
+        def __init__(self):
+            super().__init__()
+            self.weight, self.variance_epsilon = nn.Parameter(torch.rand(64) + 0.5), 1e-6
+
+        def forward(self, x):
+            v = x.float().pow(2).mean(-1, keepdim=True)
+            return self.weight * (x.float() * torch.rsqrt(v + self.variance_epsilon)).to(x.dtype)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = Norm()
+
+        def forward(self, x):
+            return self.norm(x + 1) * 2
+
+    settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.005,
+                        warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=1)
+    execute(create_run(settings, builtin_spec("rmsnorm", "4x64"), "cpu", library_skeleton("rmsnorm", "c"), "random", 0),
+            settings, 1)
+    table = Table.load(exported_runs(tmp_path) / "tuning.json", backend="cpu", cache_dir=cache_dir)
+
+    def traced_ops(model, x) -> set[str]:
+        graphs = []
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=lambda gm, _: (graphs.append(gm), gm.forward)[1])
+        torch.testing.assert_close(compiled(x), model(x))
+        return {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+
+    with torch.no_grad():
+        model = runtime.patch(M().eval(), table)
+        assert model.tuner_patch.modules == {"norm": "rmsnorm"}
+        assert any("tuner.routed" in t for t in traced_ops(model, torch.randn(4, 64)))
+        assert not any("tuner.routed" in t for t in traced_ops(model.double(), torch.randn(4, 64, dtype=torch.float64)))
+        softmax_only = runtime.patch(M().eval(), Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir))
+        assert softmax_only.tuner_patch.modules == {}

@@ -63,8 +63,14 @@ class Patched:
         self.modules: dict[str, str] = {}
         self._routes: dict[tuple, Any] = {}  # call signature -> Kernel, or None: torch's own
         self._replaced: list[tuple[Any, Any]] = []  # (module, its own instance forward or None)
+        # A module is replaced only for an op the table holds at some size: a route that can
+        # never serve would cost every call a trip through Python (and, under torch.compile, an
+        # opaque custom op the compiler cannot fuse).
+        served = {e["op"] for e in getattr(table, "entries", ())} if hasattr(table, "entries") else None
         for name, module in model.named_modules():
             for route in MODULE_ROUTES:
+                if served is not None and route.__name__.removeprefix("_route_") not in served:
+                    continue
                 forward = route(self, module)
                 if forward is not None:
                     self._replace(module, forward)
@@ -200,9 +206,10 @@ _CUSTOM_OP = None
 def _custom_op():
     """The custom op `tuner::routed(op, patch_id, inputs)`, registered once: what torch.compile
     sees of a routed module (opaque to the compiler; its fake gives the output's shape)."""
-    global _CUSTOM_OP
+    global _CUSTOM_OP, _MAY_SERVE
     if _CUSTOM_OP is None:
         import torch
+        _MAY_SERVE = torch._dynamo.assume_constant_result(_may_serve)
 
         @torch.library.custom_op("tuner::routed", mutates_args=(),
                                  schema="(str op, int patch_id, Tensor[] inputs) -> Tensor")
@@ -223,6 +230,36 @@ def routed(op: str, patch_id: int, inputs: list):
     if torch.compiler.is_compiling():
         return _CUSTOM_OP(op, patch_id, inputs)
     return _LIVE[patch_id].call(op, inputs)
+
+
+def left_to_compiler(op: str, patch_id: int, inputs: list) -> bool:
+    """True while torch.compile traces a call the table has no kernel for: the module's own
+    forward is traced instead, so the compiler fuses it as it would unpatched. Decided once per
+    traced shape (the table's lookup, nothing built); with dynamic sizes the custom op decides
+    per call. Measured why: a decode layer whose MLP had no tuned kernel ran 0.66x of
+    torch.compile patched, every fallback an opaque call the compiler could not fuse."""
+    import torch
+    if not torch.compiler.is_compiling():
+        return False
+    sizes = _SIZES[op](inputs)
+    if not all(isinstance(v, int) for v in sizes.values()):
+        return False
+    return not _MAY_SERVE(patch_id, op, tuple(sizes.items()), _dtype(inputs[0]))
+
+
+def _may_serve(patch_id: int, op: str, sizes: tuple, dtype: str | None) -> bool:
+    """Whether the patch's table has an entry that can serve these sizes (`Table.lookup`: the
+    rule, nothing compiled). Run by the compiler at trace time and taken as a constant of the
+    traced graph (made so in `_custom_op`, before any trace: wrapping it while tracing is a
+    graph break)."""
+    p = _LIVE.get(patch_id)
+    lookup = getattr(p.table, "lookup", None) if p is not None else None
+    if dtype is None or lookup is None:
+        return p is not None and dtype is not None
+    return lookup(op, dict(sizes), dtype) is not None
+
+
+_MAY_SERVE = None
 
 
 # ---- module routes: (patch, module) -> a forward that routes, or None when not this op's
@@ -273,7 +310,8 @@ def _norm_route(p: Patched, module, op: str, eps_wanted: float, with_bias: bool)
         return None
 
     def forward(x, *args, **kwargs):
-        if args or kwargs or x.shape[-1] != w.shape[0] or x.dtype != w.dtype or _records_grad(x, *params):
+        if args or kwargs or x.shape[-1] != w.shape[0] or x.dtype != w.dtype or _records_grad(x, *params) \
+                or left_to_compiler(op, p.id, [_rows(x), *params]):
             return own(x, *args, **kwargs)
         return routed(op, p.id, [_rows(x), *params]).reshape(x.shape)
     return forward
@@ -312,6 +350,8 @@ def _route_swiglu(p: Patched, module):
         a, b = gate(x), up(x)
         if a.shape != b.shape or a.dtype != b.dtype:
             return own(x)
+        if left_to_compiler("swiglu", p.id, [_rows(a), _rows(b)]):
+            return down(TORCH["swiglu"](a, b))
         return down(routed("swiglu", p.id, [_rows(a), _rows(b)]).reshape(a.shape))
     return forward
 

@@ -1,0 +1,110 @@
+"""The decode matmul (16x14336x4096 bf16 by default) on one NVIDIA GPU: the library's CUDA C++
+skeleton at named configs beside cuBLAS (torch.matmul) and a device copy of the op's own bytes,
+timed in one interleave as the tuner times (L2 flushed per call, events, median). With
+`--profile`, each contender runs twice and nothing is timed: run it under Nsight Compute to see
+what bounds each kernel:
+
+    python bench/decode_matmul.py [--shape 16x14336x4096] [--configs JSON_LIST]
+    ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section Occupancy --section LaunchStats \
+        -k regex:'skinny_mm|nvjet|gemv|gemm|copy' python bench/decode_matmul.py --profile
+
+A config names only the params that differ from the space's default.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tuner.core.ops import builtin_spec, load_op, render_context  # noqa: E402
+from tuner.core.skeleton import library_skeleton  # noqa: E402
+from tuner.core.space import Config  # noqa: E402
+from tuner.core.values import Status  # noqa: E402
+
+CONFIGS = [
+    {"BN": 64, "KT": 32, "WARPS": 4, "STAGES": 4, "ASMEM": False, "CACHE": "ca"},
+    {"BN": 64, "KT": 32, "WARPS": 4, "STAGES": 4},
+    {"BN": 128, "KT": 16, "WARPS": 8, "STAGES": 3},
+    {"BN": 256, "KT": 16, "WARPS": 4, "STAGES": 3},
+    {"BN": 32, "KT": 64, "WARPS": 4, "STAGES": 4},
+    {"BN": 64, "KT": 32, "WARPS": 4, "STAGES": 4, "SPLIT": 2},
+]
+
+
+def main() -> None:
+    import torch
+
+    from tuner.backends.cuda import CudaBackend
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="16x14336x4096")
+    ap.add_argument("--configs", help="JSON list of configs (params that differ from the default)")
+    ap.add_argument("--profile", action="store_true", help="run each contender twice, untimed (for ncu)")
+    ap.add_argument("--rounds", type=int, default=20)
+    args = ap.parse_args()
+    spec = builtin_spec("matmul", args.shape, "bf16")
+    op = load_op(spec)
+    skeleton = library_skeleton("matmul", "cuda")
+    backend = CudaBackend(0, language="cuda")
+    ctx = {**render_context(op), **backend.render_context(op)}
+    xs = [backend.to_device(x) for x in op.make_inputs(12345)]
+    M, N = op.sizes["M"], op.sizes["N"]
+    c = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+    ref = torch.matmul(xs[0].float(), xs[1].float())
+    fns, notes = {}, {}
+    work = Path(tempfile.mkdtemp(prefix="decode_mm_"))
+    for i, want in enumerate(json.loads(args.configs) if args.configs else CONFIGS):
+        config = Config.of({**skeleton.space.default_config().as_dict(), **want})
+        name = "ours " + " ".join(f"{k}={v}" for k, v in want.items())
+        why = skeleton.space.check(config, ctx, backend.limits())
+        if why:
+            notes[name] = f"not in the space: {why}"
+            continue
+        build = backend.compile(skeleton.render(config, ctx), spec, str(work / str(i)), 300.0)
+        if build.status is not Status.OK:
+            notes[name] = f"{build.status.name}: {build.error[:200]}"
+            continue
+        fn = backend.load(build.artifact, op)
+        fn(*xs, c)
+        err = float((c.float() - ref).abs().max())
+        notes[name] = f"max |err| {err:.3g}"
+        fns[name] = (lambda fn: lambda: fn(*xs, c))(fn)
+    fns["cuBLAS (torch.matmul)"] = lambda: torch.matmul(xs[0], xs[1], out=c)
+    half = int(op.bytes // 2)
+    src = torch.empty(half, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    fns["copy of its bytes"] = lambda: dst.copy_(src)
+    if args.profile:
+        for f in fns.values():
+            f()
+            f()
+        torch.cuda.synchronize()
+        print(json.dumps(notes, indent=1))
+        return
+    for f in fns.values():
+        for _ in range(3):
+            f()
+    backend.sync()
+    samples = {k: [] for k in fns}
+    for _ in range(args.rounds):
+        for k, f in fns.items():
+            samples[k].extend(backend.time_calls(f, 10))
+    t = {k: statistics.median(v) for k, v in samples.items()}
+    copy = t["copy of its bytes"]
+    print(f"\nmatmul {args.shape} bf16, {torch.cuda.get_device_name()}, median of {args.rounds * 10}\n")
+    print("| contender | us | % of copy | vs cuBLAS | note |\n| --- | --- | --- | --- | --- |")
+    for k in sorted(t, key=t.get):
+        print(f"| {k} | {t[k] * 1e6:.1f} | {100 * copy / t[k]:.1f} | {t['cuBLAS (torch.matmul)'] / t[k]:.3f} | "
+              f"{notes.get(k, '')} |")
+    for k, v in notes.items():
+        if k not in t:
+            print(f"| {k} | - | - | - | {v} |")
+
+
+if __name__ == "__main__":
+    main()
