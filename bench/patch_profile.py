@@ -1,0 +1,83 @@
+"""Where a patched model's time goes under torch.compile: the model file's forward, plain and
+patched with an exported table, each compiled (max-autotune-no-cudagraphs), run under
+torch.profiler. Prints per variant the wall time per forward, the device time per forward, the
+host time spent inside the routed calls, the device synchronisations torch saw, and the top
+kernels by device time: what `tuner verify`'s end-to-end figures do not break down.
+
+    python bench/patch_profile.py MODEL_FILE --db export/tuning.json [--dtype bf16] [--iterations 20]
+"""
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tuner.model.profile import _prepared, load_model  # noqa: E402
+from tuner.serve.patch import patched_copy  # noqa: E402
+from tuner.serve.runtime import Table  # noqa: E402
+
+
+def main() -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--db", required=True, help="an exported tuning.json")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--iterations", type=int, default=20)
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    model, inputs = load_model(args.model)
+    model, xs = _prepared(model, inputs, device, args.dtype)
+    table = Table.load(args.db)
+    variants = {}
+    with torch.no_grad():
+        patched = patched_copy(model, table)
+        print("modules replaced:", dict(patched.tuner_patch.modules))
+        for name, m in (("torch.compile", model), ("patched + torch.compile", patched)):
+            torch._dynamo.reset()
+            c = torch.compile(m, mode="max-autotune-no-cudagraphs")
+            c(*xs)
+            sync()
+            variants[name] = (lambda c: lambda: c(*xs))(c)
+        variants["eager"] = lambda: model(*xs)
+        variants["patched eager"] = lambda: patched(*xs)
+        for name, fn in variants.items():
+            walls = []
+            for _ in range(args.iterations):
+                sync()
+                t0 = time.perf_counter()
+                fn()
+                sync()
+                walls.append(time.perf_counter() - t0)
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+            if device == "cuda":
+                torch.cuda.set_sync_debug_mode("warn")
+            with warnings.catch_warnings(record=True) as seen, profile(activities=activities) as prof:
+                warnings.simplefilter("always")
+                for _ in range(args.iterations):
+                    fn()
+                sync()
+            if device == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+            avg = prof.key_averages()
+            dev = [e for e in avg if getattr(e, "self_device_time_total", 0) > 0]
+            dev_total = sum(e.self_device_time_total for e in dev) / args.iterations
+            routed = [e for e in avg if e.key == "tuner::routed"]
+            routed_cpu = sum(e.cpu_time_total for e in routed) / args.iterations
+            syncs = [str(w.message)[:120] for w in seen if "synchroniz" in str(w.message)]
+            print(f"\n## {name}: wall {statistics.median(walls) * 1e6:.1f} us per forward (median of "
+                  f"{args.iterations}), device {dev_total:.1f} us, in tuner::routed (host) {routed_cpu:.1f} us, "
+                  f"synchronisations seen {len(syncs)}" + (f" (first: {syncs[0]})" if syncs else ""))
+            print("| kernel | calls per forward | device us per forward |\n| --- | --- | --- |")
+            for e in sorted(dev, key=lambda e: -e.self_device_time_total)[:12]:
+                print(f"| {e.key[:90]} | {e.count / args.iterations:g} | {e.self_device_time_total / args.iterations:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
