@@ -363,6 +363,15 @@ def test_patch_routes_a_models_calls_to_the_tuned_kernels_and_undoes(exported, c
         assert torch.allclose(model(x), want)
 
 
+def test_verify_says_which_patched_variant_is_slower_than_the_model_unpatched():
+    from tuner.model.verify import slower
+    assert slower({"eager": 1.0, "patched eager": 1.01, "torch.compile": 0.5, "patched + torch.compile": 0.4}) == []
+    said = slower({"eager": 1.0, "patched eager": 0.9, "torch.compile": 0.81, "patched + torch.compile": 1.08})
+    assert said == ["patched + torch.compile is slower than torch.compile (0.75x): the routed calls cost more than "
+                    "they save here; run the model unpatched under torch.compile"]
+    assert len(slower({"eager": 1.0, "patched eager": 1.1})) == 1
+
+
 def test_verify_passes_a_right_patch_and_catches_a_wrong_one(exported, cache_dir, tmp_path, monkeypatch):
     from tuner.model.verify import verify
     from tuner.serve import runtime as rt

@@ -41,6 +41,21 @@ class Verdict:
     modules: tuple[tuple[str, str], ...] = ()  # (module name, op) replaced by the patch
 
 
+SAME_WITHIN = 0.02  # a patched variant this much slower than its plain one is said to be slower
+
+
+def slower(medians: dict[str, float]) -> list[str]:
+    """What a user should not run: each patched variant measured slower than the same model
+    unpatched in the same mode (eager, torch.compile), with the ratio."""
+    out = []
+    for patched, plain, mode in (("patched eager", "eager", "in eager mode"),
+                                 ("patched + torch.compile", "torch.compile", "under torch.compile")):
+        if patched in medians and plain in medians and medians[patched] > medians[plain] * (1 + SAME_WITHIN):
+            out.append(f"{patched} is slower than {plain} ({medians[plain] / medians[patched]:.2f}x): the routed "
+                       f"calls cost more than they save here; run the model unpatched {mode}")
+    return out
+
+
 def _outputs(out) -> list:
     import torch
     if isinstance(out, torch.Tensor):
@@ -120,8 +135,10 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
                 samples[k].append(time.perf_counter() - t0)
         unpatch(patched_model)
     routed = tuple(sorted((k, v[0], v[1]) for k, v in stats.items()))
+    medians = {k: statistics.median(v) for k, v in samples.items()}
+    notes += slower(medians)
     return Verdict(str(path), device, dt, passed, err, eager_err, allowed,
-                   tuple((k, statistics.median(v)) for k, v in samples.items()), routed, tuple(notes),
+                   tuple(medians.items()), routed, tuple(notes),
                    tuple(sorted(modules.items())))
 
 
