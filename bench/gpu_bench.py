@@ -133,6 +133,7 @@ def tune_one(op_name: str, shape: str, language: str, budget: int, out: Path, ro
         return None
     winner = next(r for r in store.records() if r.status is Status.OK and r.config.to_json() == best["config"])
     row[f"{tag}config"] = best["config"]
+    row[f"{tag}run_best_us"] = round(best["median_s"] * 1e6, 2)  # as its own run timed it
     backend = CudaBackend(0, cache_dir=settings.cache_dir, language=language)
     return backend.load(winner.build.artifact, load_op(spec))
 
@@ -299,7 +300,8 @@ def cmd_seeds(args) -> None:
             except Exception as e:  # noqa: BLE001 - one seed's failure is a row, not a lost run
                 info["error"] = f"{type(e).__name__}: {e}"[:300]
                 k = None
-            row["seeds"][seed] = {k2: info[k2] for k2 in ("config", "tune_wall_s", "trials", "error") if k2 in info}
+            row["seeds"][seed] = {k2: info[k2] for k2 in ("config", "run_best_us", "tune_wall_s", "trials", "error")
+                                  if k2 in info}
             if k is not None:
                 kernels[f"seed {seed}"] = k
         spec = builtin_spec(op_name, shape, "bf16")
