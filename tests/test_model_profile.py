@@ -243,6 +243,13 @@ def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, monkeypatch, capsys):
     assert ["rmsnorm 32x64 fp32", 1, 0] in [list(r) for r in v["routed"]]
     assert ["swiglu 32x96 fp32", 1, 0] in [list(r) for r in v["routed"]]
     assert {k for k, _ in v["medians_s"]} == {"eager", "torch.compile", "patched eager", "patched + torch.compile"}
+    # Each routed call timed alone: its calls per forward, torch's time and the kernel's.
+    ops = {o[0]: o for o in v["ops"]}
+    assert set(ops) == {"rmsnorm 32x64 fp32", "swiglu 32x96 fp32"}
+    assert all(o[1] == 1 and o[2] > 0 and o[3] > 0 and o[4] == o[2] - o[3] for o in ops.values())
+    assert main(["verify", "model.py", "--db", "exp/tuning.json", "--rounds", "1", "--no-compile"]) == 0
+    out = capsys.readouterr().out
+    assert "each routed call timed alone here" in out and "rmsnorm 32x64 fp32:" in out and "their sum:" in out
     # tuner run: the same table serves the model's forward; its outputs saved.
     assert main(["run", "model.py", "--db", "exp/tuning.json", "--iterations", "2", "--save", "out.pt",
                  "--json"]) == 0

@@ -158,6 +158,16 @@ def cmd_verify(args) -> int:
         print(f"  modules replaced: {', '.join(f'{name} ({op})' for name, op in v.modules)}")
     for call, routed, fell in v.routed:
         print(f"  {call}: {routed} call(s) ran the tuned kernel, {fell} torch's own")
+    if v.ops:
+        print("  each routed call timed alone here (torch's definition -> the tuned kernel, on random inputs "
+              "of the call's shapes):")
+        for key, n, t_torch, t_tuned, saved in v.ops:
+            print(f"    {key}: {fmt_time(t_torch)} -> {fmt_time(t_tuned)} ({t_torch / t_tuned:.2f}x), {n} per forward: "
+                  f"{fmt_time(abs(saved))} {'saved' if saved >= 0 else 'lost'} per forward")
+        if "eager" in med and "patched eager" in med:
+            total, e2e = sum(r[4] for r in v.ops), med["eager"] - med["patched eager"]
+            print(f"    their sum: {fmt_time(abs(total))} {'saved' if total >= 0 else 'lost'} per forward; "
+                  f"eager minus patched eager, end to end: {'-' if e2e < 0 else ''}{fmt_time(abs(e2e))}")
     if not any(r for _, r, _ in v.routed):
         print("  no call ran a tuned kernel: the table has none for these calls' sizes, dtypes and device")
     for n in v.notes:

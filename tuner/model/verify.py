@@ -39,6 +39,9 @@ class Verdict:
     routed: tuple[tuple[str, int, int], ...] = ()  # (op call, routed, fell back)
     notes: tuple[str, ...] = field(default=())
     modules: tuple[tuple[str, str], ...] = ()  # (module name, op) replaced by the patch
+    # Per routed call signature: (stats key, calls per forward, torch's time per call, the
+    # tuned kernel's, time saved per forward), each call timed alone in the same run.
+    ops: tuple[tuple[str, int, float, float, float], ...] = ()
 
 
 SAME_WITHIN = 0.02  # a patched variant this much slower than its plain one is said to be slower
@@ -54,6 +57,41 @@ def slower(medians: dict[str, float]) -> list[str]:
             out.append(f"{patched} is slower than {plain} ({medians[plain] / medians[patched]:.2f}x): the routed "
                        f"calls cost more than they save here; run the model unpatched {mode}")
     return out
+
+
+def op_contributions(patch, sync, rounds: int, per_forward: dict[str, int]) -> list[tuple[str, int, float, float, float]]:
+    """What each routed call saves: the tuned kernel and the op's definition in torch, on random
+    inputs of the call's shapes, dtypes and device, timed in turns (each as back-to-back calls
+    between two synchronisations, as a forward issues them), times the calls per forward. What
+    the end-to-end difference holds beyond their sum is the rest: host time around the calls,
+    fusion the patch takes away."""
+    import torch
+
+    from tuner.serve.patch import TORCH
+    out = []
+    for key, op, ins, kernel, _ in patch.served():
+        g = torch.Generator(device=ins[0][2]).manual_seed(0)
+        xs = [torch.randn(shape, generator=g, device=dev, dtype=torch.float32).to(dt) for shape, dt, dev in ins]
+        if op in ("rmsnorm", "layernorm"):
+            xs[1:] = [1 + 0.1 * x for x in xs[1:]]
+        fns = {"torch": lambda: TORCH[op](*xs), "tuned": lambda: kernel._launch(xs)}
+        samples: dict[str, list[float]] = {k: [] for k in fns}
+        reps = 10
+        for fn in fns.values():
+            fn()
+        sync()
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    fn()
+                sync()
+                samples[name].append((time.perf_counter() - t0) / reps)
+        t_torch, t_tuned = (statistics.median(samples[k]) for k in ("torch", "tuned"))
+        n = per_forward.get(key, 0)
+        out.append((key, n, t_torch, t_tuned, n * (t_torch - t_tuned)))
+    return sorted(out, key=lambda r: -r[4])
 
 
 def _outputs(out) -> list:
@@ -98,6 +136,7 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
         patched_model = patched_copy(model, table)
         patched = _outputs(patched_model(*xs))
         stats = {k: list(v) for k, v in patched_model.tuner_patch.stats.items()}
+        per_forward = {k: v[0] for k, v in stats.items()}  # one forward so far
         modules = dict(patched_model.tuner_patch.modules)
         eager_err, err = _max_err(eager, ref), _max_err(patched, ref)
         allowed = SLACK * eager_err + TOLERANCE[dt][0]
@@ -133,13 +172,14 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
                 fn()
                 sync()
                 samples[k].append(time.perf_counter() - t0)
+        ops = op_contributions(patched_model.tuner_patch, sync, rounds, per_forward)
         unpatch(patched_model)
     routed = tuple(sorted((k, v[0], v[1]) for k, v in stats.items()))
     medians = {k: statistics.median(v) for k, v in samples.items()}
     notes += slower(medians)
     return Verdict(str(path), device, dt, passed, err, eager_err, allowed,
                    tuple(medians.items()), routed, tuple(notes),
-                   tuple(sorted(modules.items())))
+                   tuple(sorted(modules.items())), tuple(ops))
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,16 @@ class Patched:
         self.model.__dict__.pop(ATTR, None)
         _LIVE.pop(self.id, None)
 
+    def served(self) -> list[tuple[str, str, list, Any, int]]:
+        """Each call signature a tuned kernel served so far: (stats key, op, [(shape, dtype,
+        device) per input], the kernel, calls routed)."""
+        out = []
+        for (op, *ins), (k, counts) in self._routes.items():
+            if k is not None:
+                key = next(name for name, c in self.stats.items() if c is counts)
+                out.append((key, op, list(ins), k, counts[0]))
+        return out
+
     def kernel(self, op: str, inputs: list):
         """The table's kernel for this call, or None (torch's own); counted in `stats`. Resolved
         once per call signature."""
