@@ -216,21 +216,24 @@ _CUSTOM_OP = None
 def _custom_op():
     """The custom op `tuner::routed(op, patch_id, inputs)`, registered once: what torch.compile
     sees of a routed module (opaque to the compiler; its fake gives the output's shape)."""
-    global _CUSTOM_OP, _MAY_SERVE
+    global _CUSTOM_OP, _MAY_SERVE, _LIBRARY
     if _CUSTOM_OP is None:
         import torch
         _MAY_SERVE = torch._dynamo.assume_constant_result(_may_serve)
-
-        @torch.library.custom_op("tuner::routed", mutates_args=(),
-                                 schema="(str op, int patch_id, Tensor[] inputs) -> Tensor")
-        def _routed(op, patch_id, inputs):
-            return _LIVE[patch_id].call(op, inputs)
-
-        @_routed.register_fake
-        def _(op, patch_id, inputs):
-            return inputs[0].new_empty(_out_shape(op, inputs))
-        _CUSTOM_OP = _routed
+        lib = torch.library.Library("tuner", "DEF")
+        lib.define("routed(str op, int patch_id, Tensor[] inputs) -> Tensor")
+        # One kernel for every dispatch key, not `torch.library.custom_op`: that one's Python
+        # autograd layer runs on every call and cost several times the dispatch itself, and a
+        # routed call never records autograd (the routes leave such calls to torch's own).
+        lib.impl("routed", lambda op, patch_id, inputs: _LIVE[patch_id].call(op, inputs), "CompositeExplicitAutograd")
+        torch.library.register_fake("tuner::routed", lambda op, patch_id, inputs: inputs[0].new_empty(_out_shape(op, inputs)),
+                                    lib=lib)
+        _LIBRARY = lib  # the registration lives as long as this object
+        _CUSTOM_OP = torch.ops.tuner.routed.default
     return _CUSTOM_OP
+
+
+_LIBRARY = None
 
 
 def routed(op: str, patch_id: int, inputs: list):
