@@ -249,8 +249,8 @@ def left_to_compiler(op: str, patch_id: int, inputs: list) -> bool:
     """True while torch.compile traces a call the table has no kernel for: the module's own
     forward is traced instead, so the compiler fuses it as it would unpatched. Decided once per
     traced shape (the table's lookup, nothing built); with dynamic sizes the custom op decides
-    per call. Measured why: a decode layer whose MLP had no tuned kernel ran 0.66x of
-    torch.compile patched, every fallback an opaque call the compiler could not fuse."""
+    per call. Why: a fallback inside the custom op is torch's own op out of the compiler's
+    reach, unfused, plus the op's dispatch (bench/RESULTS.md, the decode layer)."""
     import torch
     if not torch.compiler.is_compiling():
         return False
@@ -323,10 +323,12 @@ def _norm_route(p: Patched, module, op: str, eps_wanted: float, with_bias: bool)
         return None
 
     def forward(x, *args, **kwargs):
-        if args or kwargs or x.shape[-1] != w.shape[0] or x.dtype != w.dtype or _records_grad(x, *params) \
-                or left_to_compiler(op, p.id, [_rows(x), *params]):
+        if args or kwargs or x.shape[-1] != w.shape[0] or x.dtype != w.dtype or _records_grad(x, *params):
             return own(x, *args, **kwargs)
-        return routed(op, p.id, [_rows(x), *params]).reshape(x.shape)
+        inputs = [_rows(x), *params]
+        if left_to_compiler(op, p.id, inputs):
+            return own(x)
+        return routed(op, p.id, inputs).reshape(x.shape)
     return forward
 
 
@@ -363,9 +365,10 @@ def _route_swiglu(p: Patched, module):
         a, b = gate(x), up(x)
         if a.shape != b.shape or a.dtype != b.dtype:
             return own(x)
-        if left_to_compiler("swiglu", p.id, [_rows(a), _rows(b)]):
+        inputs = [_rows(a), _rows(b)]
+        if left_to_compiler("swiglu", p.id, inputs):
             return down(TORCH["swiglu"](a, b))
-        return down(routed("swiglu", p.id, [_rows(a), _rows(b)]).reshape(a.shape))
+        return down(routed("swiglu", p.id, inputs).reshape(a.shape))
     return forward
 
 
