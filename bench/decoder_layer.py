@@ -1,9 +1,11 @@
 """A decoder layer, end to end: profile -> sweep -> db -> export -> verify, on the device.
 
-    python bench/decoder_layer.py [--models prefill decode] [--budget 20] [--rounds 30] [--out DIR]
+    python bench/decoder_layer.py [--models prefill decode decode_static] [--budget 20] [--rounds 30] [--out DIR]
 
 For each model file (bench/models/qwen2_layer_<name>.py: one Qwen2 decoder layer of
-transformers' own code, bf16, random weights) it runs the commands a user runs:
+transformers' own code, bf16, random weights; decode keeps its KV cache in transformers'
+DynamicCache, which concatenates the whole cache every step, decode_static in a StaticCache,
+written in place as a server keeps it) it runs the commands a user runs:
 `tuner profile --dtype bf16 --emit`, `tuner sweep` (the emitted library ops at the shapes seen,
 `--budget` evaluations each), `tuner db update`, `tuner export`, `tuner verify --json`, and
 prints one table: eager, torch.compile (max-autotune-no-cudagraphs), patched eager, patched +
@@ -81,7 +83,7 @@ def table(name: str, r: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=["prefill", "decode"],
+    ap.add_argument("--models", nargs="+", default=["prefill", "decode", "decode_static"],
                     help="names under bench/models (qwen2_layer_<name>.py) or model files")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--budget", type=int, default=20)
