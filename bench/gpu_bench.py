@@ -110,6 +110,39 @@ def liger_fn(op_name: str, xs: list):
     return None
 
 
+def op_buffers(op, backend) -> tuple[list, list]:
+    """The op's inputs (seed 12345) on the GPU and empty outputs of its shapes."""
+    import torch
+    host = op.make_inputs(12345)
+    xs = [backend.to_device(x) for x in host]
+    outs = [torch.empty(o.shape, dtype=xs[0].dtype, device="cuda") for o in
+            op.reference([x.to("meta", torch.float64) if x.is_floating_point() else x.to("meta") for x in host])]
+    return xs, outs
+
+
+def copy_fn(op):
+    """A device-to-device copy moving as many bytes as the op (half read, half written), timed
+    in the same interleave: the ceiling at this size, where launch and ramp weigh on a short
+    kernel that a 1 GiB copy does not show."""
+    import torch
+    src = torch.empty(int(op.bytes // 2), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def compiled_fn(op, xs):
+    """torch.compile (max-autotune-no-cudagraphs) of the op's torch code, compiled here."""
+    import torch
+    # A fresh Dynamo per op, shapes static: every op's lambda is one code object to Dynamo,
+    # so without the reset the second shape of an op got a dynamic-shape kernel and, past
+    # Dynamo's recompile limit, later ops in the process ran eagerly, silently.
+    torch._dynamo.reset()
+    fn = torch.compile(lambda *a: op.torch_impl(list(a)), mode="max-autotune-no-cudagraphs", dynamic=False)
+    fn(*xs)
+    torch.cuda.synchronize()
+    return lambda: fn(*xs)
+
+
 def tune_one(op_name: str, shape: str, language: str, budget: int, out: Path, row: dict, seed: int = 0):
     """A tuning run of the library's `language` skeleton; the winner's launch function loaded
     here, or None (the reason in row)."""
@@ -164,11 +197,7 @@ def bench_op(op_name: str, shape: str, budget: int, out: Path, with_compile: boo
     kernel = kernels["triton"]
     op = load_op(spec)
     backend = CudaBackend(0, cache_dir=settings.cache_dir)
-    host = op.make_inputs(12345)
-    xs = [backend.to_device(x) for x in host]
-    outs = [torch.empty(o.shape, dtype=xs[0].dtype, device="cuda") for o in
-            op.reference([x.to("meta", torch.float64) if x.is_floating_point() else x.to("meta")
-                          for x in host])]
+    xs, outs = op_buffers(op, backend)
     fns = {"tuned": lambda: kernel(*xs, *outs), "eager": lambda: op.torch_impl(xs)}
     for lang, k in kernels.items():
         if lang != "triton":
@@ -178,25 +207,11 @@ def bench_op(op_name: str, shape: str, budget: int, out: Path, with_compile: boo
         fns["liger"] = liger
     key = f"{op_name}:{shape}"
     if key not in COMPUTE_BOUND:
-        # A device-to-device copy moving as many bytes as the op (half read, half written),
-        # timed in the same interleave: the ceiling at this size, where launch and ramp weigh
-        # on a short kernel that a 1 GiB copy does not show.
-        half = int(op.bytes // 2)
-        src = torch.empty(half, dtype=torch.uint8, device="cuda")
-        dst = torch.empty_like(src)
-        fns["copy"] = lambda: dst.copy_(src)
+        fns["copy"] = copy_fn(op)
     if with_compile:
         t1 = time.monotonic()
-        # A fresh Dynamo per op, shapes static: every op's lambda is one code object to Dynamo,
-        # so without the reset the second shape of an op got a dynamic-shape kernel and, past
-        # Dynamo's recompile limit, later ops in the process ran eagerly, silently.
-        torch._dynamo.reset()
-        compiled_fn = torch.compile(lambda *a: op.torch_impl(list(a)), mode="max-autotune-no-cudagraphs",
-                                    dynamic=False)
-        compiled_fn(*xs)
-        torch.cuda.synchronize()
+        fns["compile"] = compiled_fn(op, xs)
         row["compile_s"] = round(time.monotonic() - t1, 1)
-        fns["compile"] = lambda: compiled_fn(*xs)
     for lang, k in kernels.items():
         if lang != "triton":
             k(*xs, *outs)
@@ -283,8 +298,6 @@ def cmd_seeds(args) -> None:
     seed's winner, torch.compile, Liger and a copy of the op's bytes timed in one interleave.
     The spread is what a user sees running the same command twice; "worst vs best" compares
     the worst seed's winner with the best any seed found, in the same interleave."""
-    import torch
-
     from tuner.backends.cuda import CudaBackend
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -307,22 +320,13 @@ def cmd_seeds(args) -> None:
         spec = builtin_spec(op_name, shape, "bf16")
         op = load_op(spec)
         backend = CudaBackend(0, cache_dir=str(out / "cache"))
-        host = op.make_inputs(12345)
-        xs = [backend.to_device(x) for x in host]
-        outs = [torch.empty(o.shape, dtype=xs[0].dtype, device="cuda") for o in
-                op.reference([x.to("meta", torch.float64) if x.is_floating_point() else x.to("meta") for x in host])]
+        xs, outs = op_buffers(op, backend)
         fns = {name: (lambda k: lambda: k(*xs, *outs))(k) for name, k in kernels.items()}
         liger = liger_fn(op_name, xs)
         if liger is not None:
             fns["liger"] = liger
-        half = int(op.bytes // 2)
-        src = torch.empty(half, dtype=torch.uint8, device="cuda")
-        dst = torch.empty_like(src)
-        fns["copy"] = lambda: dst.copy_(src)
-        torch._dynamo.reset()
-        compiled_fn = torch.compile(lambda *a: op.torch_impl(list(a)), mode="max-autotune-no-cudagraphs", dynamic=False)
-        compiled_fn(*xs)
-        fns["compile"] = lambda: compiled_fn(*xs)
+        fns["copy"] = copy_fn(op)
+        fns["compile"] = compiled_fn(op, xs)
         t = interleaved(backend, fns, rounds=args.rounds)
         row["us"] = {k: round(v * 1e6, 2) for k, v in t.items()}
         ours = [t[k] for k in kernels]

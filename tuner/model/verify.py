@@ -59,6 +59,25 @@ def slower(medians: dict[str, float]) -> list[str]:
     return out
 
 
+def interleaved(fns: dict, sync, rounds: int, reps: int = 1) -> dict[str, float]:
+    """The median seconds per call of each function, by the wall clock: one warm-up call each,
+    then `rounds` rounds that call each in turn, `reps` calls back to back between two
+    synchronisations (as a forward issues them), so that drift hits all alike."""
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():
+        fn()
+    sync()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            sync()
+            samples[name].append((time.perf_counter() - t0) / reps)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def op_contributions(patch, sync, rounds: int, per_forward: dict[str, int]) -> list[tuple[str, int, float, float, float]]:
     """What each routed call saves: the tuned kernel and the op's definition in torch, on random
     inputs of the call's shapes, dtypes and device, timed in turns (each as back-to-back calls
@@ -74,21 +93,8 @@ def op_contributions(patch, sync, rounds: int, per_forward: dict[str, int]) -> l
         xs = [torch.randn(shape, generator=g, device=dev, dtype=torch.float32).to(dt) for shape, dt, dev in ins]
         if op in ("rmsnorm", "layernorm"):
             xs[1:] = [1 + 0.1 * x for x in xs[1:]]
-        fns = {"torch": lambda: TORCH[op](*xs), "tuned": lambda: kernel._launch(xs)}
-        samples: dict[str, list[float]] = {k: [] for k in fns}
-        reps = 10
-        for fn in fns.values():
-            fn()
-        sync()
-        for _ in range(rounds):
-            for name, fn in fns.items():
-                sync()
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    fn()
-                sync()
-                samples[name].append((time.perf_counter() - t0) / reps)
-        t_torch, t_tuned = (statistics.median(samples[k]) for k in ("torch", "tuned"))
+        t = interleaved({"torch": lambda: TORCH[op](*xs), "tuned": lambda: kernel._launch(xs)}, sync, rounds, reps=10)
+        t_torch, t_tuned = t["torch"], t["tuned"]
         n = per_forward.get(key, 0)
         out.append((key, n, t_torch, t_tuned, n * (t_torch - t_tuned)))
     return sorted(out, key=lambda r: -r[4])
@@ -161,21 +167,10 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
                 fns["patched + torch.compile"] = lambda: patched_compiled(*xs)
             except Exception as e:  # noqa: BLE001 - said, and the rest measured
                 notes.append(f"patched + torch.compile not measured: {type(e).__name__}: {str(e)[:200]}")
-        samples: dict[str, list[float]] = {k: [] for k in fns}
-        for fn in fns.values():
-            fn()
-        sync()
-        for _ in range(rounds):
-            for k, fn in fns.items():
-                sync()
-                t0 = time.perf_counter()
-                fn()
-                sync()
-                samples[k].append(time.perf_counter() - t0)
+        medians = interleaved(fns, sync, rounds)
         ops = op_contributions(patched_model.tuner_patch, sync, rounds, per_forward)
         unpatch(patched_model)
     routed = tuple(sorted((k, v[0], v[1]) for k, v in stats.items()))
-    medians = {k: statistics.median(v) for k, v in samples.items()}
     notes += slower(medians)
     return Verdict(str(path), device, dt, passed, err, eager_err, allowed,
                    tuple(medians.items()), routed, tuple(notes),

@@ -66,10 +66,11 @@ class Patched:
         # A module is replaced only for an op the table holds at some size: a route that can
         # never serve would cost every call a trip through Python (and, under torch.compile, an
         # opaque custom op the compiler cannot fuse).
-        served = {e["op"] for e in getattr(table, "entries", ())} if hasattr(table, "entries") else None
+        entries = getattr(table, "entries", None)  # a table that lists none: every route is tried
+        held = None if entries is None else {e["op"] for e in entries}
         for name, module in model.named_modules():
             for route in MODULE_ROUTES:
-                if served is not None and route.__name__.removeprefix("_route_") not in served:
+                if held is not None and route.__name__.removeprefix("_route_") not in held:
                     continue
                 forward = route(self, module)
                 if forward is not None:
