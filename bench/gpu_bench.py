@@ -338,7 +338,7 @@ def cmd_seeds(args) -> None:
         rows.append(row)
         (out / "gpu_seeds.json").write_text(json.dumps(rows, indent=1))
         print(json.dumps(row), flush=True)
-    print(f"\n| op | shape | seeds' winners (us) | worst vs best seed | best peer (us) | worst vs best peer | copy (us) |")
+    print("\n| op | shape | seeds' winners (us) | worst vs best seed | best peer (us) | worst vs best peer | copy (us) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         if "worst_seed_us" not in r:
