@@ -1,8 +1,8 @@
 """Where a patched model's time goes under torch.compile: the model file's forward, plain and
-patched with an exported table, each compiled (max-autotune-no-cudagraphs), run under
+patched with an exported table, each compiled (--mode, max-autotune-no-cudagraphs by default), run under
 torch.profiler. Prints per variant the wall time per forward, the device time per forward, the
 host time spent inside the routed calls, the device synchronisations torch saw, and the top
-kernels by device time: what `tuner verify`'s end-to-end figures do not break down.
+kernels by device time and the top host events: what `tuner verify`'s end-to-end figures do not break down.
 
     python bench/patch_profile.py MODEL_FILE --db export/tuning.json [--dtype bf16] [--iterations 20]
 """
@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("--db", required=True, help="an exported tuning.json")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--mode", default="max-autotune-no-cudagraphs",
+                    help="torch.compile's mode (\"default\" compiles in a fraction of the time)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -41,7 +43,7 @@ def main() -> None:
         print("modules replaced:", dict(patched.tuner_patch.modules))
         for name, m in (("torch.compile", model), ("patched + torch.compile", patched)):
             torch._dynamo.reset()
-            c = torch.compile(m, mode="max-autotune-no-cudagraphs")
+            c = torch.compile(m, mode=args.mode)
             c(*xs)
             sync()
             variants[name] = (lambda c: lambda: c(*xs))(c)
@@ -77,6 +79,9 @@ def main() -> None:
             print("| kernel | calls per forward | device us per forward |\n| --- | --- | --- |")
             for e in sorted(dev, key=lambda e: -e.self_device_time_total)[:12]:
                 print(f"| {e.key[:90]} | {e.count / args.iterations:g} | {e.self_device_time_total / args.iterations:.1f} |")
+            print("\n| host event | calls per forward | host us per forward (self) |\n| --- | --- | --- |")
+            for e in sorted(avg, key=lambda e: -e.self_cpu_time_total)[:12]:
+                print(f"| {e.key[:90]} | {e.count / args.iterations:g} | {e.self_cpu_time_total / args.iterations:.1f} |")
 
 
 if __name__ == "__main__":

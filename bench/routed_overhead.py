@@ -9,8 +9,14 @@
    shape, exported, and the layer timed compiled (torch.compile, default mode) and patched +
    compiled, in turns in one process. An --out that holds an export already is timed again on
    that table (to compare two versions of the patch on the same tuned kernel).
+3. With --db (an exported tuning.json): for each of its entries, the host time of one routed
+   call, layer by layer, at the entry's sizes on its device: the custom op, the patch's call,
+   the runtime kernel's launch, the backend's launch of the launch module, and torch's own
+   definition of the op. Calls queued back to back and one synchronisation at the end: the
+   time per call a launch-bound forward feels (the device kernels are shorter than the host's
+   part of each call).
 
-    python bench/routed_overhead.py [--rounds 30] [--out DIR]
+    python bench/routed_overhead.py [--rounds 30] [--out DIR] [--db export/tuning.json [--only-steps]]
 """
 
 import argparse
@@ -113,15 +119,61 @@ def small_layer(out: Path, rounds: int) -> None:
         print(f"| {k} | {v * 1e6:.1f} |")
 
 
+def steps(db: str, n: int = 2000) -> None:
+    import torch
+
+    from tuner.core.ops import builtin_spec, load_op
+    from tuner.serve import patch
+    from tuner.serve.runtime import Table
+    table = Table.load(db)
+    p = patch.Patched(torch.nn.Module(), table, functions=False)
+    op_fn = patch._custom_op()
+    print("\n| entry | backend | the custom op | the patch's call | the kernel's launch | the backend's launch | "
+          "torch's definition |\n| --- | --- | --- | --- | --- | --- | --- |")
+    for e in table.entries:
+        if e["op"] not in patch._SIZES:
+            continue
+        k = table.kernel(e["op"], e["sizes"], e["dtype"])
+        if k is None:
+            print(f"| {e['op']} {e['sizes']} {e['dtype']} | - | not served here | | | | |")
+            continue
+        where = k._device or k.backend.to_device(torch.empty(0)).device
+        spec = builtin_spec(e["op"], "x".join(str(v) for v in e["sizes"].values()), e["dtype"])
+        xs = [x.to(where) for x in load_op(spec).make_inputs(1)]
+        outs = k.outputs(xs)
+        sync = torch.cuda.synchronize if where.type == "cuda" else (lambda: None)
+
+        def host(fn):
+            fn()
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            sync()
+            return f"{(time.perf_counter() - t0) / n * 1e6:.1f} us"
+        with torch.no_grad():
+            row = [host(lambda: op_fn(e["op"], p.id, xs)), host(lambda: p.call(e["op"], xs)),
+                   host(lambda: k._launch(xs, outs)), host(lambda: k.backend.launch(k.fn, xs + outs)),
+                   host(lambda: patch.TORCH[e["op"]](*xs))]
+        print(f"| {e['op']} {spec.key} | {e.get('backend', '?')} {e.get('language', '')} | " + " | ".join(row) + " |")
+    p.undo()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--out", help="where the small layer's run, db and export go (default: a temporary folder)")
+    ap.add_argument("--db", help="an exported tuning.json: its entries' routed calls, step by step")
+    ap.add_argument("--only-steps", action="store_true", help="with --db: only that part")
     a = ap.parse_args()
+    if a.db and a.only_steps:
+        return steps(a.db)
     out = Path(a.out or tempfile.mkdtemp(prefix="routed_overhead_"))
     out.mkdir(parents=True, exist_ok=True)
     dispatch()
     small_layer(out, a.rounds)
+    if a.db:
+        steps(a.db)
 
 
 if __name__ == "__main__":

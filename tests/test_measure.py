@@ -422,3 +422,43 @@ def test_checks_and_the_winners_recheck_forgive_one_late_start_too(fast_settings
     assert measure.recheck(once, "-", spec) is None
     assert not torch.equal(once.inputs[0], once.inputs[1])  # the second round's inputs are new
     assert "two rounds of checks" in measure.recheck(LateLaunches({1, 2}), "-", spec)
+
+
+@pytest.mark.parametrize("lone_calls, status", [
+    ([(60e-6, False)] * 3 + [(5e-6, True)] * 3, "OK"),    # a slow host delayed the first ones
+    ([(60e-6, True)] * 3, "SUSPECT"),                     # slow on new buffers, and not the host's doing
+    ([(60e-6, False)] * 6, "SUSPECT"),                    # never a clean sample: the unclean ones count
+])
+def test_history_compares_only_lone_calls_the_host_did_not_delay(fast_settings, monkeypatch, lone_calls, status):
+    """A lone timed call on a busy host can include the device waiting for its launch (an
+    honest 5 us CUDA C++ kernel read 30-60 us and was SUSPECT). Such samples are replaced by
+    calls on more fresh buffer sets, never by a second call on the same buffers (which a
+    result cache would answer)."""
+    script = list(lone_calls)
+    seen = []
+
+    def kernel(x, y):
+        seen.append(x.data_ptr())
+        softmax_kernel(x, y)
+
+    class Host(HostClock):
+        def load(self, artifact, op):
+            return kernel
+
+        def time_call(self, fn):
+            fn()
+            t, self.last_call_clean = script.pop(0)
+            return t
+
+    def bench(backend, fn, settings, best_s=None, between=None):
+        return [5e-6] * 8, False
+
+    monkeypatch.setattr(measure, "bench", bench)
+    host = Host()
+    m = measure.measure(host, "-", builtin_spec("softmax", "16x64", "fp32"), fast_settings)
+    assert m.status.value == status, m.detail
+    assert not script  # every scripted lone call was made, and no more
+    lone = seen[-len(lone_calls):]
+    assert len(set(lone)) == len(lone)  # each on buffers of its own
+    if status == "SUSPECT":
+        assert "never seen" in m.detail

@@ -136,6 +136,7 @@ _CTYPES = {"u8": ctypes.c_uint8, "s8": ctypes.c_int8, "b8": ctypes.c_uint8,
            "u32": ctypes.c_uint32, "s32": ctypes.c_int32, "b32": ctypes.c_uint32,
            "u64": ctypes.c_uint64, "s64": ctypes.c_int64, "b64": ctypes.c_uint64,
            "f32": ctypes.c_float, "f64": ctypes.c_double}
+_POINTER_SLOTS = (ctypes.c_uint64, ctypes.c_int64)  # the types a tensor's pointer is passed as
 _MAX_DYNAMIC_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 _kernels: dict[tuple[str, str], "_Kernel"] = {}
@@ -155,34 +156,44 @@ def check_arg(ptx_type: str, kind: str) -> str | None:
 
 
 class _Kernel:
-    """One loaded `__global__` function and its parameter types."""
+    """One loaded `__global__` function and its parameter types. A call is on the host path of
+    every routed call in a served model, which a launch-bound forward (a decode step) feels in
+    full: what can be decided once per kernel is (each parameter's ctypes type), and a call
+    only reads its arguments' pointers and the current stream (torch's raw stream lookup, not
+    `torch.cuda.current_stream()`, which builds a Stream object each time)."""
 
     def __init__(self, func: int, name: str, params: list[str]) -> None:
         self.func, self.name, self.params = func, name, params
+        self.types = [_CTYPES.get(t) for t in params]
         self.smem_set = 48 * 1024  # dynamic shared memory allowed without asking
 
     def __call__(self, grid, block, smem: int, args) -> None:
+        import torch
         if len(args) != len(self.params):
             raise TypeError(f"cuda.launch({self.name!r}): {len(args)} arguments for {len(self.params)} parameters")
         values = []
-        for i, (a, t) in enumerate(zip(args, self.params)):
-            kind = _kind(a)
-            why = check_arg(t, kind)
-            if why:
-                raise TypeError(f"cuda.launch({self.name!r}) argument {i}: {why}")
-            if kind.startswith("tensor"):
-                if a.device.type != "cuda":
-                    raise TypeError(f"cuda.launch({self.name!r}) argument {i}: a tensor on {a.device}, not the GPU")
-                values.append(ctypes.c_uint64(a.data_ptr()))
+        for i, (a, t, c) in enumerate(zip(args, self.params, self.types)):
+            if isinstance(a, torch.Tensor):
+                why = None if c in _POINTER_SLOTS else check_arg(t, _kind(a))
+                if why is None and not a.is_cuda:
+                    why = f"a tensor on {a.device}, not the GPU"
+                if why is None:
+                    values.append(c(a.data_ptr()))
+                    continue
             else:
-                values.append(_CTYPES[t](a))
+                why = check_arg(t, _kind(a))
+                if why is None and c is not None and not isinstance(a, (int, float)):
+                    why = f"a {type(a).__name__}; pass torch tensors, ints and floats"
+                if why is None:
+                    values.append(c(a))
+                    continue
+            raise TypeError(f"cuda.launch({self.name!r}) argument {i}: {why}")
         params = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
         drv = _driver()
         if smem > self.smem_set:
             _check(drv.cuFuncSetAttribute(ctypes.c_void_p(self.func), _MAX_DYNAMIC_SMEM, smem), "cuFuncSetAttribute")
             self.smem_set = smem
-        import torch
-        stream = torch.cuda.current_stream().cuda_stream
+        stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
         _check(drv.cuLaunchKernel(ctypes.c_void_p(self.func), *grid, *block, smem, ctypes.c_void_p(stream),
                                   params, None), f"launch of {self.name!r}")
 

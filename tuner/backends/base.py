@@ -26,6 +26,9 @@ Contract for implementers:
   it and the flush itself not timed (device events on accelerators, a monotonic clock on
   the CPU). `time_calls(fn, n)` returns n such samples; an accelerator may queue them all
   and wait once, so the device does not idle while the host launches the next repetition.
+  After `time_call`, `last_call_clean` (default True) is False when the sample may include
+  the device waiting for the host's launch (a lone call on a slow host): a check that
+  compares single calls with queued ones uses the clean samples.
 * `context_lost()` says, cheaply, whether a kernel fault poisoned the process's device
   context; the worker then answers and exits, and a fresh one takes its place.
 """
@@ -111,6 +114,7 @@ class Backend(abc.ABC):
     # buffers (cpu): the harness's copies of inputs and references are then out of their reach
     # and need no digest (tuner/exec/measure.py).
     isolated_kernels: bool = False
+    last_call_clean: bool = True  # see `time_call` in the module docstring
     # Whether a verification's float64 references stay on the host and outputs come over to be
     # compared there (npu: CANN's aclnn ops list no DOUBLE for NanToNum, abs and friends on
     # A2/A3, so float64 arithmetic on the device may fail every candidate).
