@@ -372,6 +372,20 @@ def test_verify_says_which_patched_variant_is_slower_than_the_model_unpatched():
     assert len(slower({"eager": 1.0, "patched eager": 1.1})) == 1
 
 
+def test_verify_says_which_routes_to_keep_under_torch_compile():
+    """After patched + torch.compile measured slower than torch.compile: the ops that were
+    faster routed alone than left to the compiler, or none, as the `under_compile=` to pass."""
+    from tuner.model.verify import compile_advice
+    said = compile_advice(["rmsnorm", "swiglu"], [("rmsnorm", 1.2, 1.0), ("swiglu", 0.9, 1.0)])
+    assert said.startswith("under torch.compile, route only swiglu: runtime.patch(model, table, "
+                           "under_compile={'swiglu'})")
+    assert "only rmsnorm routed: 0.83x torch.compile" in said
+    none = compile_advice(["rmsnorm", "swiglu"], [("rmsnorm", 1.2, 1.0), ("swiglu", 0.995, 1.0)])  # inside the noise
+    assert none.startswith("under torch.compile, leave rmsnorm, swiglu to the compiler (routed in eager mode only): "
+                           "runtime.patch(model, table, under_compile=())")
+    assert compile_advice(["rmsnorm"], []).endswith("under_compile=())")
+
+
 def test_verify_passes_a_right_patch_and_catches_a_wrong_one(exported, cache_dir, tmp_path, monkeypatch):
     from tuner.model.verify import verify
     from tuner.serve import runtime as rt
@@ -437,3 +451,10 @@ def test_under_torch_compile_only_a_call_the_table_serves_is_opaque(exported, tm
         assert not any("tuner.routed" in t for t in traced_ops(model.double(), torch.randn(4, 64, dtype=torch.float64)))
         softmax_only = runtime.patch(M().eval(), Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir))
         assert softmax_only.tuner_patch.modules == {}
+        # under_compile: the ops left routed while torch.compile traces; the others eager only
+        eager_only = runtime.patch(M().eval(), table, under_compile=())
+        assert not any("tuner.routed" in t for t in traced_ops(eager_only, torch.randn(4, 64)))
+        eager_only(torch.randn(4, 64))
+        assert eager_only.tuner_patch.stats["rmsnorm 4x64 fp32"][0] >= 1  # still routed in eager
+        kept = runtime.patch(M().eval(), table, under_compile={"rmsnorm"})
+        assert any("tuner.routed" in t for t in traced_ops(kept, torch.randn(4, 64)))

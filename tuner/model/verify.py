@@ -42,6 +42,10 @@ class Verdict:
     # Per routed call signature: (stats key, calls per forward, torch's time per call, the
     # tuned kernel's, time saved per forward), each call timed alone in the same run.
     ops: tuple[tuple[str, int, float, float, float], ...] = ()
+    # When patched + torch.compile was slower than torch.compile and several ops were routed:
+    # per op, the median with only that op routed under torch.compile (the rest left to the
+    # compiler), timed in an interleave with torch.compile (its median in the same run).
+    under_compile: tuple[tuple[str, float, float], ...] = ()
 
 
 SAME_WITHIN = 0.02  # a patched variant this much slower than its plain one is said to be slower
@@ -170,11 +174,57 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
         medians = interleaved(fns, sync, rounds)
         ops = op_contributions(patched_model.tuner_patch, sync, rounds, per_forward)
         unpatch(patched_model)
+        notes += slower(medians)
+        singles: list[tuple[str, float, float]] = []
+        routed_ops = sorted({k.split(" ")[0] for k, v in stats.items() if v[0]})
+        if routed_ops and "torch.compile" in medians and medians.get("patched + torch.compile", 0.0) > \
+                medians["torch.compile"] * (1 + SAME_WITHIN):
+            if len(routed_ops) > 1:
+                singles = routes_under_compile(model, table, xs, sync, rounds, routed_ops, fns["torch.compile"],
+                                               ref, allowed, notes)
+            notes.append(compile_advice(routed_ops, singles))
     routed = tuple(sorted((k, v[0], v[1]) for k, v in stats.items()))
-    notes += slower(medians)
     return Verdict(str(path), device, dt, passed, err, eager_err, allowed,
                    tuple(medians.items()), routed, tuple(notes),
-                   tuple(sorted(modules.items())), tuple(ops))
+                   tuple(sorted(modules.items())), tuple(ops), tuple(singles))
+
+
+def routes_under_compile(model, table, xs, sync, rounds: int, ops: list[str], compiled, ref, allowed: float,
+                         notes: list[str]) -> list[tuple[str, float, float]]:
+    """(op, median with only `op` routed under torch.compile, torch.compile's median in the
+    same interleave) per op: which routes pay for the fusion they take from the compiler."""
+    import torch
+
+    from tuner.serve.patch import patched_copy, unpatch
+    out = []
+    for op in ops:
+        m = patched_copy(model, table, under_compile={op})
+        try:
+            c = torch.compile(m, mode="max-autotune-no-cudagraphs")
+            e = _max_err(_outputs(c(*xs)), ref)
+            if e > allowed:
+                notes.append(f"patched + torch.compile routing only {op}: error {e:.3g} > allowed {allowed:.3g}")
+                continue
+            t = interleaved({"torch.compile": compiled, "only": lambda: c(*xs)}, sync, rounds)
+            out.append((op, t["only"], t["torch.compile"]))
+        except Exception as e:  # noqa: BLE001 - said, and the rest measured
+            notes.append(f"patched + torch.compile routing only {op} not measured: {type(e).__name__}: {str(e)[:200]}")
+        finally:
+            unpatch(m)
+    return out
+
+
+def compile_advice(ops: list[str], singles: list[tuple[str, float, float]]) -> str:
+    """What to pass `runtime.patch(..., under_compile=)` after patched + torch.compile measured
+    slower than torch.compile: the ops that were faster routed alone than left to the compiler
+    (by more than SAME_WITHIN), or none."""
+    keep = sorted(op for op, t, t_compile in singles if t < t_compile * (1 - SAME_WITHIN))
+    measured = "".join(f"; only {op} routed: {t_compile / t:.2f}x torch.compile" for op, t, t_compile in singles)
+    if keep:
+        return (f"under torch.compile, route only {', '.join(keep)}: runtime.patch(model, table, "
+                f"under_compile={set(keep)!r}){measured}")
+    return (f"under torch.compile, leave {', '.join(ops)} to the compiler (routed in eager mode only): "
+            f"runtime.patch(model, table, under_compile=()){measured}")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,10 @@ Two ways in, both per call:
   one that uses it) against the library op's definition, within the dtype's tolerance. The
   replaced forward calls the op as a torch custom op (`tuner::routed`), so the patched model
   also runs under torch.compile: the kernel is opaque to the compiler, which fuses around it.
+  A call the table cannot serve, or of an op not in `under_compile` (`patch(...,
+  under_compile=)`: the ops routed while torch.compile traces; None: all), is traced as the
+  module's own forward instead, for the compiler to fuse as it would unpatched: `tuner verify`
+  says which ops pay under torch.compile.
 - Functions. The model's forward runs under a torch function mode that routes the calls a
   library op computes exactly: softmax over the last dim (torch.softmax, F.softmax,
   Tensor.softmax; no dtype argument); layer_norm over the last dim with weight and bias at eps
@@ -55,8 +59,9 @@ class Patched:
     """The patch of one model: what it routed (`stats`), the modules it replaced (`modules`:
     name -> op), and `undo()`."""
 
-    def __init__(self, model, table, functions: bool | None = None):
+    def __init__(self, model, table, functions: bool | None = None, under_compile=None):
         self.model, self.table = model, table
+        self.under_compile = None if under_compile is None else frozenset(under_compile)
         self.id = next(_IDS)
         _LIVE[self.id] = self
         self.stats: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # key -> [routed, fell back]
@@ -148,15 +153,17 @@ class Patched:
 FUNCTION_ONLY = frozenset({"softmax", "matmul"})
 
 
-def patch(model, table, functions: bool | None = None):
+def patch(model, table, functions: bool | None = None, under_compile=None):
     """Patch `model` in place (see the module docstring) and return it; a second patch
     replaces the first. `functions`: route torch function calls too (the function mode costs
     host time on every torch call of the forward, routed or not: a few microseconds each, what
     a launch-bound forward feels); None: when the table serves an op only they reach
-    (softmax, matmul)."""
+    (softmax, matmul). `under_compile`: the ops (e.g. {"swiglu"}) whose calls stay routed
+    while torch.compile traces the model; the others are left to the compiler there and routed
+    in eager mode only; None: every op."""
     if ATTR in model.__dict__:
         unpatch(model)
-    model.__dict__[ATTR] = Patched(model, table, functions)
+    model.__dict__[ATTR] = Patched(model, table, functions, under_compile)
     return model
 
 
@@ -168,11 +175,11 @@ def unpatch(model):
     return model
 
 
-def patched_copy(model, table, functions: bool | None = None):
+def patched_copy(model, table, functions: bool | None = None, under_compile=None):
     """A patched copy of `model` that shares its parameters and buffers (no second copy of the
     weights) and leaves `model` itself as it was: for timing the two side by side."""
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
-    return patch(copy.deepcopy(model, shared), table, functions)
+    return patch(copy.deepcopy(model, shared), table, functions, under_compile)
 
 
 # ---- the library ops as the patch calls them: sizes, output shape, definition in torch
@@ -247,8 +254,8 @@ def routed(op: str, patch_id: int, inputs: list):
 
 
 def left_to_compiler(op: str, patch_id: int, inputs: list) -> bool:
-    """True while torch.compile traces a call the table has no kernel for: the module's own
-    forward is traced instead, so the compiler fuses it as it would unpatched. Decided once per
+    """True while torch.compile traces a call the table has no kernel for, or of an op the
+    patch leaves to the compiler (`under_compile`): the module's own forward is traced instead, so the compiler fuses it as it would unpatched. Decided once per
     traced shape (the table's lookup, nothing built); with dynamic sizes the custom op decides
     per call. Why: a fallback inside the custom op is torch's own op out of the compiler's
     reach, unfused, plus the op's dispatch (bench/RESULTS.md, the decode layer)."""
@@ -257,16 +264,21 @@ def left_to_compiler(op: str, patch_id: int, inputs: list) -> bool:
         return False
     sizes = _SIZES[op](inputs)
     if not all(isinstance(v, int) for v in sizes.values()):
-        return False
+        return not _MAY_SERVE(patch_id, op, None, None)
     return not _MAY_SERVE(patch_id, op, tuple(sizes.items()), _dtype(inputs[0]))
 
 
-def _may_serve(patch_id: int, op: str, sizes: tuple, dtype: str | None) -> bool:
-    """Whether the patch's table has an entry that can serve these sizes (`Table.lookup`: the
-    rule, nothing compiled). Run by the compiler at trace time and taken as a constant of the
-    traced graph (made so in `_custom_op`, before any trace: wrapping it while tracing is a
-    graph break)."""
+def _may_serve(patch_id: int, op: str, sizes: tuple | None, dtype: str | None) -> bool:
+    """Whether the patch routes `op` under torch.compile and its table has an entry that can
+    serve these sizes (`Table.lookup`: the rule, nothing compiled). Run by the compiler at trace
+    time and taken as a constant of the traced graph (made so in `_custom_op`, before any
+    trace: wrapping it while tracing is a graph break). `sizes` None (dynamic sizes): whether
+    the patch routes `op` under torch.compile at all, the table asked per call."""
     p = _LIVE.get(patch_id)
+    if p is not None and p.under_compile is not None and op not in p.under_compile:
+        return False
+    if sizes is None:
+        return True
     lookup = getattr(p.table, "lookup", None) if p is not None else None
     if dtype is None or lookup is None:
         return p is not None and dtype is not None
