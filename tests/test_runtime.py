@@ -386,6 +386,18 @@ def test_verify_says_which_routes_to_keep_under_torch_compile():
     assert compile_advice(["rmsnorm"], []).endswith("under_compile=())")
 
 
+def test_under_compile_names_ops_the_patch_routes(exported, cache_dir):
+    import torch.nn as nn
+
+    from tuner import runtime
+    table = Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir)
+    with pytest.raises(ValueError, match="rmsnrom is not an op the patch routes; one of layernorm, matmul"):
+        runtime.patch(nn.Linear(4, 4), table, under_compile={"rmsnrom"})
+    with pytest.raises(TypeError, match="a set of op names"):
+        runtime.patch(nn.Linear(4, 4), table, under_compile="swiglu")
+    assert runtime.patch(nn.Linear(4, 4), table, under_compile=["swiglu"]).tuner_patch.under_compile == {"swiglu"}
+
+
 def test_verify_passes_a_right_patch_and_catches_a_wrong_one(exported, cache_dir, tmp_path, monkeypatch):
     from tuner.model.verify import verify
     from tuner.serve import runtime as rt

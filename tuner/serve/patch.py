@@ -61,7 +61,7 @@ class Patched:
 
     def __init__(self, model, table, functions: bool | None = None, under_compile=None):
         self.model, self.table = model, table
-        self.under_compile = None if under_compile is None else frozenset(under_compile)
+        self.under_compile = None if under_compile is None else _op_names(under_compile)
         self.id = next(_IDS)
         _LIVE[self.id] = self
         self.stats: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # key -> [routed, fell back]
@@ -147,6 +147,18 @@ class Patched:
         with torch._C.DisableTorchFunction():
             k = self.kernel(op, inputs)
             return k._launch(inputs) if k is not None else TORCH[op](*inputs)
+
+
+def _op_names(ops) -> frozenset:
+    """`under_compile` checked: library op names the patch routes (a typo would otherwise leave
+    every op to the compiler without a word)."""
+    if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
+        raise TypeError(f"under_compile={ops!r}: a set of op names, e.g. {{'swiglu'}} (or () for none)")
+    unknown = sorted(set(ops) - set(_SIZES))
+    if unknown:
+        raise ValueError(f"under_compile: {', '.join(unknown)} is not an op the patch routes; "
+                         f"one of {', '.join(sorted(_SIZES))}")
+    return frozenset(ops)
 
 
 # Ops that only the function routes reach (the norms have module routes too).
