@@ -254,13 +254,14 @@ class _Clock:
     """A backend whose calls take times drawn from `draw` (no device, no sleeping)."""
 
     def __init__(self, draw):
-        self.draw, self.calls = draw, 0
+        self.draw, self.calls, self.chunks = draw, 0, []
 
     def time_call(self, fn):
         return self.time_calls(fn, 1)[0]
 
     def time_calls(self, fn, n):
         self.calls += n
+        self.chunks.append(n)
         return [self.draw() for _ in range(n)]
 
     def sync(self):
@@ -276,7 +277,8 @@ def test_timing_stops_once_the_median_is_known_and_a_noisy_kernel_uses_its_budge
     rng = random.Random(0)
     steady = _Clock(lambda: 1e-3 * (1 + 0.005 * rng.random()))  # 0.5 % spread: known at once
     samples, stopped = bench(steady, lambda: None, s)
-    assert not stopped and 32 <= len(samples) <= 40
+    timed = steady.chunks[2:]  # after the two single calls that size the budget
+    assert not stopped and len(samples) == sum(timed) >= measure._PRECISE_MIN > sum(timed[:-1])  # the first check it could
     noisy = _Clock(lambda: 1e-3 * (1 + 0.5 * rng.random()))  # 50 %: never that precise
     samples, _ = bench(noisy, lambda: None, s.replace(max_reps=500))
     assert len(samples) == 500
@@ -462,3 +464,58 @@ def test_history_compares_only_lone_calls_the_host_did_not_delay(fast_settings, 
     assert len(set(lone)) == len(lone)  # each on buffers of its own
     if status == "SUSPECT":
         assert "never seen" in m.detail
+
+
+def test_a_kernel_that_works_only_when_its_call_will_be_checked_is_caught(fast_settings):
+    """Each set's outputs are checked after its last call of a chunk. A kernel told where each
+    call falls in its chunk (as one could count calls between the gaps the host's checks leave)
+    and that did the work only on the calls a cycle of the sets makes last (the final one per
+    set) would pass with a fixed order; with the order drawn at random it leaves some set's
+    last call undone in almost every chunk."""
+    spec = builtin_spec("softmax", "16x64", "fp32")
+    sets = {}
+
+    class Host(HostClock):
+        position = None  # (index in the chunk, chunk length) while timing, else None
+
+        def load(self, artifact, op):
+            return cheat
+
+        def time_calls(self, fn, n):
+            out = []
+            for i in range(n):
+                self.position = (i, n)
+                out.append(self.time_call(fn))
+            self.position = None
+            return out
+
+    host = Host()
+
+    def cheat(x, y):
+        sets.setdefault(x.data_ptr(), len(sets))
+        if host.position is not None:
+            i, n = host.position
+            if i < n - 3:  # a cycle of three sets calls each one last among the chunk's final three
+                return
+        softmax_kernel(x, y)
+
+    settings = fast_settings.replace(bench_budget_s=10.0, min_reps=3, max_reps=3 + 6 * 32, precision=0.0)
+    m = measure.measure(host, "-", spec, settings)
+    assert m.status.value == "WRONG_RESULT", m.detail
+    assert "a timed call's result was wrong" in m.detail
+
+
+def test_the_rotation_never_repeats_a_set_back_to_back_and_its_order_is_not_a_cycle():
+    op = load_op(builtin_spec("softmax", "16x64", "fp32"))
+    order = []
+
+    class Host(HostBackend):
+        def launch(self, kernel, args):
+            order.append(args[0].data_ptr())
+
+    rot = measure._Rotation(Host(), None, op)
+    for _ in range(300):
+        rot.call()
+    assert all(a != b for a, b in zip(order, order[1:]))
+    assert len(set(order)) == 3
+    assert any(order[i] != order[i + 3] for i in range(len(order) - 3))  # a cycle of three repeats every third

@@ -10,7 +10,9 @@ be one it cannot tell from a checked one:
 * Timing rotates over several buffer sets (distinct inputs, outputs and addresses), so no two
   consecutive calls see the same buffers; after every chunk of timed calls, outside the timed
   region, the outputs of each set are checked against that set's reference, its inputs and
-  guard bands against their pristine state, and its outputs poisoned again. A candidate whose
+  guard bands against their pristine state, and its outputs poisoned again. The order of the
+  sets and the length of each chunk are drawn at random: a kernel that knew which of its
+  calls would be checked (each set's last call of a chunk) could do the work on those alone. A candidate whose
   timed outputs are wrong is WRONG_RESULT, with the call that showed it.
 * History: single calls on inputs the candidate has never seen are timed after the search's
   timing; a candidate much faster on buffers it has seen (a result cache, a skip when handed
@@ -471,22 +473,26 @@ class Caught(Exception):
 
 
 class _Rotation:
-    """The buffer sets that timed calls cycle through (one per pooled seed, up to `n`):
-    consecutive calls never see the same buffers, and each set's outputs are checked after
-    every chunk of timed calls (`verify`, outside the timed region)."""
+    """The buffer sets that timed calls go through (one per pooled seed, up to `n`), in an order
+    drawn at random: consecutive calls never see the same buffers, and each set's outputs are
+    checked after every chunk of timed calls (`verify`, outside the timed region)."""
 
     def __init__(self, backend, kernel, op: Op, n: int = 3):
         self.backend, self.kernel = backend, kernel
         pooled = _pooled(op, backend)
         self.sets = [_BufferSet(backend, op, *_device_set(backend, op, seed, ref))
                      for seed, ref in _rng.sample(pooled, min(n, len(pooled)))]
-        self.i = 0
+        self.last = -1  # the set of the last call
         self.calls = 0
         self.used: set[int] = set()  # sets called since the last verify
 
     def call(self) -> None:
-        k = self.i
-        self.i = (k + 1) % len(self.sets)
+        n = len(self.sets)
+        k = _rng.choice([j for j in range(n) if j != self.last] or [0])  # any set but the last one's
+        self._call(k)
+
+    def _call(self, k: int) -> None:
+        self.last = k
         self.calls += 1
         self.used.add(k)
         self.backend.launch(self.kernel, self.sets[k].args)
@@ -501,8 +507,11 @@ class _Rotation:
         self.backend.sync()
         for k, s in enumerate(self.sets):
             s.poison(self.sets[(k + 1) % n].ref, always=True)
-        for _ in range(n):
-            self.call()
+        order = _rng.sample(range(n), n)
+        if order[0] == self.last:
+            order.reverse()
+        for k in order:
+            self._call(k)
         self.verify()
 
     def verify(self) -> None:
@@ -518,7 +527,7 @@ class _Rotation:
                              f"after {self.calls} timed calls; its checks had passed): {why}")
 
 
-_CHUNK = 32  # timed repetitions queued before the host waits and checks for an early stop
+_CHUNK = 32  # timed repetitions queued before the host waits and checks (on average: drawn per chunk)
 
 
 def bench(backend, fn: Callable[[], None], settings: Settings, best_s: float | None = None,
@@ -545,7 +554,7 @@ def bench(backend, fn: Callable[[], None], settings: Settings, best_s: float | N
     while len(samples) < reps:
         # In chunks (queued, waited for once): min_reps first, so that a clearly slower
         # candidate stops as early as before, then larger ones.
-        chunk = settings.min_reps if not samples else _CHUNK
+        chunk = settings.min_reps if not samples else _rng.randint(_CHUNK // 2, _CHUNK * 3 // 2)
         samples.extend(backend.time_calls(fn, min(chunk, reps - len(samples))))
         if between is not None:
             between()
