@@ -471,7 +471,8 @@ def test_a_kernel_that_works_only_when_its_call_will_be_checked_is_caught(fast_s
     call falls in its chunk (as one could count calls between the gaps the host's checks leave)
     and that did the work only on the calls a cycle of the sets makes last (the final one per
     set) would pass with a fixed order; with the order drawn at random it leaves some set's
-    last call undone in almost every chunk."""
+    last call undone in almost every chunk. (Its unchecked calls take as long as the work: the
+    history check, which catches a kernel faster on the calls it skips, stays silent.)"""
     spec = builtin_spec("softmax", "16x64", "fp32")
     sets = {}
 
@@ -496,7 +497,8 @@ def test_a_kernel_that_works_only_when_its_call_will_be_checked_is_caught(fast_s
         if host.position is not None:
             i, n = host.position
             if i < n - 3:  # a cycle of three sets calls each one last among the chunk's final three
-                return
+                softmax_kernel(x, torch.empty_like(y))  # as long as the work (the history check
+                return                                   # sees no difference), its result dropped
         softmax_kernel(x, y)
 
     settings = fast_settings.replace(bench_budget_s=10.0, min_reps=3, max_reps=3 + 6 * 32, precision=0.0)
