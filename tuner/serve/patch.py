@@ -267,10 +267,11 @@ def routed(op: str, patch_id: int, inputs: list):
 
 def left_to_compiler(op: str, patch_id: int, inputs: list) -> bool:
     """True while torch.compile traces a call the table has no kernel for, or of an op the
-    patch leaves to the compiler (`under_compile`): the module's own forward is traced instead, so the compiler fuses it as it would unpatched. Decided once per
-    traced shape (the table's lookup, nothing built); with dynamic sizes the custom op decides
-    per call. Why: a fallback inside the custom op is torch's own op out of the compiler's
-    reach, unfused, plus the op's dispatch (bench/RESULTS.md, the decode layer)."""
+    patch leaves to the compiler (`under_compile`): the module's own forward is traced
+    instead, so the compiler fuses it as it would unpatched. Decided once per traced shape
+    (the table's lookup, nothing built); with dynamic sizes the custom op decides per call.
+    Why: a fallback inside the custom op is torch's own op out of the compiler's reach,
+    unfused, plus the op's dispatch (bench/RESULTS.md, the decode layer)."""
     import torch
     if not torch.compiler.is_compiling():
         return False
