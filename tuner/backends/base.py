@@ -22,9 +22,11 @@ Contract for implementers:
 * `launch(kernel, args)` runs the kernel once on device tensors: inputs first, then the
   outputs that the harness allocated and poisoned. Crashes and hangs are the worker's
   problem (the parent kills and replaces it), not the backend's.
-* `time_call(fn)` returns the seconds of one call of `fn`, with the caches flushed before
-  it and the flush itself not timed (device events on accelerators, a monotonic clock on
-  the CPU). `time_calls(fn, n)` returns n such samples; an accelerator may queue them all
+* `time_call(fn, before=None)` returns the seconds of one call of `fn`, with the caches
+  flushed before it and the flush itself not timed (device events on accelerators, a
+  monotonic clock on the CPU); `before()`, when given, runs ahead of the flush and is not
+  timed either (the harness poisons the call's outputs there). `time_calls(fn, n, before)`
+  returns n such samples, `before` ahead of each call; an accelerator may queue them all
   and wait once, so the device does not idle while the host launches the next repetition.
   After `time_call`, `last_call_clean` (default True) is False when the sample may include
   the device waiting for the host's launch (a lone call on a slow host): a check that
@@ -73,8 +75,9 @@ class Device(Protocol):
     def memcheck_ahead(self, op: OpSpec) -> None: ...
     def launch_checked(self, kernel: Any, args: list) -> None: ...
     def sync(self) -> None: ...
-    def time_call(self, fn: Callable[[], None]) -> float: ...
-    def time_calls(self, fn: Callable[[], None], n: int) -> list[float]: ...
+    def time_call(self, fn: Callable[[], None], before: Callable[[], None] | None = None) -> float: ...
+    def time_calls(self, fn: Callable[[], None], n: int,
+                   before: Callable[[], None] | None = None) -> list[float]: ...
     def context_lost(self) -> bool: ...
 
 
@@ -241,10 +244,17 @@ class Backend(abc.ABC):
         return False
 
     @abc.abstractmethod
-    def time_call(self, fn: Callable[[], None]) -> float: ...
+    def time_call(self, fn: Callable[[], None], before: Callable[[], None] | None = None) -> float:
+        """Seconds of one call of `fn` (its kernel's time, the caches flushed first). `before`,
+        when given, runs first, ahead of the flush, and is never part of the time: the harness
+        refills the outputs there (tuner/exec/measure.py), so its work must not sit in the
+        caches for the timed call either."""
 
-    def time_calls(self, fn: Callable[[], None], n: int) -> list[float]:
-        return [self.time_call(fn) for _ in range(n)]
+    def time_calls(self, fn: Callable[[], None], n: int,
+                   before: Callable[[], None] | None = None) -> list[float]:
+        """`n` calls as `time_call` times one, `before` ahead of each; a backend may queue them
+        and wait once."""
+        return [self.time_call(fn, before) for _ in range(n)]
 
 
 def meta_args(op: OpSpec):

@@ -232,11 +232,13 @@ class CpuBackend(Backend):
         else:  # a served kernel, in this process
             kernel(*[ctypes.c_void_p(t.data_ptr()) for t in args])
 
-    def time_call(self, fn: Callable[[], None]) -> float:
+    def time_call(self, fn: Callable[[], None], before: Callable[[], None] | None = None) -> float:
         """`fn` once, the caches flushed first: the seconds its kernel launches took by their
         host's clock (each flushed in its host, which checks the judge's clock: cpu_host), or,
         when `fn` launched nothing on a host (the torch reference runs here), `fn` once more,
-        flushed and timed here."""
+        flushed and timed here. `before` runs here first (the host flushes after it)."""
+        if before is not None:
+            before()
         self._timed = []
         try:
             fn()

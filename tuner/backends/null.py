@@ -120,6 +120,8 @@ class NullBackend(Backend):
     def sandbox(self) -> str:
         return "kernel process: none (no candidate code runs on this backend)"
 
-    def time_call(self, fn: Callable[[], None]) -> float:
+    def time_call(self, fn: Callable[[], None], before: Callable[[], None] | None = None) -> float:
+        if before is not None:
+            before()
         fn()  # sets self._time to the scripted time of the kernel it launches
         return self._time

@@ -93,7 +93,9 @@ class ReplayBackend(Backend):
     def sandbox(self) -> str:
         return "kernel process: none (no candidate code runs on this backend)"
 
-    def time_call(self, fn: Callable[[], None]) -> float:
+    def time_call(self, fn: Callable[[], None], before: Callable[[], None] | None = None) -> float:
+        if before is not None:
+            before()
         self._time = None
         t0 = time.perf_counter()
         fn()

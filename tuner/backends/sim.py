@@ -599,9 +599,11 @@ class SimBackend(Backend):
         # Holding the tensors keeps their addresses from being reused by the next check's.
         self._last = (kernel, list(args), [a._version for a in args])
 
-    def time_call(self, fn: Callable[[], None]) -> float:
+    def time_call(self, fn: Callable[[], None], before: Callable[[], None] | None = None) -> float:
         """The modelled seconds of the kernel `fn` launches; for anything else (the torch
         reference) the op's roofline bound on the chip (see the module docstring)."""
+        if before is not None:
+            before()
         self._time = None
         if fn is self._ref_fn:  # the reference again: no need to run it on the host
             return self._reference_s()

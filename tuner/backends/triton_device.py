@@ -116,7 +116,7 @@ class TritonDevice(Backend):
 
     # ---- timing -------------------------------------------------------------------------
 
-    def time_call(self, fn: Callable[[], None]) -> float:
+    def time_call(self, fn: Callable[[], None], before: Callable[[], None] | None = None) -> float:
         """One call, as one repetition of `time_calls`. A lone call has no queue ahead of it:
         if the host takes longer to launch it than the device takes to flush (a busy machine's
         compile processes preempt it, a launch path that runs cold after a wait), the device
@@ -128,7 +128,7 @@ class TritonDevice(Backend):
         inside the pair. Never a second call here: a call made again on the same buffers is
         one a kernel could answer from what it kept of the first."""
         if self.interpret:
-            return self.time_calls(fn, 1)[0]
+            return self.time_calls(fn, 1, before)[0]
         dev = self._module()
         flush = self._flush()
         if len(self._single) < 3:
@@ -137,6 +137,8 @@ class TritonDevice(Backend):
         stream = dev.current_stream(self.device)
         spin = getattr(dev, "_sleep", None)
         hold = min(2 * self._host_launch_s, _MAX_HOLD_S) if spin is not None else 0.0
+        if before is not None:
+            before()  # queued ahead of the flush: its lines leave the cache with the flush's
         t0 = time.perf_counter()
         mark.record(stream)
         flush.zero_()
@@ -170,10 +172,13 @@ class TritonDevice(Backend):
             self._spin_hz = 1_000_000 / max(a.elapsed_time(b) * 1e-3, 1e-6)
         return self._spin_hz
 
-    def time_calls(self, fn: Callable[[], None], n: int) -> list[float]:
+    def time_calls(self, fn: Callable[[], None], n: int,
+                   before: Callable[[], None] | None = None) -> list[float]:
         if self.interpret:
             out = []
             for _ in range(n):
+                if before is not None:
+                    before()
                 t0 = time.perf_counter()
                 fn()
                 out.append(time.perf_counter() - t0)
@@ -185,6 +190,8 @@ class TritonDevice(Backend):
         pairs = self._events[:n]
         stream = dev.current_stream(self.device)  # looked up once: tens of us a time
         for start, end in pairs:
+            if before is not None:
+                before()
             flush.zero_()
             start.record(stream)
             fn()

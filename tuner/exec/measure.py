@@ -8,7 +8,9 @@ be one it cannot tell from a checked one:
   a kernel that computes only when it sees NaN is caught), every buffer between guard bands,
   inputs compared with their pristine copies afterwards, a per-dtype tolerance; two checks.
 * Timing rotates over several buffer sets (distinct inputs, outputs and addresses), so no two
-  consecutive calls see the same buffers; after every chunk of timed calls, outside the timed
+  consecutive calls see the same buffers, and each timed call's outputs are poisoned afresh
+  before it, untimed (no call finds its own earlier result there to skip the work on);
+  after every chunk of timed calls, outside the timed
   region, the outputs of each set are checked against that set's reference, its inputs and
   guard bands against their pristine state, and its outputs poisoned again. The order of the
   sets and the length of each chunk are drawn at random: a kernel that knew which of its
@@ -483,12 +485,24 @@ class _Rotation:
         self.sets = [_BufferSet(backend, op, *_device_set(backend, op, seed, ref))
                      for seed, ref in _rng.sample(pooled, min(n, len(pooled)))]
         self.last = -1  # the set of the last call
+        self.next: int | None = None  # the set `before` made ready for the next call
         self.calls = 0
         self.used: set[int] = set()  # sets called since the last verify
 
-    def call(self) -> None:
+    def before(self) -> None:
+        """Untimed, ahead of each timed call (the backend's `before`): picks the set of the next
+        call (any but the last one's) and fills its outputs with a fresh poison. No timed call
+        finds the result an earlier call left in its outputs: a kernel that computes a sample
+        of its result, finds it already there and skips the rest would otherwise be timed
+        skipping, and for a kernel of a few microseconds the history check cannot tell."""
         n = len(self.sets)
-        k = _rng.choice([j for j in range(n) if j != self.last] or [0])  # any set but the last one's
+        self.next = _rng.choice([j for j in range(n) if j != self.last] or [0])
+        self.sets[self.next].poison()
+
+    def call(self) -> None:
+        k, self.next = self.next, None
+        if k is None:  # a warm-up call, not timed
+            k = _rng.choice([j for j in range(len(self.sets)) if j != self.last] or [0])
         self._call(k)
 
     def _call(self, k: int) -> None:
@@ -531,13 +545,15 @@ _CHUNK = 32  # timed repetitions queued before the host waits and checks (on ave
 
 
 def bench(backend, fn: Callable[[], None], settings: Settings, best_s: float | None = None,
-          between: Callable[[], None] | None = None) -> tuple[list[float], bool]:
+          between: Callable[[], None] | None = None,
+          before: Callable[[], None] | None = None) -> tuple[list[float], bool]:
     """Raw samples of `fn` in seconds, and whether timing stopped early (clearly slower).
     `between` runs after the warm-up and after every chunk of timed calls, untimed (the
-    rotation's checks: it raises to stop)."""
-    first = backend.time_call(fn)  # also a warm-up: first-touch, lazy loading
+    rotation's checks: it raises to stop); `before` ahead of every timed call, untimed (the
+    rotation's poison: see the backends' `time_calls`)."""
+    first = backend.time_call(fn, before)  # also a warm-up: first-touch, lazy loading
     t0 = time.perf_counter()
-    est = min(first, backend.time_call(fn))
+    est = min(first, backend.time_call(fn, before))
     # The budget is wall time: a repetition costs its cache flush and launch too. Sized from
     # the kernel's time alone, a 20 us kernel on the cpu backend (whose flush writes twice the
     # last-level cache, milliseconds) got max_reps repetitions: ~15 s per candidate, ~90 s
@@ -555,7 +571,7 @@ def bench(backend, fn: Callable[[], None], settings: Settings, best_s: float | N
         # In chunks (queued, waited for once): min_reps first, so that a clearly slower
         # candidate stops as early as before, then larger ones.
         chunk = settings.min_reps if not samples else _rng.randint(_CHUNK // 2, _CHUNK * 3 // 2)
-        samples.extend(backend.time_calls(fn, min(chunk, reps - len(samples))))
+        samples.extend(backend.time_calls(fn, min(chunk, reps - len(samples)), before))
         if between is not None:
             between()
         if (best_s is not None and len(samples) >= settings.min_reps
@@ -643,7 +659,7 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
         rotation = _Rotation(backend, kernel, op)
         t2 = time.perf_counter()
         samples, stopped = _forgiving_one_late_start(
-            "timing", lambda: bench(backend, rotation.call, settings, best_s, rotation.verify))
+            "timing", lambda: bench(backend, rotation.call, settings, best_s, rotation.verify, rotation.before))
         rotation.decoy_round()
         TIMES["reps"] += len(samples)
         median = max(statistics.median(samples), 1e-12)  # 0 s is suspect, not a division by zero
@@ -795,7 +811,7 @@ def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
             if isinstance(out[i], str):
                 continue
             try:
-                s, _ = bench(backend, rot.call, short, between=rot.verify)
+                s, _ = bench(backend, rot.call, short, between=rot.verify, before=rot.before)
                 rot.decoy_round()
             except Caught as e:
                 out[i] = f"re-timing: {e}"
