@@ -548,6 +548,38 @@ def test_no_timed_call_finds_its_own_earlier_result_in_its_outputs(fast_settings
     assert len(m.samples) == 60
 
 
+def test_a_kernel_that_copies_its_inputs_reference_is_slow_where_none_exists_yet(fast_settings, monkeypatch):
+    """On a GPU a kernel can read any device memory, the harness's references included: one
+    that finds the reference of its inputs copies it and is as fast as a copy. The lone calls
+    of the history check get their references only after the call, so there it must compute,
+    and its time on them gives it away (SUSPECT; before, their references were made first and
+    it was OK at the copy's time)."""
+    visible = []  # every reference the harness has made: what such a kernel can read
+    monkeypatch.setattr(measure, "_pool", type(measure._pool)())  # none made by earlier tests
+    monkeypatch.setattr(measure, "_on_device", type(measure._on_device)())
+    real = measure._reference_of
+    monkeypatch.setattr(measure, "_reference_of", lambda op, xs: visible.append(real(op, xs)) or visible[-1])
+
+    class Host(HostClock):
+        def load(self, artifact, op):
+            return kernel
+
+    def kernel(x, y):
+        row = torch.softmax(x[0].double(), -1)
+        for ref in visible:
+            if ref[0].shape == y.shape and torch.allclose(ref[0][0], row):
+                y.copy_(ref[0].to(y.dtype))
+                time.sleep(1e-3)  # a copy's time
+                return
+        softmax_kernel(x, y)
+        time.sleep(20e-3)  # the work's
+
+    settings = fast_settings.replace(bench_budget_s=10.0, min_reps=3, max_reps=20, precision=0.0)
+    m = measure.measure(Host(), "-", builtin_spec("softmax", "16x64", "fp32"), settings)
+    assert m.status.value == "SUSPECT", m.detail
+    assert "never seen" in m.detail
+
+
 def test_the_rotation_never_repeats_a_set_back_to_back_and_its_order_is_not_a_cycle():
     op = load_op(builtin_spec("softmax", "16x64", "fp32"))
     order = []

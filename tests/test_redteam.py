@@ -26,8 +26,9 @@ C_CASES = {
     # before every timed call stands against it (never finds its result there: not faster).
     "half_if_done": ("not faster", ""),
     # Slower on inputs it never saw; or, when the host's own calls after the kernel's return
-    # overwrote the tail of its stash, a wrong timed result. Never OK.
-    "stack_cache": ((Status.SUSPECT, Status.WRONG_RESULT), ""),
+    # overwrote the tail of its stash, a wrong timed result; or, where the budget buys so few
+    # timed calls that most are its first on a set (misses), OK at the time of the work.
+    "stack_cache": ((Status.SUSPECT, Status.WRONG_RESULT, "not faster"), ""),
     "result_cache": (Status.COMPILE_ERROR, "writable global or static data"),
     "same_buffers": (Status.COMPILE_ERROR, "writable global or static data"),
     "restore_input": (Status.RUNTIME_ERROR, "inputs were read-only"),

@@ -302,6 +302,17 @@ def _check_reference_after(backend, kernel, op: Op, seed: int) -> tuple[str | No
     the one for its inputs could copy it instead of computing. Here the inputs are new, the
     outputs are allocated from the op's shapes, and the float64 reference is made from the
     untouched inputs after the kernel has returned."""
+    bufs = _unreferenced_set(backend, op, seed)
+    refused = _launch_once(backend, kernel, bufs)
+    if refused:
+        return refused, 0.0, 0.0
+    _make_reference(backend, op, bufs)
+    return bufs.verdict()
+
+
+def _unreferenced_set(backend, op: Op, seed: int) -> "_BufferSet":
+    """A buffer set of `seed`'s inputs whose reference is not made yet (`_make_reference`, once
+    the kernel has run on it): its outputs allocated from the op's shapes."""
     import torch
 
     from tuner.core.ops import arg_specs
@@ -311,18 +322,22 @@ def _check_reference_after(backend, kernel, op: Op, seed: int) -> tuple[str | No
     if not backend.isolated_kernels:
         for t in xs:
             t._tuner_digest = _digest(t)
-    on_host = where is None and getattr(backend, "verify_on_host", False)
     ref_device = xs[0].device if xs else (where or "cpu")  # the outputs go beside the inputs
     _, outs = arg_specs(op)
     placeholders = [torch.empty(shape, dtype=torch.float64 if dt.is_floating_point else dt, device=ref_device)
                     for shape, dt in outs]
     bufs = _BufferSet(backend, op, xs, placeholders)
-    refused = _launch_once(backend, kernel, bufs)
-    if refused:
-        return refused, 0.0, 0.0
-    ref = _reference_of(op, xs) if host is None else _reference_of(op, host)
+    bufs.host_inputs = host
+    return bufs
+
+
+def _make_reference(backend, op: Op, bufs: "_BufferSet") -> None:
+    """The reference of an `_unreferenced_set`, from its pristine inputs (digest-checked by the
+    verdict: a kernel that wrote into them is caught, not believed)."""
+    host = bufs.host_inputs
+    on_host = host is not None and getattr(backend, "verify_on_host", False)
+    ref = _reference_of(op, bufs.pristine) if host is None else _reference_of(op, host)
     bufs.ref = ref if on_host or host is None else [backend.to_device(r) for r in ref]
-    return bufs.verdict()
 
 
 class _BufferSet:
@@ -340,6 +355,7 @@ class _BufferSet:
         # Made where the reference lives, so on the device: no host buffer copied over per check.
         where = pristine[0].device if pristine else None  # the kernel's device (refs may stay on the host)
         self.outs = [_guarded(backend, r.shape, out_dtype(op, r), where or r.device) for r in ref_dev]
+        self.host_inputs: list | None = None  # the host's draw, where the reference is made from it
         self.good: list | None = None  # outputs that passed the full check (see verdict)
         self.good_err = (0.0, 0.0)
         self.poison()
@@ -707,8 +723,9 @@ _HISTORY_S = 20e-6     # absolute slack where the backend states none (`Backend.
 
 def _history(backend, kernel, op: Op, rotation: _Rotation, median: float) -> str | None:
     """Why the kernel's time depends on the calls before it, or None. Single calls on inputs
-    it has never seen (each from a brand-new seed, its reference made here, in new buffers,
-    outputs poisoned), timed as the timed calls are and then checked: an honest kernel takes
+    it has never seen (each from a brand-new seed, in new buffers, outputs poisoned, its
+    reference made only after the call), timed as the timed calls are and then checked: an
+    honest kernel takes
     about its median; one that skips work on buffers or inputs it has seen (a result cache
     keyed by the inputs, wherever it keeps it: even an uninitialised local array that the next
     call finds where the last one left it) is fast only on the rotation's, and one that skips
@@ -720,10 +737,15 @@ def _history(backend, kernel, op: Op, rotation: _Rotation, median: float) -> str
     when none is clean the unclean ones count."""
     clean, unclean, made = [], [], []
     for _ in range(2):  # a second batch only while too few samples were clean
-        made.append(_fresh_sets(backend, op, _FRESH_CALLS - len(clean)))  # kept: new addresses too
+        # Their references are made after the calls: while it runs, none of these inputs'
+        # results exists anywhere a kernel could copy it from (see _check_reference_after).
+        made.append([_unreferenced_set(backend, op, _rng.randrange(1, 2**31))
+                     for _ in range(_FRESH_CALLS - len(clean))])  # kept: new addresses too
         for fresh in made[-1]:
             t = backend.time_call(lambda: backend.launch(kernel, fresh.args))
             (clean if getattr(backend, "last_call_clean", True) else unclean).append(t)
+        for fresh in made[-1]:
+            _make_reference(backend, op, fresh)
             why, _, _ = fresh.verdict()
             if why:
                 raise Caught(f"a call on buffers it had not seen before was wrong (its checks and timed "
@@ -737,20 +759,6 @@ def _history(backend, kernel, op: Op, rotation: _Rotation, median: float) -> str
                 f"({median * 1e6:.1f} us median): its time depends on the calls before it (results "
                 f"kept between calls, or work skipped on buffers seen before)")
     return None
-
-
-def _fresh_sets(backend, op: Op, n: int) -> list:
-    """`n` buffer sets of brand-new inputs with their references, all made before any is
-    timed (a reference computed just before a call slowed it)."""
-    where = backend.data_device()
-    sets = []
-    for _ in range(n):
-        xs = op.make_inputs(_rng.randrange(1, 2**31), where)  # made once: they are not kept
-        ref = _reference_of(op, xs)
-        if where is None:
-            xs, ref = [backend.to_device(x) for x in xs], [backend.to_device(r) for r in ref]
-        sets.append(_BufferSet(backend, op, xs, ref))
-    return sets
 
 
 def time_reference(backend, spec: OpSpec, settings: Settings) -> list[float]:
