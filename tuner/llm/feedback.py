@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
