@@ -9,16 +9,17 @@ be one it cannot tell from a checked one:
   inputs compared with their pristine copies afterwards, a per-dtype tolerance; two checks.
 * Timing rotates over several buffer sets (distinct inputs, outputs and addresses), so no two
   consecutive calls see the same buffers, and each timed call's outputs are poisoned afresh
-  before it, untimed (no call finds its own earlier result there to skip the work on);
-  after every chunk of timed calls, outside the timed
-  region, the outputs of each set are checked against that set's reference, its inputs and
-  guard bands against their pristine state, and its outputs poisoned again. The order of the
-  sets and the length of each chunk are drawn at random: a kernel that knew which of its
-  calls would be checked (each set's last call of a chunk) could do the work on those alone. A candidate whose
-  timed outputs are wrong is WRONG_RESULT, with the call that showed it.
-* History: single calls on inputs the candidate has never seen are timed after the search's
-  timing; a candidate much faster on buffers it has seen (a result cache, a skip when handed
-  the same buffers) is SUSPECT, with both times.
+  before it, untimed (no call finds its own earlier result there to skip the work on); after
+  every chunk of timed calls, outside the timed region, the outputs of each set are checked
+  against that set's reference, its inputs and guard bands against their pristine state, and
+  its outputs poisoned again. The order of the sets and the length of each chunk are drawn
+  at random: a kernel that knew which of its calls would be checked (each set's last call of
+  a chunk) could do the work on those alone. A candidate whose timed outputs are wrong is
+  WRONG_RESULT, with the call that showed it.
+* History: single calls on inputs the candidate has never seen, their references made only
+  after the calls, are timed after the search's timing; a candidate much faster on buffers
+  it has seen (a result cache, a skip when handed the same buffers, a copy of a reference
+  found in device memory) is SUSPECT, with both times.
 * Physics: a median under `floor_s` (the time the op's bytes or FLOPs take at the device's
   measured peaks, with a margin: tuner/exec/evaluate.py) is SUSPECT, with the bound it broke,
   after a re-check on brand-new inputs.
@@ -725,11 +726,11 @@ def _history(backend, kernel, op: Op, rotation: _Rotation, median: float) -> str
     """Why the kernel's time depends on the calls before it, or None. Single calls on inputs
     it has never seen (each from a brand-new seed, in new buffers, outputs poisoned, its
     reference made only after the call), timed as the timed calls are and then checked: an
-    honest kernel takes
-    about its median; one that skips work on buffers or inputs it has seen (a result cache
-    keyed by the inputs, wherever it keeps it: even an uninitialised local array that the next
-    call finds where the last one left it) is fast only on the rotation's, and one that skips
-    work here too is wrong here (raises Caught). Pooled seeds would not do: the rotation's
+    honest kernel takes about its median; one that skips work on buffers or inputs it has
+    seen (a result cache keyed by the inputs, wherever it keeps it: even an uninitialised
+    local array that the next call finds where the last one left it), or that copies the
+    reference of its inputs from device memory (none exists here while it runs), is fast only
+    on the rotation's, and one that skips work here too is wrong here (raises Caught). Pooled seeds would not do: the rotation's
     inputs come from the pool, and a cache keyed by their contents would hit here too.
     A sample in which the device may have waited for the host's launch (the backend's
     `last_call_clean`: a lone call on a loaded machine) is not compared; more fresh sets are
