@@ -512,15 +512,15 @@ class _Rotation:
         finds the result an earlier call left in its outputs: a kernel that computes a sample
         of its result, finds it already there and skips the rest would otherwise be timed
         skipping, and for a kernel of a few microseconds the history check cannot tell."""
-        n = len(self.sets)
-        self.next = _rng.choice([j for j in range(n) if j != self.last] or [0])
+        self.next = self._any_but_last()
         self.sets[self.next].poison()
 
     def call(self) -> None:
         k, self.next = self.next, None
-        if k is None:  # a warm-up call, not timed
-            k = _rng.choice([j for j in range(len(self.sets)) if j != self.last] or [0])
-        self._call(k)
+        self._call(self._any_but_last() if k is None else k)  # None: a warm-up call, not timed
+
+    def _any_but_last(self) -> int:
+        return _rng.choice([j for j in range(len(self.sets)) if j != self.last] or [0])
 
     def _call(self, k: int) -> None:
         self.last = k
