@@ -21,6 +21,12 @@ CHEATS = {
         "import math\n", "import math\nfrom triton.language.core import builtins as b\n"),
     "host lambda call": GOOD.replace("    n = x.numel()", "    n = (lambda: x.sum())()"),
     "torch in a kernel": GOOD.replace("    offs = tl.program_id(0)", "    t = torch.float32\n    offs = tl.program_id(0)"),
+    # Expressions Python runs that the checker once did not read: a nested function's decorator
+    # (run when `launch` defines it) and a module-level annotation (run on import).
+    "nested decorator": GOOD.replace("    n = x.numel()", "    @__import__('os').system('true')\n    def f():\n"
+                                     "        pass\n    n = x.numel()"),
+    "nested jit": GOOD.replace("    n = x.numel()", "    @triton.jit\n    def f(p):\n        pass\n    n = x.numel()"),
+    "module annotation": GOOD.replace("SCALE = 2.0", "SCALE: __import__('os').system('true') = 2.0"),
 }
 
 

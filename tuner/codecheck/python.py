@@ -148,6 +148,7 @@ class _Checker(ast.NodeVisitor):
         self.aliases: dict[str, str] = {}  # local name -> the module or module attribute it stands for
         self.functions: set[str] = set()
         self.in_jit = 0
+        self.depth = 0  # functions being visited, around the current node
 
     def fail(self, node: ast.AST, what: str) -> None:
         n = getattr(node, "lineno", 0)
@@ -166,11 +167,6 @@ class _Checker(ast.NodeVisitor):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             if isinstance(node, ast.FunctionDef):
-                for d in node.decorator_list:
-                    if not self._is_jit_decorator(d):
-                        self.fail(d, f"decorator {ast.unparse(d)!r}; only @triton.jit")
-                    if isinstance(d, ast.Call) and (d.args or not all(_const(k.value) for k in d.keywords)):
-                        self.fail(d, "@triton.jit(...) takes constant keyword arguments only")
                 self.visit(node)
             elif isinstance(node, (ast.Assign, ast.AnnAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -179,6 +175,11 @@ class _Checker(ast.NodeVisitor):
                     self.fail(node, "module-level code other than imports, functions and constants")
                 for t in targets:
                     self.visit(t)
+                if isinstance(node, ast.AnnAssign):  # evaluated on import, like the value
+                    if _dotted(node.annotation) is None:
+                        self.fail(node, "annotations must be plain names such as tl.constexpr")
+                    else:
+                        self.visit(node.annotation)
             elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
                     and isinstance(node.value.value, str):
                 continue  # a docstring
@@ -322,6 +323,16 @@ class _Checker(ast.NodeVisitor):
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         if node.name.startswith("__"):
             self.fail(node, f"function name {node.name!r}")
+        # A decorator is an expression run when the function is defined: nothing but the JIT,
+        # and that only on a module-level function (a decorator is not visited as code).
+        for d in node.decorator_list:
+            if self.depth:
+                self.fail(d, f"decorator {ast.unparse(d)!r} on a nested function")
+                continue
+            if not self._is_jit_decorator(d):
+                self.fail(d, f"decorator {ast.unparse(d)!r}; only @triton.jit")
+            if isinstance(d, ast.Call) and (d.args or not all(_const(k.value) for k in d.keywords)):
+                self.fail(d, "@triton.jit(...) takes constant keyword arguments only")
         for default in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
             if not _const(default):
                 self.fail(default, "non-constant default argument")
@@ -334,10 +345,12 @@ class _Checker(ast.NodeVisitor):
                     self.visit(a.annotation)
         if node.returns is not None:
             self.fail(node, "return annotation")
-        jit = any(self._is_jit_decorator(d) for d in node.decorator_list)
+        jit = not self.depth and any(self._is_jit_decorator(d) for d in node.decorator_list)
         self.in_jit += jit
+        self.depth += 1
         for stmt in node.body:
             self.visit(stmt)
+        self.depth -= 1
         self.in_jit -= jit
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
