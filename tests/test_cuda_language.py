@@ -95,6 +95,10 @@ def test_the_triton_policy_refuses_a_cuda_module_and_back():
     ('#incl\\\nude "/etc/passwd"', "angle brackets"),        # joined by the preprocessor
     ('%:include "/etc/passwd"', "angle brackets"),               # the digraph of #
     ("%: include </etc/shadow>", "only CUDA's device headers"),
+    # Probes of the compiling machine's files: the answer would come back in the compile error.
+    ('#if __has_include("/root/.ssh/id_rsa")\n#error yes\n#endif', "__has_include"),
+    ('#pragma GCC dependency "/etc/shadow"', "#pragma dependency"),
+    ('_Pragma("GCC dependency \\"/etc/shadow\\"")', "_Pragma"),
 ])
 def test_a_cuda_source_includes_only_device_headers(line, why):
     findings = cuda_source.check_source(line + "\n" + COPY)

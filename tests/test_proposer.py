@@ -108,6 +108,10 @@ def test_code_checks():
                   '__attribute__((constructor)) void g(void) {}\n#define CAT(a, b) a##b\n'
                   'void h() { __asm__("nop"); }\n')
     assert [f.line for f in bad] == [1, 2, 3, 4, 5]
+    # probes of the compiling machine's files (the answer would reach the compile error)
+    probes = check_c('#if __has_include("/root/.ssh/id_rsa")\n#error yes\n#endif\n'
+                     '#pragma GCC dependency "/etc/shadow"\nvoid f(float *y) { y[0] = 1.f; }\n')
+    assert [f.line for f in probes] == [1, 4]
     # names split across a backslash-newline are still found, on their first line
     assert [f.line for f in check_c('void f() { sys\\\ntem("x"); }')] == [1]
     assert check_python("import os\n") and check_python("import math\ndef launch(x, y):\n    pass\n") == []

@@ -72,9 +72,17 @@ def check_source(source: str) -> list[Finding]:
         line_no += chunk.count("\n") + 1
     for n, ln in logical:
         s = ln.strip()
+        # Probes of the compiling machine's files (whose answers would reach the compile error).
+        if re.search(r"__has_include|_Pragma", s):
+            out.append(Finding(n, original[n - 1] if n <= len(original) else "",
+                               "__has_include and _Pragma are not allowed: a kernel asks nothing of "
+                               "the machine's files (write #pragma for a pragma)"))
         if not s.startswith(("#", "%:")):  # `%:` is the digraph of `#`
             continue
         directive = s[2:].strip() if s.startswith("%:") else s[1:].strip()
+        if re.match(r"pragma\s+(GCC\s+)?dependency\b", directive):
+            out.append(Finding(n, original[n - 1] if n <= len(original) else "",
+                               "#pragma dependency reads another file; a kernel reads no files"))
         if directive.startswith(("include", "import", "include_next", "embed")):
             m = re.match(r"(include|include_next)\s*<([\w./-]+)>\s*$", directive)
             text = original[n - 1] if n <= len(original) else ""

@@ -63,6 +63,8 @@ def check_c(source: str) -> list[Finding]:
                            f"may be included ({', '.join(sorted(ALLOWED_HEADERS))})")
             elif directive.startswith(("define", "undef")) and "##" in directive:
                 bad(i, "token pasting (##) in a macro")
+            elif re.match(r"pragma\s+(GCC\s+)?dependency\b", directive):
+                bad(i, "#pragma dependency reads another file; a kernel reads no files")
             elif directive.startswith(("pragma", "if", "else", "elif", "endif", "define", "undef",
                                        "ifdef", "ifndef", "error", "warning", "line")):
                 pass
@@ -81,6 +83,8 @@ def check_c(source: str) -> list[Finding]:
             bad(i, f"__attribute__(({m.group(1)})) runs code when the library loads")
         if "_Pragma" in code:
             bad(i, "_Pragma: write #pragma instead")
+        if "__has_include" in code:  # a probe of the compiling machine's files
+            bad(i, "__has_include: a kernel asks nothing of the machine's files")
     return sorted(out, key=lambda f: f.line)
 
 
