@@ -424,6 +424,19 @@ def test_a_hostile_template_is_refused_at_once(template):
     assert time.monotonic() - t0 < 1.0
 
 
+def test_jinjas_lorem_ipsum_is_not_there():
+    """`lipsum(10**6)` ran for minutes in Jinja's own code, out of the render deadline's sight."""
+    import time
+
+    from tuner.core.skeleton import Skeleton, SkeletonError
+    from tuner.core.space import Space
+    space = Space.from_json({"params": {"V": {"values": [1]}}})
+    t0 = time.monotonic()
+    with pytest.raises(SkeletonError, match="'lipsum' is undefined"):
+        Skeleton("{{ lipsum(10**6, html=False)|length }}", space, "c").render(Config.of({"V": 1}), {})
+    assert time.monotonic() - t0 < 1.0
+
+
 def test_formats_and_filters_of_honest_sizes_still_render():
     from tuner.core.skeleton import Skeleton
     from tuner.core.space import Space
