@@ -118,6 +118,20 @@ def test_real_c_kernel_exact_and_nearest(exported, cache_dir):
         assert t.last.entry["backend"] == "cpu"
 
 
+def test_a_kernel_the_code_check_refuses_is_never_served(exported, cache_dir):
+    """A served kernel runs in the caller's process, unsandboxed: a table's kernel is checked
+    again with this version's checks (a table from before a check existed, or edited)."""
+    data = json.loads((exported / "tuning.json").read_text())
+    entry = next(e for e in data["entries"] if e["backend"] == "cpu")
+    entry["kernel"] = '#if __has_include("/etc/shadow")\n#endif\n' + entry["kernel"]
+    t = Table(data, backend="cpu", cache_dir=cache_dir)
+    x = torch.randn(16, 64)
+    assert torch.allclose(t("softmax", x), torch.softmax(x, -1))
+    assert t.last is None
+    why = t.explain("softmax", {"M": 16, "N": 64})[0]
+    assert "fails the code check" in why and "__has_include" in why, why
+
+
 def test_exported_module(exported, cache_dir, monkeypatch):
     spec = importlib.util.spec_from_file_location("tuned_kernels", exported / "tuned_kernels.py")
     mod = importlib.util.module_from_spec(spec)

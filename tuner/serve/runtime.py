@@ -11,7 +11,8 @@ Which entry serves a call (the rule, in order):
 1. Candidates are the table's entries for the op and dtype, with the same size names, whose
    device model is this machine's (the backend's `device_info().name`) and whose toolchain
    fingerprint is the live one (`tuner.serve.db.fingerprint`): a kernel tuned under another compiler,
-   torch, Triton or driver is never served. Pass `backend=` to choose among several backends;
+   torch, Triton or driver is never served; nor is one this version's code check refuses (a
+   served kernel runs in the caller's process, outside the tuner's sandbox). Pass `backend=` to choose among several backends;
    by default the first backend of the table whose device is here, accelerators first.
 2. An entry tuned at exactly the call's sizes is used as it was verified (its stored source).
 3. Otherwise the *nearest* tuned shape: the smallest sum over the sizes of |log2(call / tuned)|
@@ -241,6 +242,7 @@ class Table:
         self._devices: dict[str, Any] = {}
         self._kernels: dict[tuple, Kernel | None] = {}
         self._positions: dict[str, dict | str] = {}  # problem file op -> `problem.size_positions` (or why not)
+        self._refused: dict[tuple[str, str], str | None] = {}  # (language, source digest) -> `_forbidden`
         self._lock = threading.RLock()
         self.last: Kernel | None = None  # the kernel of the last call (None: the torch fallback)
 
@@ -303,6 +305,8 @@ class Table:
                 elif self.check_toolchain and e["fingerprint"] != fingerprint(dict(info.toolchain)):
                     why = (f"tuned with another toolchain ({_diff(e['toolchain'], dict(info.toolchain))}): "
                            f"stale here, never served")
+                else:
+                    why = self._forbidden(e, e["kernel"]) or ""
                 d = distance(sizes, e["sizes"]) if not why or "size names" not in why else math.inf
                 out.append(Candidate(e, d, d == 0, why))
         out.sort(key=lambda c: (bool(c.why_not), rank(sizes, c.entry["sizes"], c.entry["median_s"])
@@ -441,6 +445,23 @@ class Table:
         except (SkeletonError, BackendUnavailable, ValueError, KeyError) as e:
             return f"{type(e).__name__}: {e}"
 
+    def _forbidden(self, entry: dict, source: str) -> str | None:
+        """Why this version's code check refuses a kernel source of the entry's skeleton, or None.
+        A served kernel runs in the caller's own process, outside any sandbox, and a table is a
+        file: one written before a check was added, or edited by hand, is checked again here."""
+        from tuner.codecheck import Forbidden, require_clean
+        language = self.skeletons.get(entry.get("skeleton"), {}).get("language", "")
+        key = (language, hashlib.sha256(source.encode()).hexdigest())
+        with self._lock:
+            if key not in self._refused:
+                try:
+                    require_clean(language, source)
+                    self._refused[key] = None
+                except (Forbidden, SyntaxError) as err:
+                    self._refused[key] = (f"its kernel fails the code check ({err}); never served: tune "
+                                          f"the op again")
+            return self._refused[key]
+
     def _build(self, c: Candidate, sizes: dict[str, int]) -> Kernel | None:
         e = c.entry
         try:
@@ -454,6 +475,8 @@ class Table:
                     return None
                 source = skel.render(config, ctx)
         except (SkeletonError, BackendUnavailable, ValueError, KeyError):
+            return None
+        if self._forbidden(e, source) is not None:
             return None
         artifact = self._artifact(e, backend, skel.language, source, op.spec)
         if artifact is None:
