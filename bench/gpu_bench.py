@@ -11,7 +11,7 @@ cuBLAS bf16 rate for matmul and attention).
 
 `seeds`: the default search once per seed (--seeds, default 5) per case; every seed's winner,
 torch.compile, Liger and a copy of the op's bytes timed in one interleave: the spread a user
-sees running the same command twice.
+sees running the same command twice. Each seed's records are copied to <out>/records/.
 
 `autotune`: tuning wall time on the 202-config matmul space of bench/triton_matmul202.yaml at
 4096^3 bf16: the tuner (every config, grid; and TPE with a budget) against @triton.autotune
@@ -27,6 +27,7 @@ Writes <out>/gpu_<what>.json (rows appended as they finish) and prints a markdow
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -315,6 +316,10 @@ def cmd_seeds(args) -> None:
                 k = None
             row["seeds"][seed] = {k2: info[k2] for k2 in ("config", "run_best_us", "tune_wall_s", "trials", "error")
                                   if k2 in info}
+            # Each seed's records beside the table (small): what each search timed, in order.
+            for rec in (out / f"{op_name}_{shape}_{seed}").rglob("records.jsonl"):
+                (out / "records").mkdir(exist_ok=True)
+                shutil.copyfile(rec, out / "records" / f"{op_name}_{shape}_{seed}.jsonl")
             if k is not None:
                 kernels[f"seed {seed}"] = k
         spec = builtin_spec(op_name, shape, "bf16")
