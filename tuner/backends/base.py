@@ -118,10 +118,14 @@ class Backend(abc.ABC):
     # and need no digest (tuner/exec/measure.py).
     isolated_kernels: bool = False
     last_call_clean: bool = True  # see `time_call` in the module docstring
-    # How much slower than its timed median an honest kernel's lone call on fresh buffers can
-    # be here, beyond 2x (tuner/exec/measure.py's history check): a thread pool waking, a
-    # launch that no queue hides. A result cache that saves less than this goes unseen, so a
-    # backend whose lone calls are as fast as its queued ones says so with a smaller figure.
+    # The history check (tuner/exec/measure.py): a kernel whose fastest lone call on buffers it
+    # has never seen is more than `history_factor` times its timed median, and slower by more
+    # than `history_slack_s`, keeps something between calls. A kernel that keeps part of its
+    # result and gains less than the factor goes unseen, so a backend whose honest lone calls
+    # read close to their median says so with a smaller factor. The slack: what a lone call
+    # can add here beyond that (a thread pool waking, a launch that no queue hides); a backend
+    # whose lone calls are as fast as its queued ones says so with a smaller figure.
+    history_factor: float = 2.0
     history_slack_s: float = 20e-6
     # Whether a verification's float64 references stay on the host and outputs come over to be
     # compared there (npu: CANN's aclnn ops list no DOUBLE for NanToNum, abs and friends on

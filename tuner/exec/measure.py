@@ -718,7 +718,7 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
 
 
 _FRESH_CALLS = 3      # single calls on never-seen inputs, after the timing
-_HISTORY_FACTOR = 2.0  # this much slower than the timed median (and _HISTORY_S more) is flagged
+_HISTORY_FACTOR = 2.0  # where the backend states none (`Backend.history_factor`)
 _HISTORY_S = 20e-6     # absolute slack where the backend states none (`Backend.history_slack_s`)
 
 
@@ -754,7 +754,8 @@ def _history(backend, kernel, op: Op, rotation: _Rotation, median: float) -> str
         if len(clean) >= _FRESH_CALLS:
             break
     cold = min(clean or unclean)
-    if cold > _HISTORY_FACTOR * median and cold - median > getattr(backend, "history_slack_s", _HISTORY_S):
+    factor = getattr(backend, "history_factor", _HISTORY_FACTOR)
+    if cold > factor * median and cold - median > getattr(backend, "history_slack_s", _HISTORY_S):
         return (f"{cold / median:.1f}x slower on buffers it had never seen ({cold * 1e6:.1f} us, the "
                 f"fastest of {len(clean or unclean)} single calls) than on the buffers it was timed on "
                 f"({median * 1e6:.1f} us median): its time depends on the calls before it (results "
