@@ -62,9 +62,9 @@ class CpuBackend(Backend):
     isolated_kernels = True  # cpu_host: a process of its own
     # Lone calls here run in the same host, on buffers mapped and faulted in ahead (MAP_POPULATE)
     # and after the same cache flush: honest library kernels' fastest of three read at most
-    # 1.13x their median (bench/RESULTS.md), and a kernel that keeps half its rows in a freed
-    # heap block between calls gains 1.7x, which 2x let through.
-    history_factor = 1.5
+    # 1.21x their median, idle or loaded (bench/RESULTS.md), and a kernel that keeps half its
+    # rows in a freed heap block between calls gains 1.5-1.9x, which 2x let through.
+    history_factor = 1.4
 
     def __init__(self, device: int = 0, **options: Any) -> None:
         super().__init__(device, **options)
