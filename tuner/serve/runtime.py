@@ -12,8 +12,9 @@ Which entry serves a call (the rule, in order):
    device model is this machine's (the backend's `device_info().name`) and whose toolchain
    fingerprint is the live one (`tuner.serve.db.fingerprint`): a kernel tuned under another compiler,
    torch, Triton or driver is never served; nor is one this version's code check refuses (a
-   served kernel runs in the caller's process, outside the tuner's sandbox). Pass `backend=` to choose among several backends;
-   by default the first backend of the table whose device is here, accelerators first.
+   served kernel runs in the caller's process, outside the tuner's sandbox). Pass `backend=`
+   to choose among several backends; by default the first backend of the table whose device
+   is here, accelerators first.
 2. An entry tuned at exactly the call's sizes is used as it was verified (its stored source).
 3. Otherwise the *nearest* tuned shape: the smallest sum over the sizes of |log2(call / tuned)|
    (so 2048 is as far from 1024 as 512 is); ties go to a tuned shape at least as large as the
