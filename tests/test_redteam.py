@@ -127,6 +127,9 @@ OBJECTS = {
     "static": ("void tuner_kernel(float *x) { static int n; x[0] = n++; }", "writable global or static data"),
     "getenv": ('char *getenv(const char *); void tuner_kernel(float *x) { x[0] = !!getenv("HOME"); }', "'getenv'"),
     "no_entry": ("void kernel(float *x) { x[0] = 1; }", "no exported `tuner_kernel`"),
+    # A syscall written as data into .text and called: objdump's listing never showed it.
+    "text_data": ('__attribute__((section(".text"))) const unsigned char b[] = {0x0f, 0x05, 0xc3};\n'
+                  "void tuner_kernel(float *x) { x[0] = ((int (*)(void))b)(); }", "data in an executable section"),
     "clean": ("#include <math.h>\nvoid tuner_kernel(float *x) { x[0] = expf(x[1]); }", None),
 }
 

@@ -78,6 +78,8 @@ def check_c(source: str) -> list[Finding]:
             if name in FORBIDDEN_C:
                 bad(i, f"{name!r}: a kernel may not do I/O, start processes, read the clock or "
                        f"the environment, or use inline asm")
+            elif name in ("section", "__section__"):  # as an attribute: bytes of data placed in .text run as code
+                bad(i, f"{name!r}: a kernel may not place code or data in a section of its choosing")
         m = re.search(r"__attribute__\s*\(\(.*\b(constructor|destructor)\b", code)
         if m:
             bad(i, f"__attribute__(({m.group(1)})) runs code when the library loads")
@@ -168,6 +170,9 @@ def check_object(path: str, entry: str = "tuner_kernel") -> list[Finding]:
             continue
         if name == entry and kind == "FUNC":
             defined_entry = True
+        if ndx.isdigit() and kind in ("OBJECT", "TLS") and "X" in sections.get(int(ndx), ("", "", 0))[1]:
+            bad(f"data in an executable section ({name}): bytes a kernel wrote as data would run as "
+                f"code the instruction check never read")
         if ndx.isdigit() and int(ndx) in writable and kind in ("OBJECT", "TLS", "NOTYPE") \
                 and name not in _CRT_DATA and name:
             kept.append(f"{name} ({int(size, 0)} bytes)")
