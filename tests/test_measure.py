@@ -431,20 +431,25 @@ def test_checks_and_the_winners_recheck_forgive_one_late_start_too(fast_settings
     assert "two rounds of checks" in measure.recheck(LateLaunches({1, 2}), "-", spec)
 
 
-@pytest.mark.parametrize("lone_calls, slack, status", [
-    ([(60e-6, False)] * 3 + [(5e-6, True)] * 3, None, "OK"),  # a slow host delayed the first ones
-    ([(60e-6, True)] * 3, None, "SUSPECT"),                   # slow on new buffers, and not the host's doing
-    ([(60e-6, False)] * 6, None, "SUSPECT"),                  # never a clean sample: the unclean ones count
-    ([(14e-6, True)] * 3, None, "OK"),                        # within the default slack (20 us)
-    ([(14e-6, True)] * 3, 5e-6, "SUSPECT"),                   # a backend whose lone calls are held clean (cuda)
+@pytest.mark.parametrize("lone_calls, limits, status", [
+    ([(60e-6, False)] * 3 + [(5e-6, True)] * 3, {}, "OK"),  # a slow host delayed the first ones
+    ([(60e-6, True)] * 3, {}, "SUSPECT"),                   # slow on new buffers, and not the host's doing
+    ([(60e-6, False)] * 6, {}, "SUSPECT"),                  # never a clean sample: the unclean ones count
+    ([(14e-6, True)] * 3, {}, "OK"),                        # within the default slack (20 us)
+    ([(14e-6, True)] * 3, {"history_slack_s": 5e-6}, "SUSPECT"),  # lone calls held clean (cuda)
+    # 1.7x on new buffers (part of a result kept): under the default factor, over the cpu one
+    ([(8.5e-6, True)] * 3, {"history_slack_s": 1e-6}, "OK"),
+    ([(8.5e-6, True)] * 3, {"history_slack_s": 1e-6, "history_factor": 1.4}, "SUSPECT"),
 ])
-def test_history_compares_only_lone_calls_the_host_did_not_delay(fast_settings, monkeypatch, lone_calls, slack,
+def test_history_compares_only_lone_calls_the_host_did_not_delay(fast_settings, monkeypatch, lone_calls, limits,
                                                                  status):
     """A lone timed call on a busy host can include the device waiting for its launch (an
     honest 5 us CUDA C++ kernel read 30-60 us and was SUSPECT). Such samples are replaced by
     calls on more fresh buffer sets, never by a second call on the same buffers (which a
-    result cache would answer). The absolute slack is the backend's (`history_slack_s`): a
-    result cache in a 14 us kernel answering in 5 us is seen where lone calls are held clean."""
+    result cache would answer). The factor and the absolute slack are the backend's
+    (`history_factor`, `history_slack_s`): a result cache in a 14 us kernel answering in 5 us
+    is seen where lone calls are held clean, and a kept half of a result (1.7x) where honest
+    lone calls read close to their median (cpu)."""
     script = list(lone_calls)
     seen = []
 
@@ -466,8 +471,8 @@ def test_history_compares_only_lone_calls_the_host_did_not_delay(fast_settings, 
 
     monkeypatch.setattr(measure, "bench", bench)
     host = Host()
-    if slack is not None:
-        host.history_slack_s = slack
+    for name, value in limits.items():
+        setattr(host, name, value)
     m = measure.measure(host, "-", builtin_spec("softmax", "16x64", "fp32"), fast_settings)
     assert m.status.value == status, m.detail
     assert not script  # every scripted lone call was made, and no more

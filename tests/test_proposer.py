@@ -113,8 +113,9 @@ def test_code_checks():
                      '#pragma GCC dependency "/etc/shadow"\nvoid f(float *y) { y[0] = 1.f; }\n')
     assert [f.line for f in probes] == [1, 4]
     # bytes of data placed in .text would run as code: no section attributes, nor a macro for one
-    placed = check_c('__attribute__((section(".text"))) const unsigned char b[] = {0xc3};\n#define S __section__\n')
-    assert [f.line for f in placed] == [1, 2]
+    placed = check_c('__attribute__((section(".text"))) const unsigned char b[] = {0xc3};\n#define S __section__\n'
+                     '#pragma clang section rodata=".text"\n')
+    assert [f.line for f in placed] == [1, 2, 3]
     # names split across a backslash-newline are still found, on their first line
     assert [f.line for f in check_c('void f() { sys\\\ntem("x"); }')] == [1]
     assert check_python("import os\n") and check_python("import math\ndef launch(x, y):\n    pass\n") == []

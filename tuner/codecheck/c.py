@@ -170,6 +170,8 @@ def check_object(path: str, entry: str = "tuner_kernel") -> list[Finding]:
             continue
         if name == entry and kind == "FUNC":
             defined_entry = True
+        # objdump prints a data symbol's bytes as data, never as instructions: in an executable
+        # section they would run unread by the instruction check below.
         if ndx.isdigit() and kind in ("OBJECT", "TLS") and "X" in sections.get(int(ndx), ("", "", 0))[1]:
             bad(f"data in an executable section ({name}): bytes a kernel wrote as data would run as "
                 f"code the instruction check never read")
