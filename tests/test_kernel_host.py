@@ -186,3 +186,37 @@ def test_a_host_whose_times_do_not_fit_the_judges_clock_is_refused(backend, tmp_
                 host.call([x, out])
     finally:
         host.close()
+
+
+def test_a_call_whose_threads_waited_for_a_core_is_not_clean(backend, tmp_path, monkeypatch):
+    """A lone call on a machine other work holds can wait milliseconds for a core (an honest
+    35 us kernel read 2 ms three times in a row): the history check compares only calls whose
+    host's threads were not kept waiting (`last_call_clean`), by the OS's own count."""
+    from tuner.backends.cpu_host import HostKernel
+    tensors = _Tensors(backend)
+    x, out = tensors([0.0, 0, 0, 0], read_only=True), tensors([0.0] * 4)
+    kernel = backend.load(_so("escapes", tmp_path), None)
+    try:
+        first = kernel.waited_ns()
+        backend.time_call(lambda: backend.launch(kernel, [x, out]))
+        assert isinstance(first, int) and kernel.waited_ns() >= first >= 0
+        counts = iter(range(0, 10**9, 10**7))  # 10 ms more at every reading
+        monkeypatch.setattr(HostKernel, "waited_ns", lambda self: next(counts))
+        backend.time_call(lambda: backend.launch(kernel, [x, out]))
+        assert backend.last_call_clean is False
+    finally:
+        kernel.close()
+
+
+def test_the_judges_wait_settings_stay_with_the_judge(monkeypatch):
+    """The benchmark worker's OpenMP threads spin only briefly (they share the cores the kernel
+    is timed on); the kernel's host gets the user's own settings back."""
+    from tuner.backends.cpu import CpuBackend
+    from tuner.backends.cpu_host import _host_env
+    judge = CpuBackend.bench_env({"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "123", "OMP_NUM_THREADS": "2"})
+    assert "OMP_WAIT_POLICY" not in judge and judge["GOMP_SPINCOUNT"] != "123"
+    for name in list(os.environ):
+        monkeypatch.delenv(name)
+    for name, value in judge.items():
+        monkeypatch.setenv(name, value)
+    assert _host_env() == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "123", "OMP_NUM_THREADS": "2"}

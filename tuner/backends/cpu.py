@@ -69,8 +69,11 @@ class CpuBackend(Backend):
     def __init__(self, device: int = 0, **options: Any) -> None:
         super().__init__(device, **options)
         self._flush_buf = None
+        self._wake_buf = None  # see _wake
         self._buffers = None  # cpu_host.Buffers, made at the first host_buffer
         self._timed: list[float] | None = None  # host times of the launches inside a time_call
+        self._waited: list[int | None] | None = None  # their threads' run-queue waits (time_call)
+        self.last_call_clean = True  # see time_call
 
     @classmethod
     def check_available(cls) -> None:
@@ -89,13 +92,17 @@ class CpuBackend(Backend):
 
     @classmethod
     def bench_env(cls, env: dict[str, str]) -> dict[str, str]:
-        """The judge's own OpenMP threads (torch's, checking results) sleep as soon as their work
-        is done instead of spinning on the cores the next kernel call is timed on (they slowed
-        calls right after a check); the kernel's host gets the user's policy back (cpu_host)."""
+        """The judge's own OpenMP threads (torch's: references, checks) spin only briefly after
+        their work (`_JUDGE_SPINS`), not on the cores a kernel is timed on next (the host's
+        flush comes between), yet long enough that the team `_wake` rouses is still awake when
+        the torch reference's timed call begins. The kernel's host gets the user's settings
+        back (cpu_host._host_env)."""
+        from tuner.backends.cpu_host import WAIT_SETTINGS
         env = dict(env)
-        if "OMP_WAIT_POLICY" in env:
-            env["TUNER_KERNEL_OMP_WAIT_POLICY"] = env["OMP_WAIT_POLICY"]
-        env["OMP_WAIT_POLICY"] = "PASSIVE"
+        for name in WAIT_SETTINGS:
+            if name in env:
+                env["TUNER_KERNEL_" + name] = env.pop(name)
+        env["GOMP_SPINCOUNT"] = str(_JUDGE_SPINS)
         return env
 
     def render_context(self, op) -> dict[str, Any]:
@@ -231,9 +238,13 @@ class CpuBackend(Backend):
     def launch(self, kernel: Any, args: list) -> None:
         from tuner.backends.cpu_host import HostKernel
         if isinstance(kernel, HostKernel):
+            waited = kernel.waited_ns() if self._waited is not None else None
             took = kernel.call(args, flush=self._timed is not None)  # timed: flushed in the host first
             if self._timed is not None:
                 self._timed.append(took)
+            if self._waited is not None:
+                after = kernel.waited_ns()
+                self._waited.append(None if waited is None or after is None else after - waited)
         else:  # a served kernel, in this process
             kernel(*[ctypes.c_void_p(t.data_ptr()) for t in args])
 
@@ -241,7 +252,25 @@ class CpuBackend(Backend):
         """`fn` once, the caches flushed first: the seconds its kernel launches took by their
         host's clock (each flushed in its host, which checks the judge's clock: cpu_host), or,
         when `fn` launched nothing on a host (the torch reference runs here), `fn` once more,
-        flushed and timed here. `before` runs here first (the host flushes after it)."""
+        flushed and timed here. `before` runs here first (the host flushes after it).
+        `last_call_clean`: whether the host's threads got a core whenever they were ready during
+        the call (their run-queue wait under `_WAIT_SLACK_S` and a quarter of the call): a lone
+        call on a machine other work holds can wait milliseconds for a core, and the history
+        check compares only clean lone calls (measure._history)."""
+        self._waited = []
+        try:
+            took = self._time_one(fn, before)
+            waits = [w for w in self._waited if w is not None]
+            self.last_call_clean = sum(waits) * 1e-9 <= max(_WAIT_SLACK_S, 0.25 * took)
+            return took
+        finally:
+            self._waited = None
+
+    def time_calls(self, fn: Callable[[], None], n: int,
+                   before: Callable[[], None] | None = None) -> list[float]:
+        return [self._time_one(fn, before) for _ in range(n)]  # the median needs no wait reading
+
+    def _time_one(self, fn: Callable[[], None], before: Callable[[], None] | None) -> float:
         if before is not None:
             before()
         self._timed = []
@@ -252,15 +281,33 @@ class CpuBackend(Backend):
         finally:
             self._timed = None
         self._flush()
+        self._wake()
         t0 = time.perf_counter()
         fn()
         return time.perf_counter() - t0
+
+    def _wake(self) -> None:
+        """Wake torch's OpenMP team, untimed, as the kernel's host wakes its own before each
+        call (cpu_host.c): after the flush its threads sleep, and a sleeping thread can take
+        milliseconds to get a core back on a virtual machine. A fill large enough that torch
+        splits it over every thread."""
+        import torch
+        if self._wake_buf is None:
+            self._wake_buf = torch.empty(max(1, torch.get_num_threads()) * 2**16)
+        self._wake_buf.fill_(0.0)
 
     def _flush(self) -> None:
         import numpy as np
         if self._flush_buf is None:
             self._flush_buf = np.empty(2 * _llc_bytes() // 8, dtype=np.float64)
         self._flush_buf.fill(1.0)
+
+
+_JUDGE_SPINS = 10_000  # 10 us to 0.5 ms (a pause instruction takes 10 to 150 cycles)
+
+# A thread woken on an idle machine waits a few microseconds for its core; more than this (or
+# a quarter of the call) is other work holding the cores.
+_WAIT_SLACK_S = 50e-6
 
 
 def _excerpt(stderr: str, lines: int = 12) -> str:

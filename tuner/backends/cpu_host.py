@@ -52,6 +52,9 @@ _START_S = 60.0  # the host's set-up (dlopen, OpenMP's threads) answers within t
 # _LATE_WINDOW calls: more means the host was still busy when it was asked.
 _LATE_S = 200e-6
 _LATE_WINDOW = 16
+# OpenMP's wait settings: the judge's own in its benchmark workers (CpuBackend.bench_env), the
+# user's in a kernel's host.
+WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 _HOST_ENV = re.compile(r"^(OMP_\w+|GOMP_\w+|KMP_\w+|LD_LIBRARY_PATH)$")
 
 
@@ -157,9 +160,10 @@ class Buffers:
 def _host_env() -> dict[str, str]:
     """Empty but for the OpenMP runtime's settings (and where its libraries are): the user's,
     not the judge's own wait policy (CpuBackend.bench_env)."""
-    env = {k: v for k, v in os.environ.items() if _HOST_ENV.match(k) and k != "OMP_WAIT_POLICY"}
-    if "TUNER_KERNEL_OMP_WAIT_POLICY" in os.environ:
-        env["OMP_WAIT_POLICY"] = os.environ["TUNER_KERNEL_OMP_WAIT_POLICY"]
+    env = {k: v for k, v in os.environ.items() if _HOST_ENV.match(k) and k not in WAIT_SETTINGS}
+    for name in WAIT_SETTINGS:
+        if "TUNER_KERNEL_" + name in os.environ:
+            env[name] = os.environ["TUNER_KERNEL_" + name]
     return env
 
 
@@ -285,6 +289,21 @@ class HostKernel:
                     f"(the median of {_LATE_WINDOW}), against {took * 1e6:.0f} us a call: it was still busy "
                     f"after it had answered (an answer sent early, the work finished after)")
         return (t1 - t0) * 1e-9
+
+    def waited_ns(self) -> int | None:
+        """Nanoseconds this host's threads have spent ready to run but waiting for a core (each
+        thread's run-queue delay, /proc/<pid>/task/*/schedstat, summed), or None where the OS
+        keeps no such count. Kept by the OS, not by the process: a kernel cannot lower it, and
+        raising it only makes its call count as disturbed, which earns it nothing (see
+        CpuBackend.time_call)."""
+        total = 0
+        try:
+            for task in os.listdir(f"/proc/{self.proc.pid}/task"):
+                with open(f"/proc/{self.proc.pid}/task/{task}/schedstat") as f:
+                    total += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        return total
 
     def close(self) -> None:
         self._finalizer()
