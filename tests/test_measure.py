@@ -436,6 +436,7 @@ def test_checks_and_the_winners_recheck_forgive_one_late_start_too(fast_settings
     ([(60e-6, True)] * 6, {}, "SUSPECT"),                   # slow on new buffers in both rounds
     ([(60e-6, True)] * 3 + [(5e-6, True)] * 3, {}, "OK"),   # a burst of other work held one round
     ([(60e-6, False)] * 12, {}, "SUSPECT"),                 # never a clean sample: the unclean ones count
+    ([(5e-6, False)] + [(60e-6, True)] * 3, {}, "OK"),      # a delay only adds: every sample counts
     ([(14e-6, True)] * 3, {}, "OK"),                        # within the default slack (20 us)
     ([(14e-6, True)] * 6, {"history_slack_s": 5e-6}, "SUSPECT"),  # lone calls held clean (cuda)
     # 1.7x on new buffers (part of a result kept): under the default factor, over the cpu one

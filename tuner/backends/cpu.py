@@ -72,8 +72,6 @@ class CpuBackend(Backend):
         self._wake_buf = None  # see _wake
         self._buffers = None  # cpu_host.Buffers, made at the first host_buffer
         self._timed: list[float] | None = None  # host times of the launches inside a time_call
-        self._waited: list[int | None] | None = None  # their threads' run-queue waits (time_call)
-        self.last_call_clean = True  # see time_call
 
     @classmethod
     def check_available(cls) -> None:
@@ -238,13 +236,9 @@ class CpuBackend(Backend):
     def launch(self, kernel: Any, args: list) -> None:
         from tuner.backends.cpu_host import HostKernel
         if isinstance(kernel, HostKernel):
-            waited = kernel.waited_ns() if self._waited is not None else None
             took = kernel.call(args, flush=self._timed is not None)  # timed: flushed in the host first
             if self._timed is not None:
                 self._timed.append(took)
-            if self._waited is not None:
-                after = kernel.waited_ns()
-                self._waited.append(None if waited is None or after is None else after - waited)
         else:  # a served kernel, in this process
             kernel(*[ctypes.c_void_p(t.data_ptr()) for t in args])
 
@@ -252,25 +246,7 @@ class CpuBackend(Backend):
         """`fn` once, the caches flushed first: the seconds its kernel launches took by their
         host's clock (each flushed in its host, which checks the judge's clock: cpu_host), or,
         when `fn` launched nothing on a host (the torch reference runs here), `fn` once more,
-        flushed and timed here. `before` runs here first (the host flushes after it).
-        `last_call_clean`: whether the host's threads got a core whenever they were ready during
-        the call (their run-queue wait under `_WAIT_SLACK_S` and a quarter of the call): a lone
-        call on a machine other work holds can wait milliseconds for a core, and the history
-        check compares only clean lone calls (measure._history)."""
-        self._waited = []
-        try:
-            took = self._time_one(fn, before)
-            waits = [w for w in self._waited if w is not None]
-            self.last_call_clean = sum(waits) * 1e-9 <= max(_WAIT_SLACK_S, 0.25 * took)
-            return took
-        finally:
-            self._waited = None
-
-    def time_calls(self, fn: Callable[[], None], n: int,
-                   before: Callable[[], None] | None = None) -> list[float]:
-        return [self._time_one(fn, before) for _ in range(n)]  # the median needs no wait reading
-
-    def _time_one(self, fn: Callable[[], None], before: Callable[[], None] | None) -> float:
+        flushed and timed here. `before` runs here first (the host flushes after it)."""
         if before is not None:
             before()
         self._timed = []
@@ -304,11 +280,6 @@ class CpuBackend(Backend):
 
 
 _JUDGE_SPINS = 10_000  # 10 us to 0.5 ms (a pause instruction takes 10 to 150 cycles)
-
-# A thread woken on an idle machine waits a few microseconds for its core; more than this (or
-# a quarter of the call) is other work holding the cores.
-_WAIT_SLACK_S = 50e-6
-
 
 def _excerpt(stderr: str, lines: int = 12) -> str:
     """The first errors of a compiler log: what a person or a model needs to fix it."""

@@ -290,21 +290,6 @@ class HostKernel:
                     f"after it had answered (an answer sent early, the work finished after)")
         return (t1 - t0) * 1e-9
 
-    def waited_ns(self) -> int | None:
-        """Nanoseconds this host's threads have spent ready to run but waiting for a core (each
-        thread's run-queue delay, /proc/<pid>/task/*/schedstat, summed), or None where the OS
-        keeps no such count. Kept by the OS, not by the process: a kernel cannot lower it, and
-        raising it only makes its call count as disturbed, which earns it nothing (see
-        CpuBackend.time_call)."""
-        total = 0
-        try:
-            for task in os.listdir(f"/proc/{self.proc.pid}/task"):
-                with open(f"/proc/{self.proc.pid}/task/{task}/schedstat") as f:
-                    total += int(f.read().split()[1])
-        except (OSError, ValueError, IndexError):
-            return None
-        return total
-
     def close(self) -> None:
         self._finalizer()
 

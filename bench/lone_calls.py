@@ -1,0 +1,124 @@
+"""What the history check's factor must allow: honest kernels' lone calls against their median.
+
+The history check (tuner/exec/measure.py) flags a kernel whose fastest lone call on buffers it
+has never seen is more than the backend's `history_factor` times its timed median. A kernel
+that keeps part of its result between calls gains less than the factor unseen, so the factor
+should be as small as honest kernels allow. This measures that: the library's own skeletons
+(honest by construction), at the default config and a few random valid ones per case, each
+measured as the benchmark worker measures a candidate, the check's figure (the fastest clean
+lone call of its first round) over the timed median, per case and overall.
+
+    python bench/lone_calls.py --backend cpu [--configs 4] [--cases softmax:37x1000,...]
+    python bench/lone_calls.py --backend cuda --dtype bf16          # on a GPU machine
+"""
+
+import argparse
+import math
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tuner.backends import get_backend  # noqa: E402
+from tuner.core.ops import builtin_spec, render_context  # noqa: E402
+from tuner.core.settings import Settings  # noqa: E402
+from tuner.core.skeleton import library_skeleton  # noqa: E402
+from tuner.core.values import Status  # noqa: E402
+from tuner.exec import measure  # noqa: E402
+
+CASES = {
+    "cpu": "softmax:37x1000,softmax:4096x1024,rmsnorm:512x1024,layernorm:256x4096,matmul:256x256x256",
+    "cuda": ("softmax:8192x8192,softmax:1024x1024,rmsnorm:8192x8192,rmsnorm:256x1024,layernorm:32768x4096,"
+             "add_rmsnorm:4096x8192,swiglu:4096x28672,rope:4096x32x128,cross_entropy:4096x32000,"
+             "matmul:4096x4096x4096,matmul:16x14336x4096,attention:4x32x4096x128"),
+}
+LANGUAGE = {"cpu": "c", "cuda": "triton"}
+
+
+def configs(skeleton, context, limits, n: int, rng: random.Random) -> list:
+    """The default (repaired to validity) and up to `n` random valid configs."""
+    space = skeleton.space
+    out = [space.default_config()]
+    if space.check(out[0], context, limits) is not None:
+        out = [space.repair(out[0], context, limits)] if space.repair(out[0], context, limits) else []
+    for _ in range(200 * n):
+        if len(out) > n:
+            break
+        c = type(out[0]).of({p.name: rng.choice(p.values) for p in space.params}) if out else None
+        if c is not None and c not in out and space.check(c, context, limits) is None:
+            out.append(c)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", default="cpu", choices=sorted(CASES))
+    ap.add_argument("--dtype", default=None, help="default: fp32 on cpu, bf16 on cuda")
+    ap.add_argument("--cases", default=None)
+    ap.add_argument("--configs", type=int, default=4, help="random valid configs per case, besides the default")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    dtype = a.dtype or ("fp32" if a.backend == "cpu" else "bf16")
+    backend, settings = get_backend(a.backend, 0), Settings()
+    if hasattr(backend, "bench_env"):  # as the benchmark worker runs
+        import os
+        os.environ.update(backend.bench_env(dict(os.environ)))
+    backend.history_factor = math.inf  # measured here, never judged: one round, every figure kept
+    calls: list[tuple[float, bool]] = []
+    plain = backend.time_call
+
+    def time_call(fn, before=None):
+        t = plain(fn, before)
+        calls.append((t, getattr(backend, "last_call_clean", True)))
+        return t
+
+    backend.time_call = time_call
+    real_history = measure._history
+    lone: list[tuple[float, bool]] = []
+
+    def history(*args):
+        calls.clear()
+        try:
+            return real_history(*args)
+        finally:
+            lone[:] = calls
+
+    measure._history = history
+    rng = random.Random(a.seed)
+    ratios: list[float] = []
+    print(f"{a.backend} ({backend.device_info(peaks=False).name}), {dtype}\n")
+    print("| case | config | median | lone calls (clean) | check's figure / median |\n|---|---|---|---|---|")
+    for case in (a.cases or CASES[a.backend]).split(","):
+        op_name, shape = case.split(":")
+        spec = builtin_spec(op_name, shape, dtype)
+        skeleton = library_skeleton(op_name, LANGUAGE[a.backend])
+        op = measure.load_op(spec)
+        context = {**render_context(op), **backend.render_context(op)}
+        for config in configs(skeleton, context, backend.limits(), a.configs, rng):
+            build = backend.compile(skeleton.render(config, context), spec, tempfile.mkdtemp(), 300)
+            if build.status is not Status.OK:
+                continue
+            lone.clear()
+            m = measure.measure(backend, build.artifact, spec, settings)
+            if m.status is not Status.OK or not lone:
+                print(f"| {case} | {config} | {m.status.value} | | {m.detail[:80]} |")
+                continue
+            median = statistics.median(m.samples)
+            clean = [t for t, c in lone if c]
+            ratio = min(clean or [t for t, _ in lone]) / median
+            ratios.append(ratio)
+            shown = ", ".join(f"{t * 1e6:.1f}{'' if c else '*'}" for t, c in lone)
+            print(f"| {case} | {config} | {median * 1e6:.1f} us | {shown} us | {ratio:.3f} |", flush=True)
+    if ratios:
+        ratios.sort()
+        print(f"\n{len(ratios)} kernels: check's figure / median: median {statistics.median(ratios):.3f}, "
+              f"p95 {ratios[min(len(ratios) - 1, int(0.95 * len(ratios)))]:.3f}, max {ratios[-1]:.3f} "
+              f"(* a lone call not clean: not the check's figure while a clean one exists)")
+
+
+if __name__ == "__main__":
+    main()
