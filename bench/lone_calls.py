@@ -10,6 +10,10 @@ lone call of its first round) over the timed median, per case and overall.
 
     python bench/lone_calls.py --backend cpu [--configs 4] [--cases softmax:37x1000,...]
     python bench/lone_calls.py --backend cuda --dtype bf16          # on a GPU machine
+    python bench/lone_calls.py --backend cuda --module k.py --cases matmul:2048x2048x2048
+
+`--module`: a launch module (or C source) of one's own instead of the library's configs: what a
+kernel that keeps part of its result between calls gains, to compare with the factor.
 """
 
 import argparse
@@ -26,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from tuner.backends import get_backend  # noqa: E402
 from tuner.core.ops import builtin_spec, render_context  # noqa: E402
 from tuner.core.settings import Settings  # noqa: E402
-from tuner.core.skeleton import library_skeleton  # noqa: E402
+from tuner.core.skeleton import library_skeleton, load_skeleton  # noqa: E402
 from tuner.core.values import Status  # noqa: E402
 from tuner.exec import measure  # noqa: E402
 
@@ -61,6 +65,7 @@ def main() -> None:
     ap.add_argument("--cases", default=None)
     ap.add_argument("--configs", type=int, default=4, help="random valid configs per case, besides the default")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--module", help="a kernel source to measure instead of the library's configs")
     a = ap.parse_args()
     dtype = a.dtype or ("fp32" if a.backend == "cpu" else "bf16")
     backend, settings = get_backend(a.backend, 0), Settings()
@@ -95,12 +100,23 @@ def main() -> None:
     for case in (a.cases or CASES[a.backend]).split(","):
         op_name, shape = case.split(":")
         spec = builtin_spec(op_name, shape, dtype)
-        skeleton = library_skeleton(op_name, LANGUAGE[a.backend])
         op = measure.load_op(spec)
         context = {**render_context(op), **backend.render_context(op)}
-        for config in configs(skeleton, context, backend.limits(), a.configs, rng):
-            build = backend.compile(skeleton.render(config, context), spec, tempfile.mkdtemp(), 300)
+        if a.module:  # a template of its own, with a one-point space (as tests/test_redteam.py renders one)
+            folder = Path(tempfile.mkdtemp())
+            (folder / "k.j2").write_text(Path(a.module).read_text())
+            (folder / "k.yaml").write_text(f"language: {LANGUAGE[a.backend]}\nsizes: {list(op.sizes)}\n"
+                                           f"params:\n  V: [1]\n")
+            own = load_skeleton(folder / "k.j2", folder / "k.yaml")
+            sources = [(Path(a.module).name, own.render(own.space.default_config(), context))]
+        else:
+            skeleton = library_skeleton(op_name, LANGUAGE[a.backend])
+            sources = [(config, skeleton.render(config, context))
+                       for config in configs(skeleton, context, backend.limits(), a.configs, rng)]
+        for config, source in sources:
+            build = backend.compile(source, spec, tempfile.mkdtemp(), 300)
             if build.status is not Status.OK:
+                print(f"| {case} | {config} | {build.status.value} | | {(build.error or '')[:80]} |")
                 continue
             lone.clear()
             m = measure.measure(backend, build.artifact, spec, settings)
