@@ -176,6 +176,27 @@ def test_each_hostile_triton_kernel_gets_its_verdict(name, fast_settings, tmp_pa
 
 
 @pytest.mark.cuda
+def test_a_kernel_that_keeps_tiles_in_device_memory_between_calls_is_suspect(fast_settings, tmp_path):
+    """tile_stash.py keeps half a matmul's output tiles in a scratch tensor that the caching
+    allocator hands back on the next call (one slot per input buffer, tagged by a fingerprint
+    of its inputs): correct throughout, and 1.68x faster on the buffers it was timed on (132
+    against 221 us at 4096^3 bf16 on an H200: bench/lone_calls.py --module). The default 2x
+    factor let it through; the cuda backend's (1.3x) does not."""
+    body = (REDTEAM / "tile_stash.py").read_text()
+    (tmp_path / "k.py.j2").write_text("{% raw %}" + body + "{% endraw %}\n")
+    (tmp_path / "k.yaml").write_text("language: triton\nsizes: [M, N, K]\nparams:\n  V: [1]\n")
+    sk = load_skeleton(tmp_path / "k.py.j2", tmp_path / "k.yaml")
+    ev = Evaluator("cuda", builtin_spec("matmul", "4096x4096x4096", "bf16"), sk, fast_settings, tmp_path / "run")
+    try:
+        ev.start()
+        rec = ev.evaluate(sk.space.default_config())
+    finally:
+        ev.close()
+    assert rec.status is Status.SUSPECT, (rec.status, rec.reason)
+    assert "never seen" in rec.reason and "two rounds" in rec.reason, rec.reason
+
+
+@pytest.mark.cuda
 def test_the_winners_memcheck_run_sees_a_store_far_from_any_buffer(fast_settings, tmp_path):
     """Guard bands see a store near a buffer; one 4 MiB past it lands, on a GPU, in memory
     nothing checks. The winner runs once under compute-sanitizer's memcheck, which sees it;
