@@ -31,7 +31,7 @@ from tuner.backends import get_backend  # noqa: E402
 from tuner.core.ops import builtin_spec, render_context  # noqa: E402
 from tuner.core.settings import Settings  # noqa: E402
 from tuner.core.skeleton import library_skeleton, load_skeleton  # noqa: E402
-from tuner.core.values import Status  # noqa: E402
+from tuner.core.values import Config, Status  # noqa: E402
 from tuner.exec import measure  # noqa: E402
 
 CASES = {
@@ -46,14 +46,15 @@ LANGUAGE = {"cpu": "c", "cuda": "triton"}
 def configs(skeleton, context, limits, n: int, rng: random.Random) -> list:
     """The default (repaired to validity) and up to `n` random valid configs."""
     space = skeleton.space
-    out = [space.default_config()]
-    if space.check(out[0], context, limits) is not None:
-        out = [space.repair(out[0], context, limits)] if space.repair(out[0], context, limits) else []
+    default = space.default_config()
+    if space.check(default, context, limits) is not None:
+        default = space.repair(default, context, limits)
+    out = [default] if default is not None else []
     for _ in range(200 * n):
         if len(out) > n:
             break
-        c = type(out[0]).of({p.name: rng.choice(p.values) for p in space.params}) if out else None
-        if c is not None and c not in out and space.check(c, context, limits) is None:
+        c = Config.of({p.name: rng.choice(p.values) for p in space.params})
+        if c not in out and space.check(c, context, limits) is None:
             out.append(c)
     return out
 
@@ -133,7 +134,7 @@ def main() -> None:
         ratios.sort()
         print(f"\n{len(ratios)} kernels: check's figure / median: median {statistics.median(ratios):.3f}, "
               f"p95 {ratios[min(len(ratios) - 1, int(0.95 * len(ratios)))]:.3f}, max {ratios[-1]:.3f} "
-              f"(* a lone call not clean: not the check's figure while a clean one exists)")
+              f"(* a lone call the host may have delayed: `last_call_clean`)")
 
 
 if __name__ == "__main__":
