@@ -451,9 +451,10 @@ def test_history_compares_only_lone_calls_the_host_did_not_delay(fast_settings, 
     result cache would answer). The factor and the absolute slack are the backend's
     (`history_factor`, `history_slack_s`): a result cache in a 14 us kernel answering in 5 us
     is seen where lone calls are held clean, and a kept half of a result (1.7x) where honest
-    lone calls read close to their median (cpu)."""
+    lone calls read close to their median (cpu). Each lone call comes right after
+    `_IN_FLOW` calls on buffers the kernel was timed on (no pause before it)."""
     script = list(lone_calls)
-    seen = []
+    seen, lone, flow, events = [], [], [], []
 
     def kernel(x, y):
         seen.append(x.data_ptr())
@@ -465,8 +466,19 @@ def test_history_compares_only_lone_calls_the_host_did_not_delay(fast_settings, 
 
         def time_call(self, fn, before=None):
             fn()
+            lone.append(seen[-1])
+            events.append("lone")
             t, self.last_call_clean = script.pop(0)
             return t
+
+        def time_calls(self, fn, n, before=None):
+            for _ in range(n):
+                if before is not None:
+                    before()
+                fn()
+                flow.append(seen[-1])
+                events.append("flow")
+            return [5e-6] * n
 
     def bench(backend, fn, settings, best_s=None, between=None, before=None):
         return [5e-6] * 8, False
@@ -478,8 +490,9 @@ def test_history_compares_only_lone_calls_the_host_did_not_delay(fast_settings, 
     m = measure.measure(host, "-", builtin_spec("softmax", "16x64", "fp32"), fast_settings)
     assert m.status.value == status, m.detail
     assert not script  # every scripted lone call was made, and no more
-    lone = seen[-len(lone_calls):]
-    assert len(set(lone)) == len(lone)  # each on buffers of its own
+    assert len(set(lone)) == len(lone) == len(lone_calls)  # each on buffers of its own
+    assert not set(lone) & set(flow)  # the calls before them: on the rotation's buffers
+    assert events == (["flow"] * measure._IN_FLOW + ["lone"]) * len(lone_calls)
     if status == "SUSPECT":
         assert "never seen" in m.detail and "two rounds" in m.detail
 

@@ -681,7 +681,7 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
         TIMES["reps"] += len(samples)
         median = max(statistics.median(samples), 1e-12)  # 0 s is suspect, not a division by zero
         history = None if stopped else _forgiving_one_late_start(
-            "calls on fresh buffers", lambda: _history(backend, kernel, op, median))
+            "calls on fresh buffers", lambda: _history(backend, kernel, op, median, rotation))
     except Caught as e:
         return Measurement(Status.WRONG_RESULT, max_abs_err=max_abs, max_rel_err=max_rel, detail=str(e))
     except ClockMismatch as e:
@@ -722,7 +722,7 @@ _HISTORY_FACTOR = 2.0  # where the backend states none (`Backend.history_factor`
 _HISTORY_S = 20e-6     # absolute slack where the backend states none (`Backend.history_slack_s`)
 
 
-def _history(backend, kernel, op: Op, median: float) -> str | None:
+def _history(backend, kernel, op: Op, median: float, rotation: _Rotation) -> str | None:
     """Why the kernel's time depends on the calls before it (`_history_round`), in two rounds
     `_HISTORY_PAUSE_S` apart, or None: other work on the machine can hold all of one round's
     lone calls, which follow each other within milliseconds (an honest 35 us C kernel read 2 ms
@@ -731,18 +731,19 @@ def _history(backend, kernel, op: Op, median: float) -> str | None:
     on new buffers in both. (Load that lasts through both still reads as history on a machine
     whose cores it oversubscribes: bench/RESULTS.md.)"""
     made: list = []  # every set stays alive until the end: the second round's addresses are new too
-    first = _history_round(backend, kernel, op, median, made)
+    first = _history_round(backend, kernel, op, median, rotation, made)
     if first is None:
         return None
     time.sleep(_HISTORY_PAUSE_S)
-    second = _history_round(backend, kernel, op, median, made)
+    second = _history_round(backend, kernel, op, median, rotation, made)
     return None if second is None else f"{second} (in two rounds, {_HISTORY_PAUSE_S:g} s apart)"
 
 
 _HISTORY_PAUSE_S = 1.0  # between the history check's rounds: a passing load passes
+_IN_FLOW = 3  # calls on the rotation's sets right before each lone call (their times unused)
 
 
-def _history_round(backend, kernel, op: Op, median: float, made: list) -> str | None:
+def _history_round(backend, kernel, op: Op, median: float, rotation: _Rotation, made: list) -> str | None:
     """Why the kernel's time depends on the calls before it, or None. Single calls on inputs
     it has never seen (each from a brand-new seed, in new buffers, outputs poisoned, its
     reference made only after the call), timed as the timed calls are and then checked: an
@@ -755,7 +756,13 @@ def _history_round(backend, kernel, op: Op, median: float, made: list) -> str | 
     A sample in which the device may have waited for the host's launch (the backend's
     `last_call_clean`: a lone call on a loaded machine) may read slow: while fewer than three
     were clean, more fresh sets are made (one more batch), never a second call on the same
-    ones (a kernel could answer it from the first); the fastest of all of them is compared."""
+    ones (a kernel could answer it from the first); the fastest of all of them is compared.
+    Each lone call comes in the flow of timed calls: right after `_IN_FLOW` calls on the
+    rotation's sets, as the timed calls follow each other. After a pause (the new inputs being
+    made) a kernel whose threads another process's work holds off its cores waits for the
+    scheduler's next tick: 147 us at 2 ms apart, 8 ms at 5 ms apart (bench/RESULTS.md). The
+    calls before it are on buffers the kernel has seen, so they tell it nothing of what comes
+    next."""
     clean, unclean = [], []
     for _ in range(2):  # a second batch only while too few samples were clean
         # Their references are made after the calls: while it runs, none of these inputs'
@@ -763,6 +770,7 @@ def _history_round(backend, kernel, op: Op, median: float, made: list) -> str | 
         made.append([_unreferenced_set(backend, op, _rng.randrange(1, 2**31))
                      for _ in range(_FRESH_CALLS - len(clean))])  # kept: new addresses too
         for fresh in made[-1]:
+            backend.time_calls(rotation.call, _IN_FLOW, rotation.before)
             t = backend.time_call(lambda: backend.launch(kernel, fresh.args))
             (clean if getattr(backend, "last_call_clean", True) else unclean).append(t)
         for fresh in made[-1]:
