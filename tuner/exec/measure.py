@@ -728,8 +728,7 @@ def _history(backend, kernel, op: Op, median: float, rotation: _Rotation) -> str
     lone calls, which follow each other within milliseconds (an honest 35 us C kernel read 2 ms
     three times in a row on a busy CI machine). Both rounds compare against the median timed
     before either, on buffers never seen: a kernel that skips work on what it has seen is slow
-    on new buffers in both. (Load that lasts through both still reads as history on a machine
-    whose cores it oversubscribes: bench/RESULTS.md.)"""
+    on new buffers in both."""
     made: list = []  # every set stays alive until the end: the second round's addresses are new too
     first = _history_round(backend, kernel, op, median, rotation, made)
     if first is None:
