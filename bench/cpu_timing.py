@@ -8,6 +8,7 @@ something other than the kernel (threads waking up, other work on the cores).
 """
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -15,12 +16,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from tuner.backends.cpu import CpuBackend  # noqa: E402
 from tuner.core.ops import builtin_spec, render_context  # noqa: E402
 from tuner.core.settings import Settings  # noqa: E402
 from tuner.core.skeleton import library_skeleton  # noqa: E402
 from tuner.exec import measure  # noqa: E402
+from lone_calls import watch_lone_calls  # noqa: E402
 
 
 def main() -> None:
@@ -29,20 +32,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     # As the benchmark worker runs: the judge's OpenMP settings (CpuBackend.bench_env).
-    import os
     os.environ.update(CpuBackend.bench_env(dict(os.environ)))
     backend, settings = CpuBackend(), Settings()
-    lone: list[float] = []
-    plain_time_call = backend.time_call
-
-    def time_call(fn, before=None):  # the history check's lone calls go through here
-        t = plain_time_call(fn, before)
-        lone.append(t)
-        return t
-
-    backend.time_call = time_call
+    lone = watch_lone_calls(backend)
     skeleton = library_skeleton("softmax", "c")
-    print(f"| shape | round | kernel median | kernel fastest | lone calls | torch median |\n|---|---|---|---|---|---|")
+    print("| shape | round | kernel median | kernel fastest | lone calls | torch median |\n|---|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         spec = builtin_spec("softmax", shape, "fp32")
         op = measure.load_op(spec)
@@ -52,9 +46,8 @@ def main() -> None:
         if build.artifact is None:
             sys.exit(f"{shape}: the default config did not compile: {build.error}")
         for r in range(args.rounds):
-            lone.clear()
             m = measure.measure(backend, build.artifact, spec, settings)
-            last = ", ".join(f"{t * 1e6:.0f}" for t in lone[-3:])  # the history check's, made last
+            last = ", ".join(f"{t * 1e6:.0f}" for t, _ in lone)
             ref = measure.time_reference(backend, spec, settings)
             print(f"| {shape} | {r} | {statistics.median(m.samples) * 1e6:.1f} us | {min(m.samples) * 1e6:.1f} us "
                   f"| {last} us | {statistics.median(ref) * 1e6:.1f} us |", flush=True)

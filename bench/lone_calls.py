@@ -59,6 +59,41 @@ def configs(skeleton, context, limits, n: int, rng: random.Random) -> list:
     return out
 
 
+def watch_lone_calls(backend) -> list[tuple[float, bool]]:
+    """A list that holds, after each `measure.measure` on `backend`, the history check's lone
+    calls (seconds, clean) of its first round; the backend's factor set so high that no kernel
+    is judged here (one round, every figure kept). Process-wide: for a measuring script."""
+    backend.history_factor = math.inf
+    calls: list[tuple[float, bool]] = []
+    plain, plain_many = backend.time_call, backend.time_calls
+
+    def time_call(fn, before=None):
+        t = plain(fn, before)
+        calls.append((t, getattr(backend, "last_call_clean", True)))
+        return t
+
+    def time_calls(fn, n, before=None):  # the calls on seen buffers before each lone call: not lone
+        kept = len(calls)
+        try:
+            return plain_many(fn, n, before)
+        finally:
+            del calls[kept:]
+
+    backend.time_call, backend.time_calls = time_call, time_calls
+    real_history = measure._history
+    lone: list[tuple[float, bool]] = []
+
+    def history(*args):
+        calls.clear()
+        try:
+            return real_history(*args)
+        finally:
+            lone[:] = calls
+
+    measure._history = history
+    return lone
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="cpu", choices=sorted(CASES))
@@ -73,37 +108,7 @@ def main() -> None:
     if hasattr(backend, "bench_env"):  # as the benchmark worker runs
         import os
         os.environ.update(backend.bench_env(dict(os.environ)))
-    backend.history_factor = math.inf  # measured here, never judged: one round, every figure kept
-    calls: list[tuple[float, bool]] = []
-    plain = backend.time_call
-
-    def time_call(fn, before=None):
-        t = plain(fn, before)
-        calls.append((t, getattr(backend, "last_call_clean", True)))
-        return t
-
-    backend.time_call = time_call
-    plain_many = backend.time_calls
-
-    def time_calls(fn, n, before=None):  # the calls on seen buffers before each lone call: not lone
-        kept = len(calls)
-        try:
-            return plain_many(fn, n, before)
-        finally:
-            del calls[kept:]
-
-    backend.time_calls = time_calls
-    real_history = measure._history
-    lone: list[tuple[float, bool]] = []
-
-    def history(*args):
-        calls.clear()
-        try:
-            return real_history(*args)
-        finally:
-            lone[:] = calls
-
-    measure._history = history
+    lone = watch_lone_calls(backend)
     rng = random.Random(a.seed)
     ratios: list[float] = []
     print(f"{a.backend} ({backend.device_info(peaks=False).name}), {dtype}\n")

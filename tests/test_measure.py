@@ -443,8 +443,9 @@ def test_checks_and_the_winners_recheck_forgive_one_late_start_too(fast_settings
     ([(8.5e-6, True)] * 3, {"history_slack_s": 1e-6}, "OK"),
     ([(8.5e-6, True)] * 6, {"history_slack_s": 1e-6, "history_factor": 1.4}, "SUSPECT"),
 ])
+@pytest.mark.parametrize("isolated", [False, True])
 def test_history_compares_only_lone_calls_the_host_did_not_delay(fast_settings, monkeypatch, lone_calls, limits,
-                                                                 status):
+                                                                 status, isolated):
     """A lone timed call on a busy host can include the device waiting for its launch (an
     honest 5 us CUDA C++ kernel read 30-60 us and was SUSPECT). Such samples are replaced by
     calls on more fresh buffer sets, never by a second call on the same buffers (which a
@@ -452,7 +453,8 @@ def test_history_compares_only_lone_calls_the_host_did_not_delay(fast_settings, 
     (`history_factor`, `history_slack_s`): a result cache in a 14 us kernel answering in 5 us
     is seen where lone calls are held clean, and a kept half of a result (1.7x) where honest
     lone calls read close to their median (cpu). Each lone call comes right after
-    `_IN_FLOW` calls on buffers the kernel was timed on (no pause before it)."""
+    `_IN_FLOW` calls on buffers the kernel was timed on (no pause before it); where a kernel
+    can read beyond its buffers (not `isolated_kernels`), its set is made only after those."""
     script = list(lone_calls)
     seen, lone, flow, events = [], [], [], []
 
@@ -483,8 +485,16 @@ def test_history_compares_only_lone_calls_the_host_did_not_delay(fast_settings, 
     def bench(backend, fn, settings, best_s=None, between=None, before=None):
         return [5e-6] * 8, False
 
+    made = measure._unreferenced_set
+
+    def spy(*args):
+        events.append("made")
+        return made(*args)
+
     monkeypatch.setattr(measure, "bench", bench)
+    monkeypatch.setattr(measure, "_unreferenced_set", spy)
     host = Host()
+    host.isolated_kernels = isolated
     for name, value in limits.items():
         setattr(host, name, value)
     m = measure.measure(host, "-", builtin_spec("softmax", "16x64", "fp32"), fast_settings)
@@ -492,7 +502,13 @@ def test_history_compares_only_lone_calls_the_host_did_not_delay(fast_settings, 
     assert not script  # every scripted lone call was made, and no more
     assert len(set(lone)) == len(lone) == len(lone_calls)  # each on buffers of its own
     assert not set(lone) & set(flow)  # the calls before them: on the rotation's buffers
-    assert events == (["flow"] * measure._IN_FLOW + ["lone"]) * len(lone_calls)
+    history = events[events.index("flow"):]
+    if isolated:  # each batch's sets made first (3, then as many as were not clean)
+        calls = [e for e in history if e != "made"]
+        assert calls == (["flow"] * measure._IN_FLOW + ["lone"]) * len(lone_calls)
+        assert history[0] == "flow" and events[events.index("flow") - 1] == "made"
+    else:
+        assert history == (["flow"] * measure._IN_FLOW + ["made", "lone"]) * len(lone_calls)
     if status == "SUSPECT":
         assert "never seen" in m.detail and "two rounds" in m.detail
 

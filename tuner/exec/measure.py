@@ -761,15 +761,27 @@ def _history_round(backend, kernel, op: Op, median: float, rotation: _Rotation, 
     made) a kernel whose threads another process's work holds off its cores waits for the
     scheduler's next tick: 147 us at 2 ms apart, 8 ms at 5 ms apart (bench/RESULTS.md). The
     calls before it are on buffers the kernel has seen, so they tell it nothing of what comes
-    next."""
+    next. Where a kernel can read memory beyond its buffers (a GPU's), each set is made after
+    those calls, right before its own: made earlier, its inputs would lie where the calls before
+    could find them and compute their result ahead. Where kernels are isolated (a process that
+    maps a buffer at its first call), the sets are made first: making one is host work, a
+    pause."""
     clean, unclean = [], []
+    ahead = backend.isolated_kernels
+
+    def new_set():
+        # Its reference is made after the calls: while it runs, none of these inputs' results
+        # exists anywhere a kernel could copy it from (see _check_reference_after).
+        return _unreferenced_set(backend, op, _rng.randrange(1, 2**31))
+
     for _ in range(2):  # a second batch only while too few samples were clean
-        # Their references are made after the calls: while it runs, none of these inputs'
-        # results exists anywhere a kernel could copy it from (see _check_reference_after).
-        made.append([_unreferenced_set(backend, op, _rng.randrange(1, 2**31))
-                     for _ in range(_FRESH_CALLS - len(clean))])  # kept: new addresses too
-        for fresh in made[-1]:
+        n = _FRESH_CALLS - len(clean)
+        made.append([new_set() for _ in range(n)] if ahead else [])  # kept: new addresses too
+        for k in range(n):
             backend.time_calls(rotation.call, _IN_FLOW, rotation.before)
+            if not ahead:
+                made[-1].append(new_set())
+            fresh = made[-1][k]
             t = backend.time_call(lambda: backend.launch(kernel, fresh.args))
             (clean if getattr(backend, "last_call_clean", True) else unclean).append(t)
         for fresh in made[-1]:
