@@ -254,8 +254,8 @@ class DeviceActor:
         w = self.worker
         return w.proc.pid if w is not None and w.proc is not None else None
 
-    def worker_starts(self) -> int:
-        return self.worker.started if self.worker is not None else 0
+    def worker_deaths(self) -> int:
+        return self.worker.deaths if self.worker is not None else 0
 
     def close(self) -> None:
         if self.worker is not None:

@@ -120,6 +120,7 @@ class Worker:
         self.nice = nice  # added to the process's niceness (compile workers: see COMPILE_NICE)
         self.proc: subprocess.Popen | None = None
         self.started = 0  # processes started; restarts = started - 1
+        self.deaths = 0  # processes that died under a call (crash, exit, killed from outside)
 
     def _start(self) -> None:
         if self.log_path:
@@ -180,6 +181,7 @@ class Worker:
 
     def _death(self) -> str:
         assert self.proc is not None
+        self.deaths += 1
         try:
             code = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
