@@ -81,6 +81,19 @@ def test_the_kernel_runs_elsewhere_as_nobody_without_the_tools_environment(backe
     assert secret == 0
 
 
+def test_a_call_that_returns_with_its_team_still_working_ends_the_kernels_process(backend, tmp_path):
+    """background_team.c starts an OpenMP team with GOMP_parallel_start and returns before the
+    team is done: its work would go on after the timer stopped. The checks refuse the name; the
+    host, built straight past them here, ends the process when a call returns inside a parallel
+    region, and the judge says why."""
+    from tuner.backends.cpu_host import KernelFault
+    out = tmp_path / "background_team.so"
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-fopenmp", "-DM=1", "-DN=4",
+                    str(FIXTURES / "redteam" / "background_team.c"), "-lm", "-o", str(out)], check=True, capture_output=True)
+    with pytest.raises(KernelFault, match="OpenMP team of its own still running"):
+        _attempt(backend, str(out), 1)
+
+
 def test_the_python_api_is_not_there_to_call(backend, tmp_path):
     from tuner.backends.cpu_host import LoadError
     with pytest.raises(LoadError, match="PyEval_GetBuiltins"):

@@ -22,7 +22,8 @@
  *        can make them writable;
  *   CALL n flush + n (id, offset): r = CLOCK_MONOTONIC when the request was read; with
  *        `flush`, the caches evicted (a buffer of `flush bytes` written); t0 read; (r, t0)
- *        written to the clock pipe; the kernel called with the n pointers; t1 read; (0, t1)
+ *        written to the clock pipe; the kernel called with the n pointers; t1 read; the
+ *        process ends (code 6) if the kernel returned inside a parallel region; (0, t1)
  *        replied. r and t0 leave this process before the kernel runs, so nothing the kernel
  *        does can move them. The judge checks send <= r <= t0 <= t1 <= receive on its own
  *        reading of the same clock, and that calls begin promptly after they are sent: a
@@ -73,6 +74,8 @@ static int CTL = -1, CLK = -1;
 typedef void *P;
 typedef void (*kernel_t)(void);
 static kernel_t kernel;
+
+#define EXIT_TEAM_LEFT_RUNNING 6  /* tuner/backends/cpu_host.py reads this code */
 
 static void reply(int64_t status, int64_t value) {
     int64_t r[2] = {status, value};
@@ -339,6 +342,11 @@ int main(int argc, char **argv) {
             if (write(CLK, t, sizeof t) != (ssize_t)sizeof t) _exit(3);
             call((int)q->n, a);
             int64_t t1 = now_ns();
+            /* A call is over when the kernel returns: an OpenMP team it started and left
+             * running (the split entry points, GOMP_parallel_start without its end) would go
+             * on computing after t1, untimed, through the flush before the next call. The
+             * process ends instead; the judge reads this exit code as that fault. */
+            if (omp_get_level() != 0) _exit(EXIT_TEAM_LEFT_RUNNING);
             reply(0, t1);
         } else if (q->op == OP_EXIT) {
             return 0;

@@ -218,6 +218,10 @@ class HostKernel:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return KernelFault("the kernel's process stopped answering (its channel closed); killed")
+        if code == _EXIT_TEAM_LEFT_RUNNING:
+            return KernelFault("the kernel returned with an OpenMP team of its own still running (work "
+                               "that would go on after the call, untimed): every parallel region a "
+                               "kernel starts must end before it returns")
         if code >= 0:
             return KernelFault(f"the kernel's process exited with code {code}")
         sig = signal.Signals(-code)
@@ -308,6 +312,7 @@ def _stop(proc: subprocess.Popen, sock: socket.socket, clock: int) -> None:
         proc.wait()
 
 
+_EXIT_TEAM_LEFT_RUNNING = 6  # cpu_host.c's EXIT_TEAM_LEFT_RUNNING
 _MEANING = {
     signal.SIGSEGV: " (a store outside its buffers, or to a read-only input, faults: its inputs were "
                     "read-only and every buffer fenced by unmapped pages)",

@@ -80,6 +80,8 @@ def check_c(source: str) -> list[Finding]:
                        f"the environment, or use inline asm")
             elif name in ("section", "__section__"):  # as an attribute: bytes of data placed in .text run as code
                 bad(i, f"{name!r}: a kernel may not place code or data in a section of its choosing")
+            elif name.startswith(("GOMP_", "omp_")) and not allowed_symbol(name):
+                bad(i, f"{name!r}: {_OPENMP_WHY}")
         m = re.search(r"__attribute__\s*\(\(.*\b(constructor|destructor)\b", code)
         if m:
             bad(i, f"__attribute__(({m.group(1)})) runs code when the library loads")
@@ -110,7 +112,30 @@ ALLOWED_SYMBOLS = ({f + s for f in _LIBM for s in ("", "f", "l")}
                       # weak references every gcc shared object carries (crtstuff)
                       "__cxa_finalize", "__gmon_start__", "_ITM_deregisterTMCloneTable",
                       "_ITM_registerTMCloneTable"})
-ALLOWED_PREFIXES = ("GOMP_", "omp_", "_ZGV")  # libgomp's entry points, libmvec's vector math
+ALLOWED_PREFIXES = ("omp_", "_ZGV")  # OpenMP's API, libmvec's vector math
+# libgomp's entry points that a compiler emits for OpenMP pragmas in host code: each parallel
+# region ends (joins its team) before the entry returns. Not the split forms compilers no longer
+# emit (GOMP_parallel_start ... GOMP_parallel_end), which return with the team still working:
+# work after the call, untimed. Nor offloading (target, teams' league start, plugins).
+_GOMP = re.compile(r"GOMP_(parallel(_loop_\w+|_sections|_reductions)?|loop_\w+|barrier(_cancel)?|"
+                   r"critical(_name)?_(start|end)|atomic_(start|end)|single_start|single_copy_(start|end)|"
+                   r"sections2?_\w+|ordered_(start|end)|doacross_\w+|task|taskwait(_depend)?|taskyield|"
+                   r"taskloop(_ull)?|task_reduction_remap|taskgroup_\w+|workshare_task_reduction_unregister|"
+                   r"cancel|cancellation_point|scope_start|alloc|free|error|warning)")
+_GOMP_SPLIT = re.compile(r"GOMP_parallel\w*_start")
+_OMP_DENIED = ("omp_target_", "omp_fulfill_event")  # offloading, and a detached task's completion
+_OPENMP_WHY = ("of OpenMP a kernel may use the pragmas (and the omp_ API), not offloading or a team "
+               "left running after the call (GOMP_parallel_start without its end): its work ends "
+               "when it returns")
+
+
+def allowed_symbol(name: str) -> bool:
+    """Whether a kernel's object may call `name` (see ALLOWED_SYMBOLS and _GOMP)."""
+    if name in ALLOWED_SYMBOLS:
+        return True
+    if name.startswith("GOMP_"):
+        return bool(_GOMP.fullmatch(name)) and not _GOMP_SPLIT.fullmatch(name)
+    return name.startswith(ALLOWED_PREFIXES) and not name.startswith(_OMP_DENIED)
 # Writable data every gcc shared object has (crtstuff): the DSO handle and a one-byte flag.
 _CRT_DATA = {"__dso_handle", "completed.0", "completed.1", "__TMC_END__"}
 _CRT_DATA_BYTES = 32
@@ -164,7 +189,9 @@ def check_object(path: str, entry: str = "tuner_kernel") -> list[Finding]:
             continue
         size, kind, ndx, name = f[2], f[3], f[6], f[7].split("@")[0]
         if ndx == "UND":
-            if name and name not in ALLOWED_SYMBOLS and not name.startswith(ALLOWED_PREFIXES):
+            if name.startswith(("GOMP_", "omp_")) and not allowed_symbol(name):
+                bad(f"calls {name!r}: {_OPENMP_WHY}")
+            elif name and not allowed_symbol(name):
                 bad(f"calls {name!r}: a kernel may call math, OpenMP and memory functions only (no "
                     f"I/O, processes, clock, environment, signals or the Python API)")
             continue
