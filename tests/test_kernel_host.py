@@ -94,6 +94,29 @@ def test_a_call_that_returns_with_its_team_still_working_ends_the_kernels_proces
         _attempt(backend, str(out), 1)
 
 
+def test_the_hosts_own_settings_are_read_only_before_any_kernel_runs(backend):
+    """The flush size, the channels and the kernel's address sit on a page of the host's own
+    that is read-only before a kernel can run (a kernel shares the process and could find it
+    from its return address): read from the host's memory map, beside its writable buffer table."""
+    from tuner.backends.cpu_host import Buffers, HostKernel
+    binary = backend._host()[0]
+    symbols = subprocess.run(["nm", binary], capture_output=True, text=True, check=True).stdout
+    offset = {f[2]: int(f[0], 16) for f in (ln.split() for ln in symbols.splitlines()) if len(f) == 3}
+    host = HostKernel(binary, "-", Buffers())
+    try:
+        maps = [ln.split() for ln in Path(f"/proc/{host.proc.pid}/maps").read_text().splitlines()]
+    finally:
+        host.close()
+    real = os.path.realpath(binary)
+    base = min(int(m[0].split("-")[0], 16) for m in maps if len(m) > 5 and os.path.realpath(m[5]) == real)
+
+    def perms(name: str) -> str:
+        addr = base + offset[name]
+        return next(m[1] for m in maps if int(m[0].split("-")[0], 16) <= addr < int(m[0].split("-")[1], 16))
+    assert perms("fixed") == "r--p"
+    assert perms("sizes") == "rw-p"
+
+
 def test_the_python_api_is_not_there_to_call(backend, tmp_path):
     from tuner.backends.cpu_host import LoadError
     with pytest.raises(LoadError, match="PyEval_GetBuiltins"):
@@ -180,7 +203,7 @@ def test_the_search_learns_nothing_from_the_machines_failure():
     assert len(s.study.trials) == 1
 
 
-@pytest.mark.parametrize("lie", ["early", "silent", "made_up", "busy"])
+@pytest.mark.parametrize("lie", ["early", "silent", "made_up", "busy", "short"])
 def test_a_host_whose_times_do_not_fit_the_judges_clock_is_refused(backend, tmp_path, lie):
     """What a kernel that took over its host could report: a time it did not measure. The judge
     reads the clock itself around each call and refuses a time outside what it saw."""
@@ -193,9 +216,10 @@ def test_a_host_whose_times_do_not_fit_the_judges_clock_is_refused(backend, tmp_
     host = HostKernel(str(liar), f"/{lie}", backend._buffers or Buffers())
     try:
         said = {"early": "outside the judge's own reading", "made_up": "outside the judge's own reading",
-                "silent": "without first reporting when it began", "busy": "began its calls late"}[lie]
+                "silent": "without first reporting when it began", "busy": "began its calls late",
+                "short": "answered its calls late"}[lie]
         with pytest.raises(ClockMismatch, match=said):
-            for _ in range(40):  # "busy" shows over a window of calls
+            for _ in range(40):  # "busy" and "short" show over a window of calls
                 host.call([x, out])
     finally:
         host.close()

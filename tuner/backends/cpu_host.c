@@ -58,28 +58,35 @@
 #endif
 
 enum { OP_MAP = 1, OP_CALL = 2, OP_EXIT = 3 };
-enum { HELD_SECCOMP = 1, HELD_USER_DROPPED = 2, HELD_NOT_ROOT = 4, HELD_NO_NEW_PRIVS = 8 };
+enum { HELD_SECCOMP = 1, HELD_USER_DROPPED = 2, HELD_NOT_ROOT = 4, HELD_NO_NEW_PRIVS = 8,
+       HELD_FIXED_READ_ONLY = 16 };
 #define MAX_ARGS 16
 #define MAX_BUFS 65536
 
 struct req { uint32_t op, n; uint64_t a, b; };
 struct arg { uint32_t buf, pad; uint64_t offset; };
 
-static char *bufs[MAX_BUFS];
-static uint64_t sizes[MAX_BUFS];
-static uint64_t fence;
-static unsigned char *flush_buf;
-static size_t flush_bytes;
-static int CTL = -1, CLK = -1;
 typedef void *P;
 typedef void (*kernel_t)(void);
-static kernel_t kernel;
+static char *bufs[MAX_BUFS];
+static uint64_t sizes[MAX_BUFS];
+/* What the host sets once, before any kernel code runs, on a page of its own that is made
+ * read-only then: a kernel shares this process and can find the host's data from its return
+ * address, and one that shrank the flush (or pointed the host at other channels) would be
+ * timed with warm caches. A store here faults (SIGSEGV). */
+static struct {
+    uint64_t fence;
+    unsigned char *flush_buf;
+    size_t flush_bytes;
+    int ctl, clk;
+    kernel_t kernel;
+} __attribute__((aligned(4096))) fixed = {.ctl = -1, .clk = -1};
 
 #define EXIT_TEAM_LEFT_RUNNING 6  /* tuner/backends/cpu_host.py reads this code */
 
 static void reply(int64_t status, int64_t value) {
     int64_t r[2] = {status, value};
-    if (send(CTL, r, sizeof r, MSG_NOSIGNAL) != (ssize_t)sizeof r) _exit(3);
+    if (send(fixed.ctl, r, sizeof r, MSG_NOSIGNAL) != (ssize_t)sizeof r) _exit(3);
 }
 
 static int64_t now_ns(void) {
@@ -91,10 +98,10 @@ static int64_t now_ns(void) {
 static int64_t map_buf(uint32_t id, uint64_t nbytes, int ro, int fd) {
     if (fd < 0) return -EBADF;
     if (id >= MAX_BUFS || bufs[id] || nbytes == 0) { close(fd); return -EINVAL; }
-    size_t total = fence + nbytes + fence;
+    size_t total = fixed.fence + nbytes + fixed.fence;
     char *base = mmap(NULL, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED) { int e = errno; close(fd); return -e; }
-    void *p = mmap(base + fence, nbytes, ro ? PROT_READ : PROT_READ | PROT_WRITE,
+    void *p = mmap(base + fixed.fence, nbytes, ro ? PROT_READ : PROT_READ | PROT_WRITE,
                    MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, 0);  /* faulted in now, not in a timed call */
     int e = errno;
     close(fd);
@@ -106,7 +113,7 @@ static int64_t map_buf(uint32_t id, uint64_t nbytes, int ro, int fd) {
 
 static void call(int n, P *a) {
     switch (n) {
-#define K(...) ((void (*)(__VA_ARGS__))kernel)
+#define K(...) ((void (*)(__VA_ARGS__))fixed.kernel)
     case 1: K(P)(a[0]); break;
     case 2: K(P, P)(a[0], a[1]); break;
     case 3: K(P, P, P)(a[0], a[1], a[2]); break;
@@ -252,12 +259,12 @@ int main(int argc, char **argv) {
                         "<flush bytes>\n");
         return 2;
     }
-    flush_bytes = strtoull(argv[6], NULL, 10);
-    CTL = atoi(argv[4]);
-    CLK = atoi(argv[5]);
+    fixed.flush_bytes = strtoull(argv[6], NULL, 10);
+    fixed.ctl = atoi(argv[4]);
+    fixed.clk = atoi(argv[5]);
     prctl(PR_SET_PDEATHSIG, SIGKILL);  /* dies with the benchmark worker, */
     if (getppid() != (pid_t)atol(argv[2])) return 4;  /* even one that died while this started */
-    fence = strtoull(argv[3], NULL, 10);
+    fixed.fence = strtoull(argv[3], NULL, 10);
     int probe = strcmp(argv[1], "-") == 0;
     void *lib = probe ? NULL : dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
     if (!probe && !lib) {
@@ -266,27 +273,28 @@ int main(int argc, char **argv) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", e ? e : "dlopen failed");
         int64_t r[2] = {-1, (int64_t)strlen(msg)};
-        send(CTL, r, sizeof r, MSG_NOSIGNAL);
-        send(CTL, msg, strlen(msg), MSG_NOSIGNAL);
+        send(fixed.ctl, r, sizeof r, MSG_NOSIGNAL);
+        send(fixed.ctl, msg, strlen(msg), MSG_NOSIGNAL);
         return 5;
     }
-    kernel = probe ? NULL : (kernel_t)dlsym(lib, "tuner_kernel");
-    if (!probe && !kernel) {
+    fixed.kernel = probe ? NULL : (kernel_t)dlsym(lib, "tuner_kernel");
+    if (!probe && !fixed.kernel) {
         const char *msg = "the object has no tuner_kernel function";
         int64_t r[2] = {-1, (int64_t)strlen(msg)};
-        send(CTL, r, sizeof r, MSG_NOSIGNAL);
-        send(CTL, msg, strlen(msg), MSG_NOSIGNAL);
+        send(fixed.ctl, r, sizeof r, MSG_NOSIGNAL);
+        send(fixed.ctl, msg, strlen(msg), MSG_NOSIGNAL);
         return 5;
     }
     int held = drop_user();
-    flush_buf = flush_bytes ? malloc(flush_bytes) : NULL;
-    if (flush_buf) memset(flush_buf, 1, flush_bytes);
+    fixed.flush_buf = fixed.flush_bytes ? malloc(fixed.flush_bytes) : NULL;
+    if (fixed.flush_buf) memset(fixed.flush_buf, 1, fixed.flush_bytes);
     int threads = 0;
 #pragma omp parallel
     {
 #pragma omp atomic
         threads++;
     }
+    if (mprotect(&fixed, sizeof fixed, PROT_READ) == 0) held |= HELD_FIXED_READ_ONLY;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0) held |= HELD_NO_NEW_PRIVS;
     int err = 0;
     held |= seccomp_on(&err);
@@ -301,7 +309,7 @@ int main(int argc, char **argv) {
         m.msg_iovlen = 1;
         m.msg_control = ctrl;
         m.msg_controllen = sizeof ctrl;
-        ssize_t got = recvmsg(CTL, &m, 0);
+        ssize_t got = recvmsg(fixed.ctl, &m, 0);
         int64_t r = now_ns();
         if (got <= 0) return 0;  /* the judge has gone */
         if ((size_t)got < sizeof(struct req)) { reply(-EINVAL, 0); continue; }
@@ -314,7 +322,7 @@ int main(int argc, char **argv) {
             reply(map_buf(q->n, q->a, (int)q->b, fd), 0);
         } else if (q->op == OP_CALL) {
             if (fd >= 0) close(fd);
-            if (!kernel) { reply(-ENOENT, 0); continue; }
+            if (!fixed.kernel) { reply(-ENOENT, 0); continue; }
             if (q->n < 1 || q->n > MAX_ARGS || (size_t)got != sizeof(struct req) + q->n * sizeof(struct arg)) {
                 reply(-EINVAL, 0);
                 continue;
@@ -327,10 +335,10 @@ int main(int argc, char **argv) {
                 else a[i] = bufs[as[i].buf] + as[i].offset;
             }
             if (bad) { reply(-EINVAL, 0); continue; }
-            if (q->a && flush_buf) {  /* evict the caches: write a buffer twice the last level's size */
+            if (q->a && fixed.flush_buf) {  /* evict the caches: write a buffer twice the last level's size */
                 static unsigned char fill;
-                memset(flush_buf, ++fill, flush_bytes);
-                __asm__ volatile("" : : "r"(flush_buf) : "memory");
+                memset(fixed.flush_buf, ++fill, fixed.flush_bytes);
+                __asm__ volatile("" : : "r"(fixed.flush_buf) : "memory");
             }
             /* Wake OpenMP's team, untimed: its threads went to sleep while the flush ran (or
              * between calls), and a sleeping thread can take milliseconds to get a core back
@@ -339,7 +347,7 @@ int main(int argc, char **argv) {
 #pragma omp parallel
             __asm__ volatile("" ::: "memory");
             int64_t t[2] = {r, now_ns()};
-            if (write(CLK, t, sizeof t) != (ssize_t)sizeof t) _exit(3);
+            if (write(fixed.clk, t, sizeof t) != (ssize_t)sizeof t) _exit(3);
             call((int)q->n, a);
             int64_t t1 = now_ns();
             /* A call is over when the kernel returns: an OpenMP team it started and left

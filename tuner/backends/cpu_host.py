@@ -43,13 +43,14 @@ from tuner.backends.fence import BAND_BYTES, FENCE_BYTES
 
 SOURCE = Path(__file__).with_name("cpu_host.c")
 _OP_MAP, _OP_CALL, _OP_EXIT = 1, 2, 3
-_HELD_SECCOMP, _HELD_USER_DROPPED, _HELD_NOT_ROOT, _HELD_NO_NEW_PRIVS = 1, 2, 4, 8
+_HELD_SECCOMP, _HELD_USER_DROPPED, _HELD_NOT_ROOT, _HELD_NO_NEW_PRIVS, _HELD_FIXED_READ_ONLY = 1, 2, 4, 8, 16
 _REPLY = struct.Struct("<qq")
 _MAX_ARGS = 16
 _START_S = 60.0  # the host's set-up (dlopen, OpenMP's threads) answers within this
 # A call's start after it was sent (the host waking to read it: tens of microseconds) may not
 # be late by more than this, or a quarter of the kernel's own time, in the median of the last
-# _LATE_WINDOW calls: more means the host was still busy when it was asked.
+# _LATE_WINDOW calls: more means the host was still busy when it was asked. The same bounds the
+# answer's arrival after the end the host reported: more means that end was not the work's.
 _LATE_S = 200e-6
 _LATE_WINDOW = 16
 # OpenMP's wait settings: the judge's own in its benchmark workers (CpuBackend.bench_env), the
@@ -173,6 +174,7 @@ class HostKernel:
     def __init__(self, binary: str, artifact: str, buffers: Buffers, flush_bytes: int = 0):
         self.artifact, self.buffers = artifact, buffers
         self._late: list[int] = []  # ns from sending each recent call to the host reading it
+        self._tail: list[int] = []  # ns from each recent call's reported end to its answer here
         self._took: list[int] = []  # ns each recent call took by the host's clock
         self._sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._clock, clock_w = os.pipe()
@@ -283,15 +285,23 @@ class HostKernel:
             raise ClockMismatch(f"the kernel's process reported a call read at {read}, run from {t0} to {t1} "
                                 f"ns, outside the judge's own reading of the clock ({sent} to {came} ns)")
         self._late = [*self._late[1 - _LATE_WINDOW:], read - sent]
+        self._tail = [*self._tail[1 - _LATE_WINDOW:], came - t1]
         self._took = [*self._took[1 - _LATE_WINDOW:], t1 - t0]
         if len(self._late) == _LATE_WINDOW:
-            late, took = statistics.median(self._late) * 1e-9, statistics.median(self._took) * 1e-9
-            if late > max(_LATE_S, 0.25 * took):
-                self._late, self._took = [], []  # a call after this is judged on a window of its own
+            late, tail, took = (statistics.median(w) * 1e-9 for w in (self._late, self._tail, self._took))
+            allowed = max(_LATE_S, 0.25 * took)
+            if late > allowed or tail > allowed:
+                self._late, self._tail, self._took = [], [], []  # the calls after: a window of their own
+            if late > allowed:
                 raise ClockMismatch(
                     f"the kernel's process began its calls late: {late * 1e6:.0f} us after they were sent "
                     f"(the median of {_LATE_WINDOW}), against {took * 1e6:.0f} us a call: it was still busy "
                     f"after it had answered (an answer sent early, the work finished after)")
+            if tail > allowed:
+                raise ClockMismatch(
+                    f"the kernel's process answered its calls late: {tail * 1e6:.0f} us after the end it "
+                    f"reported (the median of {_LATE_WINDOW}), against {took * 1e6:.0f} us a call: the "
+                    f"end it reported was not when the work ended")
         return (t1 - t0) * 1e-9
 
     def close(self) -> None:
@@ -339,6 +349,8 @@ def _facts(held: int, err: int) -> str:
         parts.append(f"user: {os.getuid()} (not root)")
     else:
         parts.append("user: root (MISSING: could not drop to nobody)")
+    if not held & _HELD_FIXED_READ_ONLY:
+        parts.append("host settings: writable (MISSING: the page could not be made read-only)")
     return "; ".join(parts)
 
 
