@@ -135,6 +135,13 @@ OBJECTS = {
     # A syscall written as data into .text and called: objdump's listing never showed it.
     "text_data": ('__attribute__((section(".text"))) const unsigned char b[] = {0x0f, 0x05, 0xc3};\n'
                   "void tuner_kernel(float *x) { x[0] = ((int (*)(void))b)(); }", "data in an executable section"),
+    # The clock through an intrinsic (no call to name): a kernel could time its own calls.
+    "rdtsc": ("#include <x86intrin.h>\nvoid tuner_kernel(float *x) { x[0] = (float)__rdtsc(); }",
+              "may not read the clock"),
+    # A team left working after the return, declared by hand (no header names it).
+    "split_team": ("void GOMP_parallel_start(void (*)(void *), void *, unsigned);\n"
+                   "static void f(void *p) { ((float *)p)[0] = 1; }\n"
+                   "void tuner_kernel(float *x) { GOMP_parallel_start(f, x, 2); }", "'GOMP_parallel_start'"),
     "clean": ("#include <math.h>\nvoid tuner_kernel(float *x) { x[0] = expf(x[1]); }", None),
 }
 

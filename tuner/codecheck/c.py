@@ -142,6 +142,9 @@ _CRT_DATA_BYTES = 32
 # Writable sections that are the loader's, not the kernel's (RELRO or tables it fills).
 _LOADER_SECTIONS = {".got", ".got.plt", ".dynamic", ".init_array", ".fini_array"}
 _SYSCALL = re.compile(r"\t(syscall|sysenter|int\s+\$0x80|svc\s|ecall)\b")
+# The time-stamp counter (x86) and the generic timer's counters (Arm): the clock, read without a
+# call (an intrinsic, `__rdtsc()`), which a kernel may not read any more than through libc.
+_CLOCK = re.compile(r"\t(rdtscp?|rdpid)\b|\bcnt[vp]ct(ss)?_el0\b")
 
 
 def _readelf(*args: str, path: str) -> str:
@@ -222,4 +225,7 @@ def check_object(path: str, entry: str = "tuner_kernel") -> list[Finding]:
     if m:
         bad(f"a {m.group(1).split()[0]} instruction: a kernel may not call the kernel of the "
             f"operating system")
+    m = _CLOCK.search(text)
+    if m:
+        bad(f"a {(m.group(1) or m.group(0)).split()[0]} instruction: a kernel may not read the clock")
     return out
