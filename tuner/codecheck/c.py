@@ -142,9 +142,10 @@ _CRT_DATA_BYTES = 32
 # Writable sections that are the loader's, not the kernel's (RELRO or tables it fills).
 _LOADER_SECTIONS = {".got", ".got.plt", ".dynamic", ".init_array", ".fini_array"}
 _SYSCALL = re.compile(r"\t(syscall|sysenter|int\s+\$0x80|svc\s|ecall)\b")
-# The time-stamp counter (x86) and the generic timer's counters (Arm): the clock, read without a
-# call (an intrinsic, `__rdtsc()`), which a kernel may not read any more than through libc.
-_CLOCK = re.compile(r"\t(rdtscp?|rdpid)\b|\bcnt[vp]ct(ss)?_el0\b")
+# The time-stamp and performance counters (x86), the generic timer's and the cycle counter
+# (Arm): the clock, read without a call (an intrinsic, `__rdtsc()`), which a kernel may not
+# read any more than through libc.
+_CLOCK = re.compile(r"\t(rdtscp?|rdpid|rdpmc)\b|\b(cnt[vp]ct(ss)?|pmccntr)_el0\b")
 
 
 def _readelf(*args: str, path: str) -> str:
