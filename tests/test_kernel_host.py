@@ -4,6 +4,7 @@ would refuse them), so that what holds here holds even for a kernel the checks l
 
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -203,7 +204,7 @@ def test_the_search_learns_nothing_from_the_machines_failure():
     assert len(s.study.trials) == 1
 
 
-@pytest.mark.parametrize("lie", ["early", "silent", "made_up", "busy", "short"])
+@pytest.mark.parametrize("lie", ["early", "silent", "made_up", "busy"])
 def test_a_host_whose_times_do_not_fit_the_judges_clock_is_refused(backend, tmp_path, lie):
     """What a kernel that took over its host could report: a time it did not measure. The judge
     reads the clock itself around each call and refuses a time outside what it saw."""
@@ -216,11 +217,28 @@ def test_a_host_whose_times_do_not_fit_the_judges_clock_is_refused(backend, tmp_
     host = HostKernel(str(liar), f"/{lie}", backend._buffers or Buffers())
     try:
         said = {"early": "outside the judge's own reading", "made_up": "outside the judge's own reading",
-                "silent": "without first reporting when it began", "busy": "began its calls late",
-                "short": "answered its calls late"}[lie]
+                "silent": "without first reporting when it began", "busy": "began its calls late"}[lie]
         with pytest.raises(ClockMismatch, match=said):
-            for _ in range(40):  # "busy" and "short" show over a window of calls
+            for _ in range(40):  # "busy" shows over a window of calls
                 host.call([x, out])
+    finally:
+        host.close()
+
+
+def test_a_host_slow_to_wake_is_not_a_host_busy_after_answering(backend, tmp_path):
+    """A call read 1 ms after it was sent by a host that was asleep (a virtual machine's idle
+    vCPU takes ~300 us to wake) is late, but not busy: no verdict. (Honest C kernels were
+    SUSPECT in one evaluation of 8-16 on a 2-core VM before.)"""
+    from tuner.backends.cpu_host import Buffers, HostKernel
+    sleepy = tmp_path / "lying_host"
+    subprocess.run(["cc", "-O1", str(FIXTURES / "host" / "lying_host.c"), "-o", str(sleepy)], check=True)
+    tensors = _Tensors(backend)
+    x, out = tensors([1.0]), tensors([0.0])
+    host = HostKernel(str(sleepy), "/sleepy", backend._buffers or Buffers())
+    try:
+        for _ in range(40):
+            host.call([x, out])
+        assert statistics.median(host._late) > 500e3  # it was late
     finally:
         host.close()
 
