@@ -123,7 +123,8 @@ _GOMP = re.compile(r"GOMP_(parallel(_loop_\w+|_sections|_reductions)?|loop_\w+|b
                    r"taskloop(_ull)?|task_reduction_remap|taskgroup_\w+|workshare_task_reduction_unregister|"
                    r"cancel|cancellation_point|scope_start|alloc|free|error|warning)")
 _GOMP_SPLIT = re.compile(r"GOMP_parallel\w*_start")
-_OMP_DENIED = ("omp_target_", "omp_fulfill_event")  # offloading, and a detached task's completion
+# Offloading, a detached task's completion, and the API's printing (a kernel does no I/O).
+_OMP_DENIED = ("omp_target_", "omp_fulfill_event", "omp_display_")
 _OPENMP_WHY = ("of OpenMP a kernel may use the pragmas (and the omp_ API), not offloading or a team "
                "left running after the call (GOMP_parallel_start without its end): its work ends "
                "when it returns")
@@ -136,6 +137,8 @@ def allowed_symbol(name: str) -> bool:
     if name.startswith("GOMP_"):
         return bool(_GOMP.fullmatch(name)) and not _GOMP_SPLIT.fullmatch(name)
     return name.startswith(ALLOWED_PREFIXES) and not name.startswith(_OMP_DENIED)
+
+
 # Writable data every gcc shared object has (crtstuff): the DSO handle and a one-byte flag.
 _CRT_DATA = {"__dso_handle", "completed.0", "completed.1", "__TMC_END__"}
 _CRT_DATA_BYTES = 32
