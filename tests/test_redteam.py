@@ -143,6 +143,19 @@ OBJECTS = {
                    "static void f(void *p) { ((float *)p)[0] = 1; }\n"
                    "void tuner_kernel(float *x) { GOMP_parallel_start(f, x, 2); }", "'GOMP_parallel_start'"),
     "clean": ("#include <math.h>\nvoid tuner_kernel(float *x) { x[0] = expf(x[1]); }", None),
+    # What the compiler emits for OpenMP's pragmas passes: the libgomp allowlist refuses no honest kernel.
+    "pragmas": ("#include <omp.h>\nvoid tuner_kernel(float *x) { float s = 0;\n"
+                "#pragma omp parallel for reduction(+:s) schedule(dynamic)\n"
+                "for (long i = 0; i < 64; i++) s += x[i];\n"
+                "#pragma omp parallel for schedule(guided) collapse(2)\n"
+                "for (long i = 0; i < 8; i++) for (long j = 0; j < 8; j++) x[i * 8 + j] += s;\n"
+                "#pragma omp parallel\n{\n#pragma omp for schedule(runtime) nowait\n"
+                "for (long i = 0; i < 64; i++) x[i] *= 2;\n#pragma omp barrier\n"
+                "#pragma omp single\nx[0] = omp_get_num_threads();\n#pragma omp critical\nx[1] += 1;\n"
+                "#pragma omp atomic\nx[2] += 1;\n#pragma omp sections\n{\n#pragma omp section\nx[3] = 1;\n}\n"
+                "#pragma omp for ordered\nfor (long i = 0; i < 8; i++) {\n#pragma omp ordered\nx[i] += 1;\n}\n"
+                "#pragma omp master\n{\n#pragma omp taskgroup\n{\n#pragma omp task\nx[4] = 1;\n}\n"
+                "#pragma omp taskwait\n#pragma omp taskloop\nfor (long i = 0; i < 8; i++) x[i] += 1;\n}\n}\n}", None),
 }
 
 

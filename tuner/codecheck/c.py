@@ -116,12 +116,13 @@ ALLOWED_PREFIXES = ("omp_", "_ZGV")  # OpenMP's API, libmvec's vector math
 # libgomp's entry points that a compiler emits for OpenMP pragmas in host code: each parallel
 # region ends (joins its team) before the entry returns. Not the split forms compilers no longer
 # emit (GOMP_parallel_start ... GOMP_parallel_end), which return with the team still working:
-# work after the call, untimed. Nor offloading (target, teams' league start, plugins).
+# work after the call, untimed. Nor offloading (target, teams' league start, plugins). Names
+# from gcc 12 to 14's libgomp.
 _GOMP = re.compile(r"GOMP_(parallel(_loop_\w+|_sections|_reductions)?|loop_\w+|barrier(_cancel)?|"
                    r"critical(_name)?_(start|end)|atomic_(start|end)|single_start|single_copy_(start|end)|"
-                   r"sections2?_\w+|ordered_(start|end)|doacross_\w+|task|taskwait(_depend)?|taskyield|"
+                   r"sections2?_\w+|ordered_(start|end)|doacross_\w+|task|taskwait(_depend(_nowait)?)?|taskyield|"
                    r"taskloop(_ull)?|task_reduction_remap|taskgroup_\w+|workshare_task_reduction_unregister|"
-                   r"cancel|cancellation_point|scope_start|alloc|free|error|warning)")
+                   r"cancel|cancellation_point|scope_start|(add_|is_)?alloc|free|error|warning)")
 _GOMP_SPLIT = re.compile(r"GOMP_parallel\w*_start")
 # Offloading, a detached task's completion, and the API's printing (a kernel does no I/O).
 _OMP_DENIED = ("omp_target_", "omp_fulfill_event", "omp_display_")
