@@ -36,7 +36,7 @@ def main() -> None:
     print("| --- | --- | --- | --- |")
     for op, shape, lang, dtype in CASES:
         skel = sk.library_skeleton(op, lang)
-        ctx = {**render_context(load_op(builtin_spec(op, shape, dtype))), "CORES": 132, "ctype": "float"}
+        ctx = {**render_context(load_op(builtin_spec(op, shape, dtype))), "CORES": 132, "ARCH": 90, "ctype": "float"}
         configs = list(skel.space.configs())[:args.configs]  # rendered whether or not the formulas accept them
         now = per_render(lambda c: skel.render(c, ctx), configs)
         before = per_render(lambda c: sk._environment().from_string(skel.template).render(**ctx, **c.as_dict()),

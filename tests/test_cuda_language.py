@@ -52,7 +52,7 @@ def _backend():
 def test_the_library_cuda_skeletons_render_clean_modules(op, shape):
     sk = library_skeleton(op, "cuda")
     o = load_op(builtin_spec(op, shape, "bf16"))
-    ctx = {**render_context(o), "CORES": 132}
+    ctx = {**render_context(o), "CORES": 132, "ARCH": 90}
     configs = [c for c in sk.space.configs() if sk.space.check(c, ctx, {"smem_bytes": 232448}) is None]
     assert len(configs) > 100
     for c in configs[::max(1, len(configs) // 25)]:
@@ -133,7 +133,7 @@ def test_ptx_is_read_for_parameters_and_forbidden_calls():
             st.global.u32 [hits], %r3;
         }
     """)
-    assert cuda_source.ptx_entries(ptx) == {"k": ["u64", "u32", "f32", "b8[]"]}
+    assert cuda_source.ptx_entries(ptx) == {"k": ["u64", "u32", "f32", "b8[16]@8"]}
     why = cuda_source.check_ptx(ptx)
     assert any("printf" in w for w in why) and any("'hits'" in w for w in why)
     assert not any("'N'" in w for w in why)  # read only: a constant
@@ -172,6 +172,50 @@ def test_each_launch_is_checked_against_the_compiled_kernel(tmp_path, launch, wh
     assert build.status is Status.COMPILE_ERROR and why in build.error, build.error
 
 
+TMA_COPY = r'''
+struct alignas(64) TensorMap { unsigned long long v[16]; };
+extern "C" __global__ void first_box(const __grid_constant__ TensorMap m, float* __restrict__ y) {
+    __shared__ alignas(128) float box[8 * 32];
+    __shared__ alignas(8) unsigned long long bar;
+    const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(&bar));
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(box));
+    if (threadIdx.x == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(b));
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(b), "r"(1024));
+        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, { %2, %3}], [%4];"
+                     :: "r"(d), "l"(reinterpret_cast<unsigned long long>(&m)), "r"(0), "r"(0), "r"(b) : "memory");
+        unsigned done = 0;
+        while (!done)
+            asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                         : "=r"(done) : "r"(b) : "memory");
+    }
+    __syncthreads();
+    y[threadIdx.x] = box[threadIdx.x];
+}
+'''
+
+
+@needs_compiler
+@pytest.mark.parametrize("launch,why", [
+    ('cuda.launch(SOURCE, "first_box", (1,), (256,), cuda.tensor_map(x, (8, 32)), y)', None),
+    ('cuda.launch(SOURCE, "first_box", (1,), (256,), x, y)', "a tensor for a tensor map's parameter"),
+    ('cuda.launch(SOURCE, "first_box", (1,), (256,), cuda.tensor_map(x, (8, 32)), cuda.tensor_map(y, (8, 32)))',
+     "a tensor map (cuda.tensor_map) for a parameter of type .u64"),
+    ('cuda.launch(SOURCE, "first_box", (1,), (256,), cuda.tensor_map(x, (8, 300)), y)', "one int in 1..256"),
+    ('cuda.launch(SOURCE, "first_box", (1,), (256,), cuda.tensor_map(x, (8, 32), swizzle=64), y)',
+     "exceeds the swizzle span"),
+    ('cuda.launch(SOURCE, "first_box", (1,), (256,), cuda.tensor_map(x, (8, 6)), y)', "a multiple of 16"),
+])
+def test_a_tensor_map_is_made_of_a_tensor_and_passed_only_to_a_tensor_map_parameter(tmp_path, launch, why):
+    b = _backend()
+    src = module(TMA_COPY, launch=launch)
+    build = b.compile(src, builtin_spec("softmax", "64x256", "fp32"), str(tmp_path), 120)
+    if why is None:
+        assert build.status is Status.OK, build.error
+    else:
+        assert build.status is Status.COMPILE_ERROR and why in build.error, build.error
+
+
 @needs_compiler
 @pytest.mark.parametrize("op,shape,dtype", [("rmsnorm", "256x4096", "bf16"), ("rmsnorm", "64x1024", "fp32"),
                                             ("matmul", "16x2048x1024", "bf16"), ("matmul", "5x1024x512", "fp16")])
@@ -182,7 +226,10 @@ def test_library_configs_compile_for_hopper_without_a_gpu(tmp_path, op, shape, d
     spec = builtin_spec(op, shape, dtype)
     ctx = {**render_context(load_op(spec)), **b.render_context(load_op(spec))}
     configs = [c for c in sk.space.configs() if sk.space.check(c, ctx, b.limits()) is None]
-    for i, c in enumerate(configs[:: max(1, len(configs) // 3)][:3]):
+    feeds = sorted({c.as_dict().get("FEED") for c in configs}, key=str)  # matmul: one config per feed too
+    picks = configs[:: max(1, len(configs) // 3)][:3] + [next(c for c in configs if c.as_dict().get("FEED") == f)
+                                                           for f in feeds if f]
+    for i, c in enumerate(picks):
         build = b.compile(sk.render(c, ctx), spec, str(tmp_path / str(i)), 120)
         assert build.status is Status.OK, (c, build.error)
         manifest = json.loads((tmp_path / str(i) / "kernel.cuda.json").read_text())
@@ -216,6 +263,48 @@ def test_cuda_cpp_kernels_tune_verify_and_win_through_the_harness(fast_settings,
     summary = execute(store, fast_settings, budget, make_evaluator=with_backend_options(None, {"language": "cuda"}))
     assert summary["best"] is not None, summary["failures"]
     assert summary["evaluations"] >= budget
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape,dtype", [("16x14336x4096", "bf16"), ("5x1024x512", "fp16"), ("1x2048x1024", "bf16")])
+def test_every_feed_of_the_cuda_matmul_computes_the_product_call_after_call(tmp_path, shape, dtype):
+    """Configs of each feed (the per-warp cp.async ring; the TMA ring with its swizzled boxes
+    and mbarriers), one per column-block width, against torch in float64 at M = 16 and M < 16
+    (a's rows past M read as zeros), 24 calls each on two input sets: a race between a stage's
+    readers and its next copy shows in some calls only (it did: whole blocks wrong in most calls
+    at BN 32 before the proxy fence)."""
+    import torch
+
+    from tuner.backends.cuda import CudaBackend
+    b = CudaBackend(0, language="cuda")
+    sk = library_skeleton("matmul", "cuda")
+    spec = builtin_spec("matmul", shape, dtype)
+    op = load_op(spec)
+    ctx = {**render_context(op), **b.render_context(op)}
+    configs = [c for c in sk.space.configs() if sk.space.check(c, ctx, b.limits()) is None]
+    sets = []
+    for seed in (7, 8):
+        xs = [b.to_device(x) for x in op.make_inputs(seed)]
+        sets.append((xs, xs[0].double() @ xs[1].double()))
+    checked = []
+    for feed in ("ring", "tma"):
+        by_width = {}
+        for c in configs:
+            d = c.as_dict()
+            if d["FEED"] == feed and d["STAGES"] >= 3:
+                by_width.setdefault((d["BN"], d["SPLIT"] > 1), c)
+        for i, c in enumerate(list(by_width.values())[:6]):
+            build = b.compile(sk.render(c, ctx), spec, str(tmp_path / f"{feed}{i}"), 300)
+            assert build.status is Status.OK, (c, build.error)
+            fn = b.load(build.artifact, op)
+            for call in range(24):
+                xs, want = sets[call % 2]
+                out = torch.full(tuple(want.shape), float("nan"), dtype=xs[0].dtype, device=xs[0].device)
+                fn(*xs, out)
+                err = (out.double() - want).abs().max().item()
+                assert err <= 0.02 * want.abs().max().item(), (c, call, err)
+            checked.append(c.as_dict()["FEED"])
+    assert checked.count("tma") >= 3 and checked.count("ring") >= 3, checked
 
 
 @pytest.mark.cuda
@@ -315,7 +404,7 @@ def test_a_model_writing_cuda_cpp_is_told_the_cuda_contract_and_shown_a_cuda_ske
     spec = builtin_spec("rmsnorm", "4096x4096", "bf16")
     op = load_op(spec)
     dev = DeviceInfo("cuda", "NVIDIA H200", 132, limits=(("smem_bytes", 232448.0),))
-    k = PromptKit(spec, op, "cuda", "cuda", dev, {**render_context(op), "CORES": 132},
+    k = PromptKit(spec, op, "cuda", "cuda", dev, {**render_context(op), "CORES": 132, "ARCH": 90},
                   {"smem_bytes": 232448.0}, 1e-4)
     rules = k.backend_rules()
     assert "cuda.launch(" in rules and "def launch(x, w, y)" in rules and "@triton.jit" not in rules

@@ -26,7 +26,7 @@ def kit(backend="null", op_name="softmax", shape="64x128"):
     spec = builtin_spec(op_name, shape)
     op = load_op(spec)
     lang = {"null": "script", "cpu": "c", "cuda": "triton"}[backend]
-    extra = {"null": {"CORES": 4}, "cpu": {"ctype": "float", "CORES": 2}, "cuda": {"CORES": 132}}[backend]
+    extra = {"null": {"CORES": 4}, "cpu": {"ctype": "float", "CORES": 2}, "cuda": {"CORES": 132, "ARCH": 90}}[backend]
     dev = DeviceInfo(backend, f"{backend} device", 4, limits=(("smem_bytes", 49152.0),),
                      peaks=(("copy_gbps", 100.0),))
     return PromptKit(spec, op, backend, lang, dev, {**render_context(op), **extra},

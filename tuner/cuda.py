@@ -10,7 +10,16 @@ with `SOURCE` a module constant of CUDA C++ (`extern "C" __global__` functions: 
 stay as written), `grid` and `block` up to three ints, `args` tensors (passed as device
 pointers) and Python numbers (typed by the kernel's own parameters: int, unsigned, float,
 double of the widths the kernel declares), `smem` the dynamic shared memory in bytes and
-`options` compile options from `tuner.backends.cuda_source.OPTIONS`.
+`options` compile options from `tuner.backends.cuda_source.OPTIONS`. A kernel that reads a
+tensor with the Tensor Memory Accelerator (sm_90+: `cp.async.bulk.tensor`) is passed
+
+    cuda.tensor_map(t, box, swizzle=0)
+
+for a parameter `const __grid_constant__ TensorMap m` (a 64-byte-aligned 128-byte struct): a
+tiled descriptor of the tensor `t` itself (its pointer, shape and strides, so the copies it
+drives stay inside `t`; reads past its edges are zeros), `box` the tile one copy moves (a size
+per dimension, outermost first), `swizzle` 0, 32, 64 or 128 (bytes: the shared-memory
+layout CU_TENSOR_MAP_SWIZZLE_<n>B, which spreads a column of rows over the banks).
 
 Why Python around CUDA C++ and not a C++ host launcher: host C++ compiled into the process
 that holds the device could call anything (the CUDA runtime's copies, cuBLAS, the system); the
@@ -41,6 +50,58 @@ from typing import Any
 def cdiv(a: int, b: int) -> int:
     """Ceiling division, for grids."""
     return -(-a // b)
+
+
+@dataclass(frozen=True, eq=False)
+class TensorMap:
+    """A TMA descriptor of one tensor, made by `tensor_map`; encoded on the GPU's side at the
+    launch that passes it (see the module docstring)."""
+    tensor: Any
+    box: tuple[int, ...]
+    swizzle: int
+
+
+# torch dtype name -> CUtensorMapDataType
+_TMA_DTYPES = {"uint8": 0, "int8": 0, "int16": 1, "uint16": 1, "int32": 3, "uint32": 2, "int64": 5,
+               "float16": 6, "float32": 7, "float64": 8, "bfloat16": 9}
+_TMA_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}  # bytes -> CUtensorMapSwizzle
+
+
+def tensor_map(t, box, swizzle: int = 0) -> TensorMap:
+    """A TMA descriptor of tensor `t` moving `box`-shaped tiles (outermost dimension first)
+    into shared memory laid out by `swizzle`; raises ValueError naming what the hardware
+    would refuse."""
+    box = tuple(box) if isinstance(box, (tuple, list)) else (box,)
+    why = _tensor_map_problem(t, box, swizzle)
+    if why:
+        raise ValueError(f"cuda.tensor_map: {why}")
+    return TensorMap(t, box, swizzle)
+
+
+def _tensor_map_problem(t, box, swizzle) -> str | None:
+    if not (hasattr(t, "data_ptr") and hasattr(t, "dtype") and hasattr(t, "stride")):
+        return f"a tensor is described, not a {type(t).__name__}"
+    dtype = str(t.dtype).removeprefix("torch.")
+    if dtype not in _TMA_DTYPES:
+        return f"dtype {dtype} has no TMA element type"
+    if swizzle not in _TMA_SWIZZLE:
+        return f"swizzle={swizzle!r}: one of 0, 32, 64, 128 (bytes)"
+    rank = t.dim()
+    if not 1 <= rank <= 5:
+        return f"a tensor of rank {rank}: TMA describes 1 to 5 dimensions"
+    if len(box) != rank or not all(isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 256 for b in box):
+        return f"box={box!r}: one int in 1..256 per dimension of the {rank}-d tensor"
+    size = t.element_size()
+    if t.stride(-1) != 1:
+        return "the innermost dimension must be contiguous (stride 1)"
+    if any((t.stride(d) * size) % 16 for d in range(rank - 1)):
+        return "every outer stride must be a multiple of 16 bytes"
+    inner = box[-1] * size
+    if inner % 16:
+        return f"the box's innermost extent is {inner} bytes: a multiple of 16"
+    if swizzle and inner > swizzle:
+        return f"the box's innermost extent ({inner} bytes) exceeds the swizzle span ({swizzle} bytes)"
+    return None
 
 
 def launch(source: str, name: str, grid, block, *args, smem: int = 0, options=()) -> None:
@@ -117,6 +178,8 @@ def _dims(v, what: str) -> tuple[int, int, int]:
 
 
 def _kind(a) -> str:
+    if isinstance(a, TensorMap):
+        return "tensormap"
     if hasattr(a, "data_ptr") and hasattr(a, "dtype"):
         return f"tensor:{str(a.dtype).removeprefix('torch.')}"
     if isinstance(a, bool):
@@ -125,7 +188,7 @@ def _kind(a) -> str:
         return "int"
     if isinstance(a, float):
         return "float"
-    raise TypeError(f"cuda.launch: an argument of type {type(a).__name__}; pass tensors, ints and floats")
+    raise TypeError(f"cuda.launch: an argument of type {type(a).__name__}; pass tensors, tensor maps, ints and floats")
 
 
 # ---- device side: compiled units loaded through the CUDA driver --------------------------
@@ -137,6 +200,7 @@ _CTYPES = {"u8": ctypes.c_uint8, "s8": ctypes.c_int8, "b8": ctypes.c_uint8,
            "u64": ctypes.c_uint64, "s64": ctypes.c_int64, "b64": ctypes.c_uint64,
            "f32": ctypes.c_float, "f64": ctypes.c_double}
 _POINTER_SLOTS = (ctypes.c_uint64, ctypes.c_int64)  # the types a tensor's pointer is passed as
+TENSOR_MAP_PARAM = "b8[128]@64"  # a TensorMap's parameter as `ptx_entries` writes it
 _MAX_DYNAMIC_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 _kernels: dict[tuple[str, str], "_Kernel"] = {}
@@ -145,6 +209,12 @@ _modules: dict[str, int] = {}  # unit key -> CUmodule, loaded once per process
 
 def check_arg(ptx_type: str, kind: str) -> str | None:
     """Why an argument of `kind` cannot be passed as a parameter of `ptx_type`, or None."""
+    if kind == "tensormap":
+        return None if ptx_type == TENSOR_MAP_PARAM else (
+            f"a tensor map (cuda.tensor_map) for a parameter of type .{ptx_type}: declare it "
+            "`const __grid_constant__ TensorMap m` with `struct alignas(64) TensorMap { unsigned long long v[16]; };`")
+    if ptx_type == TENSOR_MAP_PARAM:
+        return f"a {kind.split(':')[0]} for a tensor map's parameter (128 bytes, 64-aligned): pass cuda.tensor_map(...)"
     if ptx_type not in _CTYPES:
         return f"a parameter of PTX type .{ptx_type} (structs and arrays by value are not supported)"
     if kind.startswith("tensor"):
@@ -180,6 +250,11 @@ class _Kernel:
                 if why is None:
                     values.append(c(a.data_ptr()))
                     continue
+            elif isinstance(a, TensorMap):
+                why = check_arg(t, "tensormap") or _encode_problem(a)
+                if why is None:
+                    values.append(_encode(a))
+                    continue
             else:
                 why = check_arg(t, _kind(a))
                 if why is None and c is not None and not isinstance(a, (int, float)):
@@ -196,6 +271,41 @@ class _Kernel:
         stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
         _check(drv.cuLaunchKernel(ctypes.c_void_p(self.func), *grid, *block, smem, ctypes.c_void_p(stream),
                                   params, None), f"launch of {self.name!r}")
+
+
+_encoded: dict[tuple, Any] = {}  # descriptors by what they describe: buffers rotate, shapes repeat
+
+
+def _encode_problem(m: TensorMap) -> str | None:
+    t = m.tensor
+    if not t.is_cuda:
+        return f"a tensor map of a tensor on {t.device}, not the GPU"
+    if t.data_ptr() % 16:
+        return "a tensor map of a tensor whose address is not 16-byte aligned"
+    return None
+
+
+def _encode(m: TensorMap):
+    """The 128-byte CUtensorMap of `m` (cuTensorMapEncodeTiled), cached by what it describes."""
+    t = m.tensor
+    key = (t.data_ptr(), str(t.dtype), tuple(t.shape), tuple(t.stride()), m.box, m.swizzle)
+    value = _encoded.get(key)
+    if value is not None:
+        return value
+    rank, size = t.dim(), t.element_size()
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    dims = (u64 * rank)(*reversed(t.shape))                               # innermost first
+    strides = (u64 * max(rank - 1, 1))(*[t.stride(d) * size for d in reversed(range(rank - 1))])
+    box = (u32 * rank)(*reversed(m.box))
+    ones = (u32 * rank)(*[1] * rank)
+    value = (u64 * 16)()
+    _check(_driver().cuTensorMapEncodeTiled(
+        ctypes.byref(value), _TMA_DTYPES[str(t.dtype).removeprefix("torch.")], rank, ctypes.c_void_p(t.data_ptr()),
+        dims, strides, box, ones, 0, _TMA_SWIZZLE[m.swizzle], 2, 0), "cuTensorMapEncodeTiled")
+    if len(_encoded) >= 256:
+        _encoded.clear()
+    _encoded[key] = value
+    return value
 
 
 def load_units(units: dict[str, dict[str, Any]], read_cubin) -> None:
@@ -235,6 +345,9 @@ def _driver():
         lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
         lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
         lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        lib.cuTensorMapEncodeTiled.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                                ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         _lib = lib
     return _lib
@@ -247,4 +360,4 @@ def _check(result: int, what: str) -> None:
         raise RuntimeError(f"CUDA error in {what}: {(name.value or b'?').decode()} ({result})")
 
 
-__all__ = ["launch", "cdiv"]
+__all__ = ["launch", "cdiv", "tensor_map"]

@@ -123,7 +123,9 @@ class CudaBackend(TritonDevice):
     def render_context(self, op) -> dict[str, Any]:
         cores = self.options.get("cores") or (4 if self.interpret else
                                                self._properties().multi_processor_count)
-        return {"CORES": int(cores)}
+        # ARCH: the compute capability as one number (90: sm_90), for spaces whose kernels
+        # need an architecture's instructions (a constraint such as `ARCH >= 90`).
+        return {"CORES": int(cores), "ARCH": self._arch()}
 
     def limits(self) -> dict[str, float]:
         if self.options.get("smem_bytes"):  # told by the parent (compile_options)

@@ -111,21 +111,22 @@ def check_options(options: tuple[str, ...]) -> str | None:
 # ---- PTX: what the unit's kernels take, and what they may not do ---------------------------
 
 _ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\(([^)]*)\)", re.S)
-_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)([^,]*)")
+_PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.(\w+)([^,]*)")
 _EXTERN_FUNC = re.compile(r"\.extern\s+\.func\s*(?:\([^)]*\)\s*)?([\w$]+)")
 _GLOBAL_VAR = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+|\.extern\s+)?\.global\s+[^\n]*?([\w$]+)\s*(?:\[[^\n]*)?[;=]", re.M)
 
 
 def ptx_entries(ptx: str) -> dict[str, list[str]]:
     """Each `.entry` of the PTX and its parameters' types (`u64`, `f32`, ...; an array or
-    struct passed by value as `b8[16]`)."""
+    struct passed by value as `b8[<bytes>]@<alignment>`, e.g. a tensor map's `b8[128]@64`)."""
     out: dict[str, list[str]] = {}
     for m in _ENTRY.finditer(ptx):
         params = []
         for p in m.group(2).split(","):
             pm = _PARAM.search(p)
             if pm:
-                params.append(pm.group(1) + ("[]" if "[" in pm.group(2) else ""))
+                n = re.search(r"\[(\d*)\]", pm.group(3))
+                params.append(pm.group(2) + (f"[{n.group(1)}]@{pm.group(1) or 1}" if n else ""))
         out[m.group(1)] = params
     return out
 

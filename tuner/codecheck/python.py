@@ -3,7 +3,7 @@ launch modules, whose kernels are CUDA C++ launched through `tuner.cuda.launch`)
 
 A `triton` or `triton_ascend` skeleton renders to a Python module that defines @triton.jit
 kernels and `def launch(<inputs>, <outputs>)`; a `cuda` one to constants (the CUDA C++ source)
-and `launch`, which may import `math`, `torch` and `tuner.cuda` (only `launch` and `cdiv`). Templates may come from a language model, so the
+and `launch`, which may import `math`, `torch` and `tuner.cuda` (only `launch`, `cdiv` and `tensor_map`). Templates may come from a language model, so the
 module's AST is checked before anything in it runs:
 
 * imports: only the policy's modules (`triton`, `triton.language` and its submodules, `math`,
@@ -46,7 +46,7 @@ class PythonPolicy:
     triton_attrs: frozenset[str]     # names a module may take from `triton`
     torch_attrs: frozenset[str]      # names a module may take from `torch` (dtypes, allocation)
     module_prefixes: tuple[str, ...]  # a module reached through an attribute path must be one of these
-    # Per module path, the only names a module may take from it (`tuner.cuda`: `launch`, `cdiv`).
+    # Per module path, the only names a module may take from it (`tuner.cuda`: `launch`, `cdiv`, `tensor_map`).
     attrs: tuple[tuple[str, frozenset[str]], ...] = ()
 
     def names_of(self, module: str) -> frozenset[str] | None:
@@ -83,7 +83,7 @@ CUDA = PythonPolicy(
     imports=frozenset({"math", "torch", "tuner.cuda"}),
     triton_attrs=frozenset(), torch_attrs=TORCH_DTYPES | TORCH_ALLOC,
     module_prefixes=("math", "torch", "tuner.cuda"),
-    attrs=(("tuner", frozenset({"cuda"})), ("tuner.cuda", frozenset({"launch", "cdiv"}))))
+    attrs=(("tuner", frozenset({"cuda"})), ("tuner.cuda", frozenset({"launch", "cdiv", "tensor_map"}))))
 
 
 def check_python(source: str, policy: PythonPolicy = TRITON) -> list[Finding]:

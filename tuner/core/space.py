@@ -23,8 +23,10 @@ from tuner.core.values import Config
 # evaluation of the formulas: ~20 us).
 _REPAIR_PAIRS = 2000
 
-# Names a space may read besides its params, its declared sizes and its resources.
-CONTEXT_NAMES = frozenset({"DTYPE_BYTES", "CORES"})
+# Names a space may read besides its params, its declared sizes and its resources. ARCH (the
+# compute capability as one number, 90 for sm_90) is given by the cuda backend only: elsewhere a
+# formula that reads it fails, and the config is invalid with that reason.
+CONTEXT_NAMES = frozenset({"DTYPE_BYTES", "CORES", "ARCH"})
 MAX_PARAM_VALUES = 4096
 MAX_SPACE_SIZE = 10**12
 # Literals in Jinja and in expressions: a param of one of these names could not be read.

@@ -129,7 +129,9 @@ class PromptKit:
     def device_text(self) -> str:
         d = self.device
         lines = [f"- {d.name}{' (simulated)' if d.simulated else ''}, backend {d.backend}, "
-                 f"{d.cores} cores (CORES={self.context.get('CORES', d.cores)} in expressions)"]
+                 f"{d.cores} cores (CORES={self.context.get('CORES', d.cores)} in expressions"
+                 + (f", ARCH={self.context['ARCH']}: the compute capability" if "ARCH" in self.context else "")
+                 + ")"]
         if d.limits:
             lines.append("- Limits: " + ", ".join(f"{k} = {v:g}" for k, v in d.limits))
         if d.peaks:
