@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # ---- what a launch module calls ---------------------------------------------------------
@@ -56,9 +56,9 @@ def cdiv(a: int, b: int) -> int:
 class TensorMap:
     """A TMA descriptor of one tensor, made by `tensor_map`; encoded on the GPU's side at the
     launch that passes it (see the module docstring)."""
-    tensor: Any
-    box: tuple[int, ...]
-    swizzle: int
+    tensor: Any = field(repr=False)
+    box: tuple[int, ...] = ()
+    swizzle: int = 0
 
 
 # torch dtype name -> CUtensorMapDataType
@@ -278,6 +278,9 @@ _encoded: dict[tuple, Any] = {}  # descriptors by what they describe: buffers ro
 
 def _encode_problem(m: TensorMap) -> str | None:
     t = m.tensor
+    why = _tensor_map_problem(t, m.box, m.swizzle)  # again: the map may not come from tensor_map
+    if why:
+        return f"a tensor map: {why}"
     if not t.is_cuda:
         return f"a tensor map of a tensor on {t.device}, not the GPU"
     if t.data_ptr() % 16:

@@ -124,7 +124,7 @@ class Space:
 
     def check(self, config: Config, context: dict[str, Any],
               limits: dict[str, float] | None = None) -> str | None:
-        """Why `config` is INVALID under `context` (sizes, DTYPE_BYTES, CORES), or None.
+        """Why `config` is INVALID under `context` (sizes, DTYPE_BYTES, CORES, ARCH), or None.
 
         A resource whose name the device lists in `limits` must not exceed it. An expression
         that fails to evaluate (e.g. divides by zero) makes the config invalid, with the reason.
