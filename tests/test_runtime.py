@@ -202,6 +202,26 @@ def test_inputs_the_kernel_was_not_built_for_are_never_handed_to_it(exported, ca
         sizes_of("matmul", [torch.empty(8, 4), torch.empty(5, 16)])
 
 
+def test_a_buffer_that_starts_off_alignment_is_handed_to_the_kernel_aligned(exported, cache_dir, monkeypatch):
+    """The harness hands a kernel buffers as aligned as an allocation, and a kernel may rely on
+    it (16-byte loads, TMA, Triton's specialization): a contiguous input or out= that starts at
+    an odd offset (a flat view) is served through an aligned copy, with the right result."""
+    from tuner.serve import runtime
+    t = Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir)
+    k = t.kernel("softmax", {"M": 16, "N": 64}, "fp32")
+    handed = []
+    launch = k.backend.launch
+    monkeypatch.setattr(k.backend, "launch", lambda fn, args: (handed.append([a.data_ptr() for a in args]),
+                                                             launch(fn, args))[1])
+    x = torch.randn(16 * 64 + 1)[1:].view(16, 64)
+    assert x.is_contiguous() and x.data_ptr() % runtime.ALIGN_BYTES
+    out = torch.zeros(16 * 64 + 3)[3:].view(16, 64)
+    k(x, out=out)
+    assert torch.allclose(out, torch.softmax(x, -1), atol=1e-5, rtol=1e-5)
+    assert handed and all(p % runtime.ALIGN_BYTES == 0 for p in handed[-1])
+    assert torch.allclose(k(x), torch.softmax(x, -1), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.cuda
 def test_a_table_served_on_the_gpu(tmp_path, cache_dir):
     """A Triton kernel tuned here, exported and served: exact shape, a transposed view, the
@@ -414,7 +434,7 @@ def test_under_compile_names_ops_the_patch_routes(exported, cache_dir):
 
 def test_verify_passes_a_right_patch_and_catches_a_wrong_one(exported, cache_dir, tmp_path, monkeypatch):
     from tuner.model.verify import verify
-    from tuner.serve import runtime as rt
+    from tuner.serve import runtime
     model = tmp_path / "m.py"
     model.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
                      "    def __init__(self):\n        super().__init__()\n        self.lin = nn.Linear(64, 64)\n\n"

@@ -204,8 +204,12 @@ class Kernel:
     def _launch(self, inputs, out=None):
         """Launch on inputs `mismatch` has passed."""
         # The kernel indexes its inputs as contiguous row-major arrays: a view (a transpose, a
-        # strided slice) is copied first, or it would read the wrong elements.
-        inputs = [x if x.is_contiguous() else x.contiguous() for x in inputs]
+        # strided slice) is copied first, or it would read the wrong elements. It was also
+        # only ever handed buffers as aligned as an allocation: one that starts mid-element-run
+        # (a flat view at an odd offset) is copied too, or 16-byte loads, TMA or a Triton
+        # kernel specialized on aligned pointers would fault (a GPU's sticky error ends the
+        # caller's process) or read wrong.
+        inputs = [x.contiguous() if not x.is_contiguous() else x if _aligned(x) else x.clone() for x in inputs]
         if out is not None:
             import torch
             outs = [out] if isinstance(out, torch.Tensor) else list(out)  # one output: a tensor will do
@@ -219,8 +223,20 @@ class Kernel:
                                      + ("" if o.is_contiguous() else ", not contiguous"))
         else:
             outs = self.outputs(inputs)
-        self.backend.launch(self.fn, list(inputs) + outs)
+        given = [o if _aligned(o) else None for o in outs]  # a misaligned out= gets the result copied in
+        work = [o if g is not None else o.new_empty(o.shape) for o, g in zip(outs, given)]
+        self.backend.launch(self.fn, list(inputs) + work)
+        for o, w, g in zip(outs, work, given):
+            if g is None:
+                o.copy_(w)
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+ALIGN_BYTES = 64  # what a served kernel may assume of a buffer's start (the harness gives more)
+
+
+def _aligned(t) -> bool:
+    return t.data_ptr() % ALIGN_BYTES == 0 or t.numel() == 0
 
 
 class Table:
