@@ -434,7 +434,7 @@ def test_under_compile_names_ops_the_patch_routes(exported, cache_dir):
 
 def test_verify_passes_a_right_patch_and_catches_a_wrong_one(exported, cache_dir, tmp_path, monkeypatch):
     from tuner.model.verify import verify
-    from tuner.serve import runtime
+    from tuner.serve import runtime as rt
     model = tmp_path / "m.py"
     model.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
                      "    def __init__(self):\n        super().__init__()\n        self.lin = nn.Linear(64, 64)\n\n"
