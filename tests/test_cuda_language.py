@@ -15,6 +15,7 @@ from tuner import codecheck
 from tuner.backends import cuda_source
 from tuner.core.ops import builtin_spec, load_op, render_context
 from tuner.core.skeleton import library_skeleton
+from tuner.core.space import Config
 from tuner.core.values import Status
 
 
@@ -270,9 +271,9 @@ def test_cuda_cpp_kernels_tune_verify_and_win_through_the_harness(fast_settings,
 def test_every_feed_of_the_cuda_matmul_computes_the_product_call_after_call(tmp_path, shape, dtype):
     """Configs of each feed (the per-warp cp.async ring; the TMA ring with its swizzled boxes
     and mbarriers), one per column-block width, against torch in float64 at M = 16 and M < 16
-    (a's rows past M read as zeros), 24 calls each on two input sets: a race between a stage's
-    readers and its next copy shows in some calls only (it did: whole blocks wrong in most calls
-    at BN 32 before the proxy fence)."""
+    (a's rows past M read as zeros), and the two configs a race was seen in, 24 calls each on two
+    input sets: a race between a stage's readers and its next copy shows in some calls only (it
+    did: whole blocks wrong in most calls at BN 32 before the proxy fence)."""
     import torch
 
     from tuner.backends.cuda import CudaBackend
@@ -286,6 +287,10 @@ def test_every_feed_of_the_cuda_matmul_computes_the_product_call_after_call(tmp_
     for seed in (7, 8):
         xs = [b.to_device(x) for x in op.make_inputs(seed)]
         sets.append((xs, xs[0].double() @ xs[1].double()))
+    # The two configs the race was seen in (86 and 7 of 100-150 calls wrong without the fence).
+    raced = [Config.of({**sk.space.default_config().as_dict(), **d}) for d in (
+        {"FEED": "tma", "BN": 32, "KT": 16, "WARPS": 4, "STAGES": 4, "SPLIT": 4},
+        {"FEED": "tma", "BN": 16, "KT": 64, "WARPS": 4, "STAGES": 2, "UNROLL": 2, "ASMEM": False})]
     checked = []
     for feed in ("ring", "tma"):
         by_width = {}
@@ -293,7 +298,8 @@ def test_every_feed_of_the_cuda_matmul_computes_the_product_call_after_call(tmp_
             d = c.as_dict()
             if d["FEED"] == feed and d["STAGES"] >= 3:
                 by_width.setdefault((d["BN"], d["SPLIT"] > 1), c)
-        for i, c in enumerate(list(by_width.values())[:6]):
+        picks = list(by_width.values())[:6] + [c for c in raced if feed == "tma" and c in configs]
+        for i, c in enumerate(picks):
             build = b.compile(sk.render(c, ctx), spec, str(tmp_path / f"{feed}{i}"), 300)
             assert build.status is Status.OK, (c, build.error)
             fn = b.load(build.artifact, op)

@@ -223,11 +223,10 @@ class Kernel:
                                      + ("" if o.is_contiguous() else ", not contiguous"))
         else:
             outs = self.outputs(inputs)
-        given = [o if _aligned(o) else None for o in outs]  # a misaligned out= gets the result copied in
-        work = [o if g is not None else o.new_empty(o.shape) for o, g in zip(outs, given)]
+        work = [o if _aligned(o) else o.new_empty(o.shape) for o in outs]  # a misaligned out= gets a copy
         self.backend.launch(self.fn, list(inputs) + work)
-        for o, w, g in zip(outs, work, given):
-            if g is None:
+        for o, w in zip(outs, work):
+            if w is not o:
                 o.copy_(w)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
