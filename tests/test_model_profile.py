@@ -258,3 +258,46 @@ def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, monkeypatch, capsys):
     import torch
     saved = torch.load(tmp_path / "out.pt")
     assert [list(t.shape) for t in saved] == [list(s) for s, _ in r["outputs"]]
+
+
+DECODE = '''import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):  # one decode step of grouped-query attention, as transformers calls SDPA
+    def __init__(self):
+        super().__init__()
+        self.q_proj = nn.Linear(64, 64)
+        self.register_buffer("k", torch.randn(2, 2, 40, 16))
+        self.register_buffer("v", torch.randn(2, 2, 40, 16))
+
+    def forward(self, x):
+        q = self.q_proj(x).view(2, 1, 4, 16).transpose(1, 2)
+        causal = F.scaled_dot_product_attention(q, self.k[:, :, :1], self.v[:, :, :1], is_causal=True,
+                                                enable_gqa=True)
+        o = F.scaled_dot_product_attention(q, self.k, self.v, scale=16 ** -0.5, enable_gqa=True)
+        return (o + causal).transpose(1, 2).reshape(2, 1, 64)
+
+
+def get_inputs():
+    return [torch.randn(2, 1, 64)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_sdpa_at_a_decode_step_is_the_librarys_attention_decode(tmp_path):
+    """One query per sequence against a grouped KV cache (no mask, not causal, scale 1/sqrt(D)):
+    the row is attention_decode at B x H x KH x S x D and the emitted sweep tunes it; a causal
+    call is not the op (SDPA's causal mask on one query keeps key 0 alone)."""
+    from tuner.sweeps.plan import load_plan
+    (tmp_path / "decode.py").write_text(DECODE)
+    prof = profile_model(tmp_path / "decode.py", "cpu", iterations=1, peaks={"copy_gbps": 10.0, "fp32_gflops": 100.0})
+    sdpa = {r.shapes: r for r in prof.rows if r.aten == "aten::scaled_dot_product_attention"}
+    assert sdpa["2x4x1x16, 2x2x40x16, 2x2x40x16"].library == ("attention_decode", "2x4x2x40x16", "fp32")
+    assert sdpa["2x4x1x16, 2x2x1x16, 2x2x1x16"].library is None
+    tasks = {(t.op, t.shape) for t in load_plan(emit_sweep(prof, tmp_path / "hot.yaml", "cpu", min_share=0.0)).tasks}
+    assert ("attention_decode", "2x4x2x40x16") in tasks

@@ -31,6 +31,7 @@ SMALL = {
     "matmul": ("40x72x256", ["fp32", "fp16"]),  # the interpreter mishandles bf16 tl.dot
     "attention": ("1x2x96x32", ["fp16"]),
     "attention_causal": ("1x2x96x32", ["fp16"]),
+    "attention_decode": ("2x8x2x300x32", ["fp32", "fp16"]),
 }
 # Realistic shapes for the ahead-of-time compile.
 LARGE = {
@@ -40,6 +41,7 @@ LARGE = {
     # Attention at the benchmark's 4x32x4096x128 would need its float64 reference for the output
     # shapes whenever the meta-tensor path fails; a smaller shape compiles the same kernel.
     "attention_causal": "1x8x1024x128",
+    "attention_decode": "16x32x8x4097x128",
 }
 ROOT = Path(__file__).resolve().parent.parent
 TRITON_OPS = sorted(op for op, langs in library_skeletons().items() if "triton" in langs)
@@ -156,6 +158,7 @@ GPU = {
     "softmax": "1000x3000", "rmsnorm": "1000x3000", "layernorm": "1000x3000", "add_rmsnorm": "1000x3000",
     "swiglu": "1000x3000", "rope": "1000x12x128", "cross_entropy": "500x32000",
     "matmul": "1000x1536x768", "attention": "2x4x1024x128", "attention_causal": "2x4x1024x128",
+    "attention_decode": "3x32x8x1000x128",
 }
 
 

@@ -44,6 +44,10 @@ BUILTINS = {
                          "o = softmax(q k^T / sqrt(D)) v, q, k, v: [B, H, S, D]"),
     "attention_causal": Builtin("attention_causal", ("B", "H", "S", "D"), ("q", "k", "v"), ("o",),
                                 "attention with a causal mask, q, k, v: [B, H, S, D]"),
+    "attention_decode": Builtin("attention_decode", ("B", "H", "KH", "S", "D"), ("q", "k", "v"), ("o",),
+                                "one query per sequence against its KV cache, query head h reading KV "
+                                "head h // (H / KH): o[b, h] = softmax(q[b, h] k[b, g]^T / sqrt(D)) v[b, g], "
+                                "q: [B, H, D], k, v: [B, KH, S, D]"),
 }
 RMS_EPS, LN_EPS = 1e-6, 1e-5
 
@@ -60,6 +64,9 @@ def parse_shape(op: str, shape: str) -> tuple[tuple[str, int], ...]:
         raise OpError(f"bad shape {shape!r} for {op}: expected {len(b.size_names)} positive integers "
                       f"joined by 'x' ({'x'.join(b.size_names)}, e.g. "
                       f"{'x'.join(['1024'] * len(b.size_names))}); {op}: {b.doc}")
+    if op == "attention_decode" and dims[1] % dims[2]:
+        raise OpError(f"bad shape {shape!r} for attention_decode: the query heads H={dims[1]} must be a "
+                      f"multiple of the KV heads KH={dims[2]} (each KV head serves H / KH query heads)")
     return tuple(zip(b.size_names, dims))
 
 
@@ -282,7 +289,32 @@ def _attention(causal):
     return build
 
 
+def _attention_decode(s, dt, nbytes, gen):
+    import torch
+    import torch.nn.functional as F
+    B, H, KH, S, D = s["B"], s["H"], s["KH"], s["S"], s["D"]
+    group = H // KH
+
+    def make(seed, device=None):
+        g = gen(seed, device)
+        return [g.randn(B, H, D).to(dt), g.randn(B, KH, S, D).to(dt), g.randn(B, KH, S, D).to(dt)]
+
+    def ref(xs):
+        dev = _compute_device(xs)
+        outs = []
+        for b in range(B):  # one sequence at a time bounds the float64 copies of its cache
+            q, k, v = (x[b].to(dev) for x in xs)
+            k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)  # [H, S, D]
+            att = torch.softmax((k @ q[:, :, None]).squeeze(-1) / math.sqrt(D), -1)  # [H, S]
+            outs.append((att[:, None, :] @ v).squeeze(1).to(xs[0].device))
+        return [torch.stack(outs)]
+    impl = lambda xs: [F.scaled_dot_product_attention(xs[0][:, :, None], xs[1], xs[2],  # noqa: E731
+                                                      enable_gqa=group > 1).squeeze(2)]
+    return make, ref, impl, 4.0 * B * H * S * D, (2.0 * B * KH * S * D + 2.0 * B * H * D) * nbytes
+
+
 _MORE = {"add_rmsnorm": _add_rmsnorm, "swiglu": _swiglu, "rope": _rope, "cross_entropy": _cross_entropy,
+         "attention_decode": _attention_decode,
          "attention": _attention(False), "attention_causal": _attention(True)}
 
 

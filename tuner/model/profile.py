@@ -449,6 +449,9 @@ def library_match(row: OpRow) -> tuple[str, str, str] | None:
         return "rmsnorm", f"{m}x{n}", dt
     if name in ("aten::mm", "aten::matmul") and len(t) == 2 and len(x.shape) == 2 and len(t[1].shape) == 2 and x.shape[1] == t[1].shape[0]:
         return "matmul", f"{x.shape[0]}x{t[1].shape[1]}x{x.shape[1]}", dt
+    if name == "aten::scaled_dot_product_attention" and _decode_attention(t, s):
+        (b, h, _, d), (_, kh, n, _) = x.shape, t[1].shape
+        return "attention_decode", f"{b}x{h}x{kh}x{n}x{d}", dt
     if name == "aten::scaled_dot_product_attention" and len(t) == 3 and len(x.shape) == 4 \
             and t[1].shape == x.shape and t[2].shape == x.shape and len(s) >= 3 \
             and s[0] is None and s[1] in (0, 0.0) and all(v in (None, False) for v in s[3:]):
@@ -456,3 +459,19 @@ def library_match(row: OpRow) -> tuple[str, str, str] | None:
         # the default scale, no grouped heads
         return ("attention_causal" if s[2] else "attention"), "x".join(map(str, x.shape)), dt
     return None
+
+
+def _decode_attention(t, s) -> bool:
+    """SDPA as a decode step calls it: one query per sequence ([B, H, 1, D]) against a KV cache
+    ([B, KH, S, D], H a multiple of KH, grouped heads asked for where KH < H), no mask, no
+    dropout, not causal (with one query, SDPA's causal mask would keep key 0 alone), the scale
+    1/sqrt(D) (default or given). Args: (q, k, v) tensors; (attn_mask, dropout_p, is_causal,
+    scale, enable_gqa) as recorded."""
+    if len(t) != 3 or len(t[0].shape) != 4 or len(t[1].shape) != 4 or t[1].shape != t[2].shape:
+        return False
+    (b, h, one, d), (b2, kh, _, d2) = t[0].shape, t[1].shape
+    s = list(s) + [None] * (5 - len(s))
+    mask, dropout, causal, scale, gqa = s[:5]
+    return (one == 1 and b == b2 and d == d2 and kh > 0 and h % kh == 0 and mask is None
+            and dropout in (0, 0.0, None) and not causal and (kh == h or bool(gqa))
+            and (scale is None or abs(float(scale) * math.sqrt(d) - 1) < 1e-6))

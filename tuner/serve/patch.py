@@ -90,13 +90,19 @@ class Patched:
         if functions:
             original = model.forward
 
+            compiled_routes = held is None or bool(held & UNDER_COMPILE_FUNCTIONS)
+
             def forward(*args, **kwargs):
                 import torch
                 if torch.compiler.is_compiling():
-                    return original(*args, **kwargs)
+                    if not compiled_routes:
+                        return original(*args, **kwargs)
+                    with _RouteUnderCompile(self):
+                        return original(*args, **kwargs)
                 with _Route(self):
                     return original(*args, **kwargs)
             self._replace(model, forward)
+            _custom_op()
 
     def _replace(self, module, forward) -> None:
         self._replaced.append((module, module.__dict__.get("forward")))
@@ -162,7 +168,12 @@ def _op_names(ops) -> frozenset:
 
 
 # Ops that only the function routes reach (the norms have module routes too).
-FUNCTION_ONLY = frozenset({"softmax", "matmul"})
+FUNCTION_ONLY = frozenset({"softmax", "matmul", "attention_decode"})
+# Function routes kept while torch.compile traces (through the custom op, as the module
+# routes): calls the compiler hands to a library kernel of its own that a tuned one can beat
+# (SDPA at decode: one query against a cache). The others (softmax, the norms, a matmul) the
+# compiler computes itself, fused with their neighbours.
+UNDER_COMPILE_FUNCTIONS = frozenset({"attention_decode"})
 
 
 def patch(model, table, functions: bool | None = None, under_compile=None):
@@ -202,6 +213,8 @@ _SIZES: dict[str, Callable] = {
     "layernorm": lambda xs: {"M": xs[0].shape[0], "N": xs[0].shape[1]},
     "swiglu": lambda xs: {"M": xs[0].shape[0], "N": xs[0].shape[1]},
     "matmul": lambda xs: {"M": xs[0].shape[0], "N": xs[1].shape[1], "K": xs[0].shape[1]},
+    "attention_decode": lambda xs: {"B": xs[0].shape[0], "H": xs[0].shape[1], "KH": xs[1].shape[1],
+                                    "S": xs[1].shape[2], "D": xs[0].shape[2]},
 }
 
 
@@ -216,9 +229,13 @@ def _torch_ops() -> dict[str, Callable]:
     def rmsnorm(x, w):
         x32 = x.float()
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + RMS_EPS) * w.float()).to(x.dtype)
+
+    def attention_decode(q, k, v):
+        return F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=q.shape[1] != k.shape[1]).squeeze(2)
     return {"softmax": lambda x: torch.softmax(x, -1), "rmsnorm": rmsnorm,
             "layernorm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, LN_EPS),
-            "swiglu": lambda a, b: F.silu(a) * b, "matmul": lambda a, b: a @ b}
+            "swiglu": lambda a, b: F.silu(a) * b, "matmul": lambda a, b: a @ b,
+            "attention_decode": attention_decode}
 
 
 class _TorchOps(dict):
@@ -439,13 +456,40 @@ class _Route(_mode_base()):
         return func(*args, **kwargs)
 
 
+class _RouteUnderCompile(_mode_base()):
+    """The function mode while torch.compile traces the forward: only SDPA (the one call in
+    UNDER_COMPILE_FUNCTIONS), through the custom op; every other call is the compiler's. Kept
+    apart from `_Route` so that what Dynamo inlines for each torch call of the forward is one
+    identity test."""
+
+    def __init__(self, patched: Patched):
+        super().__init__()
+        self.patched = patched
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        import torch.nn.functional as F
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            out = _sdpa(self.patched, args, kwargs)
+            if out is not NotImplemented:
+                return out
+        return func(*args, **kwargs)
+
+
 def _records_grad(*tensors) -> bool:
     import torch
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _run(p: Patched, op: str, inputs: list):
-    """The table's kernel for `op` on these (2-D) inputs, or NotImplemented (torch then runs it)."""
+    """The table's kernel for `op` on these inputs, or NotImplemented (torch then runs it).
+    While torch.compile traces: the custom op where the table may serve the call (the op in
+    UNDER_COMPILE_FUNCTIONS and the patch's `under_compile`), else NotImplemented."""
+    import torch
+    if torch.compiler.is_compiling():
+        if op not in UNDER_COMPILE_FUNCTIONS or left_to_compiler(op, p.id, inputs):
+            return NotImplemented
+        return _CUSTOM_OP(op, p.id, inputs)
     k = p.kernel(op, inputs)
     return NotImplemented if k is None else k._launch(inputs)
 
@@ -502,6 +546,28 @@ def _matmul(p: Patched, args, kwargs):
     return _run(p, "matmul", [a.contiguous(), b.contiguous()])
 
 
+def _sdpa(p: Patched, args, kwargs):
+    """SDPA at a decode step (`attention_decode`): one query per sequence, [B, H, 1, D], against
+    a KV cache [B, KH, S, D] (grouped heads where enable_gqa), no mask, no dropout, not causal
+    (SDPA's causal mask on one query keeps key 0 alone), the scale 1/sqrt(D)."""
+    import torch
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    a = dict(zip(names, args), **kwargs)
+    q, k, v = a.get("query"), a.get("key"), a.get("value")
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or q.dim() != 4 or k.dim() != 4 \
+            or v.shape != k.shape or a.get("attn_mask") is not None or a.get("dropout_p", 0.0) != 0 \
+            or a.get("is_causal", False) or set(a) - set(names):
+        return NotImplemented
+    (b, h, one, d), (b2, kh, _, d2) = q.shape, k.shape
+    scale = a.get("scale")
+    if one != 1 or b != b2 or d != d2 or h % kh or (h != kh and not a.get("enable_gqa", False)) \
+            or (scale is not None and abs(scale * d ** 0.5 - 1) > 1e-6) \
+            or not (q.dtype == k.dtype == v.dtype) or _dtype(q) is None or _records_grad(q, k, v):
+        return NotImplemented
+    o = _run(p, "attention_decode", [q.reshape(b, h, d).contiguous(), k.contiguous(), v.contiguous()])
+    return o if o is NotImplemented else o.reshape(b, h, 1, d)
+
+
 _HANDLERS: dict[Any, Callable] | None = None
 
 
@@ -513,7 +579,7 @@ def _handlers() -> dict[Any, Callable]:
         table: dict[Any, Callable] = {torch.softmax: _softmax, F.softmax: _softmax, torch.Tensor.softmax: _softmax,
                                       F.layer_norm: _layer_norm, torch.mm: _matmul, torch.matmul: _matmul,
                                       torch.Tensor.mm: _matmul, torch.Tensor.matmul: _matmul,
-                                      torch.Tensor.__matmul__: _matmul}
+                                      torch.Tensor.__matmul__: _matmul, F.scaled_dot_product_attention: _sdpa}
         if hasattr(F, "rms_norm"):
             table[F.rms_norm] = _rms_norm
         _HANDLERS = table

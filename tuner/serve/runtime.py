@@ -54,6 +54,7 @@ SIZES_FROM_INPUTS: dict[str, list[tuple[int, tuple[str | None, ...]]]] = {
     "matmul": [(0, ("M", "K")), (1, ("K", "N"))], "add_rmsnorm": [(0, ("M", "N"))],
     "swiglu": [(0, ("M", "N"))], "rope": [(0, ("T", "H", "D"))], "cross_entropy": [(0, ("M", "V"))],
     "attention": [(0, ("B", "H", "S", "D"))], "attention_causal": [(0, ("B", "H", "S", "D"))],
+    "attention_decode": [(0, ("B", "H", "D")), (1, ("B", "KH", "S", "D")), (2, ("B", "KH", "S", "D"))],
 }
 BACKEND_ORDER = ("npu", "cuda", "cpu", "null")
 VERIFY = ("nearest", "always", "never")
