@@ -840,26 +840,34 @@ def recheck(backend, artifact: str, spec: OpSpec) -> str | None:
 
 def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
               rounds: int = 5, with_reference: bool = False) -> list[list[float] | str]:
-    """Re-time several candidates interleaved (A B C A B C ...) so drift hits all alike, each
-    on its own rotation of buffer sets, checked as the first timing was. A candidate whose
-    re-timed calls are wrong gets the reason instead of samples. `with_reference`: the torch
-    reference is timed in the same interleave, its samples last (a speedup measured while the
-    machine was busy then compares like with like)."""
+    """Re-time several candidates interleaved (A B C, B C A, C A B, ...) so drift hits all
+    alike, each on its own rotation of buffer sets, checked as the first timing was. Each
+    round starts one place later and the rounds are a multiple of the contenders, so each
+    takes every place in the round equally often: a place that reads slower (a compute-bound kernel timed
+    right after another heats the chip: one attention kernel read 2298-2408 us by its place)
+    falls on all alike, where a fixed order handed it to the search's fastest, always first.
+    A candidate whose re-timed calls are wrong gets the reason instead of samples.
+    `with_reference`: the torch reference is timed in the same interleave, its samples last
+    (a speedup measured while the machine was busy then compares like with like)."""
     op = load_op(spec)
     kernels = [backend.load(a, op) for a in artifacts]
     rotations = [_Rotation(backend, k, op) for k in kernels]
     out: list[list[float] | str] = [[] for _ in kernels]
-    short = settings.replace(bench_budget_s=settings.bench_budget_s / rounds, min_reps=3, precision=0.0)
     if with_reference:
         where = backend.data_device()
         xs = op.make_inputs(1, where) if where is not None else [backend.to_device(x) for x in op.make_inputs(1)]
         out.append([])
+    contenders = len(out)
+    rounds = -(-rounds // contenders) * contenders  # each place alike; the same time each, in shorter rounds
+    short = settings.replace(bench_budget_s=settings.bench_budget_s / rounds, min_reps=3, precision=0.0)
     late: set[int] = set()  # kernels whose process was once seen starting its calls late
-    for _ in range(rounds):
-        if with_reference:
-            s, _ = bench(backend, lambda: op.torch_impl(xs), short)
-            out[-1].extend(s)
-        for i, rot in enumerate(rotations):
+    for r in range(rounds):
+        for i in [(r + j) % contenders for j in range(contenders)]:
+            if i == len(rotations):  # the reference
+                s, _ = bench(backend, lambda: op.torch_impl(xs), short)
+                out[-1].extend(s)
+                continue
+            rot = rotations[i]
             if isinstance(out[i], str):
                 continue
             try:
