@@ -506,8 +506,10 @@ def test_under_torch_compile_only_a_call_the_table_serves_is_opaque(exported, tm
         assert any("tuner.routed" in t for t in traced_ops(kept, torch.randn(4, 64)))
 
 
-def test_sdpa_at_a_decode_step_is_routed_eager_and_under_torch_compile(tmp_path, cache_dir):
-    """attention_decode tuned on cpu (C skeleton) at 2x4x2x40x16: a model's SDPA call of one
+@pytest.mark.parametrize("backend, language, dtype", [
+    ("cpu", "c", "fp32"), pytest.param("cuda", "triton", "bf16", marks=pytest.mark.cuda)])
+def test_sdpa_at_a_decode_step_is_routed_eager_and_under_torch_compile(tmp_path, cache_dir, backend, language, dtype):
+    """attention_decode tuned (the library's C skeleton on cpu, Triton on cuda) at 2x4x2x40x16: a model's SDPA call of one
     query per sequence against a grouped KV cache (as transformers makes it at decode: q
     transposed from [B, 1, H, D], scale 1/sqrt(D) given) runs the tuned kernel in eager mode
     and is the `tuner::routed` custom op in the graph torch.compile traces; the calls it does
@@ -533,33 +535,35 @@ def test_sdpa_at_a_decode_step_is_routed_eager_and_under_torch_compile(tmp_path,
 
     settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.005,
                         warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=1)
-    summary = execute(create_run(settings, builtin_spec("attention_decode", "2x4x2x40x16"), "cpu",
-                                 library_skeleton("attention_decode", "c"), "random", 0), settings, 2)
+    summary = execute(create_run(settings, builtin_spec("attention_decode", "2x4x2x40x16", dtype), backend,
+                                 library_skeleton("attention_decode", language), "random", 0), settings, 2)
     assert summary["best"] is not None, summary["failures"]
-    table = Table.load(exported_runs(tmp_path) / "tuning.json", backend="cpu", cache_dir=cache_dir)
-    x, k, v = torch.randn(2, 1, 64), torch.randn(2, 2, 40, 16), torch.randn(2, 2, 40, 16)
-    key = "attention_decode 2x4x2x40x16 fp32"
+    table = Table.load(exported_runs(tmp_path) / "tuning.json", backend=backend, cache_dir=cache_dir)
+    dev, dt = ("cuda" if backend == "cuda" else "cpu"), (torch.bfloat16 if dtype == "bf16" else torch.float32)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == "fp32" else {"atol": 2e-2, "rtol": 2e-2}
+    x, k, v = (torch.randn(*s, device=dev, dtype=dt) for s in ((2, 1, 64), (2, 2, 40, 16), (2, 2, 40, 16)))
+    key = f"attention_decode 2x4x2x40x16 {dtype}"
     with torch.no_grad():
-        model = Decode().eval()
+        model = Decode().eval().to(dev, dt)
         want = model(x, k, v)
         runtime.patch(model, table)
-        torch.testing.assert_close(model(x, k, v), want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model(x, k, v), want, **tol)
         assert model.tuner_patch.stats[key] == [1, 0]
-        for other, args in ((Decode(mask=torch.ones(1, 40, dtype=torch.bool)), (x, k, v)),
+        for other, args in ((Decode(mask=torch.ones(1, 40, dtype=torch.bool, device=dev)), (x, k, v)),
                             (Decode(causal=True), (x, k, v)),
-                            (Decode(), (torch.randn(2, 2, 64), k, v)),
+                            (Decode(), (torch.randn(2, 2, 64, device=dev, dtype=dt), k, v)),
                             (Decode(gqa=False), (x, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)))):
-            other.eval().load_state_dict(model.state_dict())
+            other.eval().to(dev, dt).load_state_dict(model.state_dict())
             want_other = other(*args)
             runtime.patch(other, table)
-            torch.testing.assert_close(other(*args), want_other, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(other(*args), want_other, **tol)
             routed = {name for name, c in other.tuner_patch.stats.items() if c[0]}
-            assert routed == ({"attention_decode 2x4x4x40x16 fp32"} if not other.gqa else set()), routed
+            assert routed == ({f"attention_decode 2x4x4x40x16 {dtype}"} if not other.gqa else set()), routed
 
         graphs = []
         torch._dynamo.reset()
         compiled = torch.compile(model, backend=lambda gm, _: (graphs.append(gm), gm.forward)[1])
-        torch.testing.assert_close(compiled(x, k, v), want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(compiled(x, k, v), want, **tol)
         traced = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
         assert any("tuner.routed" in t for t in traced) and not any("scaled_dot_product" in t for t in traced), traced
         assert model.tuner_patch.stats[key][0] >= 2
