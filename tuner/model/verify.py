@@ -48,6 +48,10 @@ class Verdict:
     under_compile: tuple[tuple[str, float, float], ...] = ()
 
 
+# Every variant compiled for the shapes it is timed on, as a user's first compile is: one
+# process compiles the same code objects several times here, and Dynamo would otherwise
+# recompile the later ones with symbolic sizes (automatic dynamic shapes).
+COMPILE_MODE = "max-autotune-no-cudagraphs"
 SAME_WITHIN = 0.02  # a patched variant this much slower than its plain one is said to be slower
 
 
@@ -154,7 +158,7 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
         fns = {"eager": lambda: model(*xs)}
         if compile:
             try:
-                compiled = torch.compile(model, mode="max-autotune-no-cudagraphs")
+                compiled = torch.compile(model, mode=COMPILE_MODE, dynamic=False)
                 compiled(*xs)  # compiled here, not in the timed calls
                 fns["torch.compile"] = lambda: compiled(*xs)
             except Exception as e:  # noqa: BLE001 - said, and the rest measured
@@ -162,7 +166,7 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
         fns["patched eager"] = lambda: patched_model(*xs)
         if compile and "torch.compile" in fns:
             try:
-                patched_compiled = torch.compile(patched_model, mode="max-autotune-no-cudagraphs")
+                patched_compiled = torch.compile(patched_model, mode=COMPILE_MODE, dynamic=False)
                 out = _outputs(patched_compiled(*xs))
                 compiled_err = _max_err(out, ref)
                 if compiled_err > allowed:
@@ -200,7 +204,7 @@ def routes_under_compile(model, table, xs, sync, rounds: int, ops: list[str], co
     for op in ops:
         m = patched_copy(model, table, under_compile={op})
         try:
-            c = torch.compile(m, mode="max-autotune-no-cudagraphs")
+            c = torch.compile(m, mode=COMPILE_MODE, dynamic=False)
             e = _max_err(_outputs(c(*xs)), ref)
             if e > allowed:
                 notes.append(f"patched + torch.compile routing only {op}: error {e:.3g} > allowed {allowed:.3g}")

@@ -51,7 +51,7 @@ ATTR = "tuner_patch"
 RMS_EPS = 1e-6  # the library ops' constants (tuner.core.ops): a module at another eps is not theirs
 LN_EPS = 1e-5
 
-_LIVE: "weakref.WeakValueDictionary[int, Patched]" = weakref.WeakValueDictionary()  # custom op -> patch
+_LIVE: "weakref.WeakValueDictionary[str, Patched]" = weakref.WeakValueDictionary()  # custom op -> patch
 _IDS = itertools.count(1)
 
 
@@ -62,7 +62,10 @@ class Patched:
     def __init__(self, model, table, functions: bool | None = None, under_compile=None):
         self.model, self.table = model, table
         self.under_compile = None if under_compile is None else _op_names(under_compile)
-        self.id = next(_IDS)
+        # A string, not an int: Dynamo may turn an int it saw change between compiles of one
+        # code object (the routes' forwards, shared by every patch) into a symbolic value,
+        # which the trace-time lookup (`_may_serve`, a constant function) cannot take.
+        self.id = f"patch{next(_IDS)}"
         _LIVE[self.id] = self
         self.stats: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # key -> [routed, fell back]
         self.modules: dict[str, str] = {}
@@ -258,7 +261,7 @@ def _custom_op():
         import torch
         _MAY_SERVE = torch._dynamo.assume_constant_result(_may_serve)
         lib = torch.library.Library("tuner", "DEF")
-        lib.define("routed(str op, int patch_id, Tensor[] inputs) -> Tensor")
+        lib.define("routed(str op, str patch_id, Tensor[] inputs) -> Tensor")
         # One kernel for every dispatch key, not `torch.library.custom_op`: that one's Python
         # autograd layer runs on every call and cost several times the dispatch itself, and a
         # routed call never records autograd (the routes leave such calls to torch's own).
@@ -273,7 +276,7 @@ def _custom_op():
 _LIBRARY = None
 
 
-def routed(op: str, patch_id: int, inputs: list):
+def routed(op: str, patch_id: str, inputs: list):
     """`op` on these rows through the patch `patch_id`: the custom op when torch.compile traces
     the call, a direct call otherwise (the custom op's dispatch is host time eager need not pay)."""
     import torch
@@ -282,7 +285,7 @@ def routed(op: str, patch_id: int, inputs: list):
     return _LIVE[patch_id].call(op, inputs)
 
 
-def left_to_compiler(op: str, patch_id: int, inputs: list) -> bool:
+def left_to_compiler(op: str, patch_id: str, inputs: list) -> bool:
     """True while torch.compile traces a call the table has no kernel for, or of an op the
     patch leaves to the compiler (`under_compile`): the module's own forward is traced
     instead, so the compiler fuses it as it would unpatched. Decided once per traced shape
@@ -298,7 +301,7 @@ def left_to_compiler(op: str, patch_id: int, inputs: list) -> bool:
     return not _MAY_SERVE(patch_id, op, tuple(sizes.items()), _dtype(inputs[0]))
 
 
-def _may_serve(patch_id: int, op: str, sizes: tuple | None, dtype: str | None) -> bool:
+def _may_serve(patch_id: str, op: str, sizes: tuple | None, dtype: str | None) -> bool:
     """Whether the patch routes `op` under torch.compile and its table has an entry that can
     serve these sizes (`Table.lookup`: the rule, nothing compiled). Run by the compiler at trace
     time and taken as a constant of the traced graph (made so in `_custom_op`, before any
