@@ -27,10 +27,13 @@ Two ways in, both per call:
   library op computes exactly: softmax over the last dim (torch.softmax, F.softmax,
   Tensor.softmax; no dtype argument); layer_norm over the last dim with weight and bias at eps
   1e-5 (F.layer_norm: nn.LayerNorm); rms_norm over the last dim with a weight at eps 1e-6
-  (F.rms_norm: nn.RMSNorm); a 2-D matrix product (torch.mm, torch.matmul, Tensor.mm, @). Not
-  under torch.compile (the compiler computes these calls itself). The mode costs host time on
-  every torch call of the forward: on by default only when the table serves softmax or
-  matmul (`patch(..., functions=)`).
+  (F.rms_norm: nn.RMSNorm); a 2-D matrix product (torch.mm, torch.matmul, Tensor.mm, @);
+  F.scaled_dot_product_attention at a decode step (attention_decode: one query per sequence
+  against a KV cache, grouped heads where enable_gqa, no mask, not causal, scale 1/sqrt(D)).
+  Under torch.compile only the last (UNDER_COMPILE_FUNCTIONS), through the custom op: the
+  compiler computes the others itself, fused with their neighbours. The mode costs host time
+  on every torch call of an eager forward: on by default only when the table serves an op
+  only it reaches (FUNCTION_ONLY; `patch(..., functions=)`).
 A call is routed when the table has a kernel for its sizes and dtype that takes these inputs
 (`Table.kernel`, its lookup rule), resolved once per call signature (op, each input's shape,
 dtype and device) and remembered: a routed call pays a dict lookup, not the table's rule and
