@@ -53,6 +53,7 @@ CASES = [
     ("cross_entropy", "4096x32000"), ("cross_entropy", "2048x128256"),
     ("matmul", "4096x4096x4096"), ("matmul", "16x14336x4096"),
     ("attention", "4x32x4096x128"), ("attention_causal", "4x32x4096x128"),
+    ("attention_decode", "16x32x8x4097x128"), ("attention_decode", "16x32x8x1025x128"),
 ]
 COMPUTE_BOUND = {"matmul:4096x4096x4096", "attention:4x32x4096x128", "attention_causal:4x32x4096x128"}
 

@@ -70,13 +70,17 @@ def slower(medians: dict[str, float]) -> list[str]:
 def interleaved(fns: dict, sync, rounds: int, reps: int = 1) -> dict[str, float]:
     """The median seconds per call of each function, by the wall clock: one warm-up call each,
     then `rounds` rounds that call each in turn, `reps` calls back to back between two
-    synchronisations (as a forward issues them), so that drift hits all alike."""
+    synchronisations (as a forward issues them), so that drift hits all alike; each round
+    starts one place later, so that a place that reads slower (the first after a sync, after
+    a heavy neighbour) is not always the same variant's."""
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():
         fn()
     sync()
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    names = list(fns)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = fns[name]
             sync()
             t0 = time.perf_counter()
             for _ in range(reps):
