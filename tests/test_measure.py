@@ -289,6 +289,25 @@ def test_timing_stops_once_the_median_is_known_and_a_noisy_kernel_uses_its_budge
     assert len(samples) == 300
 
 
+class _Rotation:
+    """measure._Rotation for the re-timing tests: a kernel's calls that do nothing."""
+
+    def __init__(self, backend, kernel, op):
+        self.kernel = kernel
+
+    def call(self):
+        pass
+
+    def before(self):
+        pass
+
+    def verify(self):
+        pass
+
+    def decoy_round(self):
+        pass
+
+
 def test_retiming_forgives_one_late_start_but_not_two(monkeypatch):
     """A busy machine delays a kernel process's wake-up as a kernel that keeps working after it
     answered does: in the winner's re-timing one such round is dropped, a second one is the
@@ -299,22 +318,6 @@ def test_retiming_forgives_one_late_start_but_not_two(monkeypatch):
     from tuner.backends.base import ClockMismatch
     from tuner.core.settings import Settings
 
-    class Rotation:
-        def __init__(self, backend, kernel, op):
-            self.kernel = kernel
-
-        def call(self):
-            pass
-
-        def before(self):
-            pass
-
-        def verify(self):
-            pass
-
-        def decoy_round(self):
-            pass
-
     seen: dict[str, int] = {}
 
     def bench(backend, fn, settings, best_s=None, between=None, before=None):
@@ -324,7 +327,7 @@ def test_retiming_forgives_one_late_start_but_not_two(monkeypatch):
             raise ClockMismatch("the kernel's process began its calls late")
         return [1e-3, 1e-3, 1e-3], False
 
-    monkeypatch.setattr(measure, "_Rotation", Rotation)
+    monkeypatch.setattr(measure, "_Rotation", _Rotation)
     monkeypatch.setattr(measure, "bench", bench)
     monkeypatch.setattr(measure, "load_op", lambda spec: None)
     backend = types.SimpleNamespace(load=lambda artifact, op: artifact)
@@ -345,22 +348,6 @@ def test_retiming_gives_each_contender_each_place_in_the_round(monkeypatch):
 
     from tuner.core.settings import Settings
 
-    class Rotation:
-        def __init__(self, backend, kernel, op):
-            self.kernel = kernel
-
-        def call(self):
-            pass
-
-        def before(self):
-            pass
-
-        def verify(self):
-            pass
-
-        def decoy_round(self):
-            pass
-
     order: list[str] = []
 
     def bench(backend, fn, settings, best_s=None, between=None, before=None):
@@ -368,7 +355,7 @@ def test_retiming_gives_each_contender_each_place_in_the_round(monkeypatch):
         return [1.05e-3 if len(order) % 4 == 1 else 1e-3], False
 
     op = types.SimpleNamespace(make_inputs=lambda seed: [], torch_impl=lambda xs: None)
-    monkeypatch.setattr(measure, "_Rotation", Rotation)
+    monkeypatch.setattr(measure, "_Rotation", _Rotation)
     monkeypatch.setattr(measure, "bench", bench)
     monkeypatch.setattr(measure, "load_op", lambda spec: op)
     backend = types.SimpleNamespace(load=lambda artifact, op: artifact, data_device=lambda: None,
