@@ -397,6 +397,63 @@ def test_patch_routes_a_models_calls_to_the_tuned_kernels_and_undoes(exported, c
         assert torch.allclose(model(x), want)
 
 
+def test_the_function_mode_runs_only_where_the_first_forward_made_calls_it_routes(exported, cache_dir, monkeypatch):
+    """The mode costs host time on every torch call it sees: after the first eager forward it
+    runs only inside the outermost modules whose code made a call it has a handler for (here
+    `attn`, whose softmax the table serves at 16x64 and whose nested `inner` makes another),
+    not in the rest of the forward (`mlp`'s calls); routing is unchanged, and a softmax the
+    model's own forward makes keeps the whole forward under the mode."""
+    import torch.nn as nn
+
+    from tuner import runtime
+    from tuner.serve import patch as patch_mod
+
+    class Inner(nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, -1)
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            return self.inner(torch.softmax(x, dim=-1))
+
+    class M(nn.Module):
+        def __init__(self, top=False):
+            super().__init__()
+            self.attn, self.mlp, self.top = Attn(), nn.Sequential(nn.Linear(64, 64), nn.GELU()), top
+
+        def forward(self, x):
+            h = self.attn(x) + self.mlp(x) * 2
+            return torch.softmax(h, -1) if self.top else h
+
+    seen = []
+    route = patch_mod._Route.__torch_function__
+    monkeypatch.setattr(patch_mod._Route, "__torch_function__",
+                        lambda self, func, types, args=(), kwargs=None: (seen.append(func), route(self, func, types, args, kwargs))[1])
+    table = Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir)
+    x = torch.randn(2, 8, 64)
+    with torch.no_grad():
+        model = M().eval()
+        want = model(x)
+        runtime.patch(model, table, functions=True)
+        p = model.tuner_patch
+        first = (model(x), len(seen))
+        assert p.scope == {model.attn}
+        seen.clear()
+        torch.testing.assert_close(model(x), want)
+        torch.testing.assert_close(first[0], want)
+        assert 0 < len(seen) < first[1] / 2, (len(seen), first[1])
+        assert p.stats["softmax 16x64 fp32"] == [4, 0]  # two calls a forward, both forwards
+        runtime.unpatch(model)
+        assert not any("forward" in m.__dict__ for m in model.modules())
+        top = runtime.patch(M(top=True).eval(), table, functions=True)
+        top(x)
+        assert top.tuner_patch.scope == {top}
+
+
 def test_verify_says_which_patched_variant_is_slower_than_the_model_unpatched():
     from tuner.model.verify import slower
     assert slower({"eager": 1.0, "patched eager": 1.01, "torch.compile": 0.5, "patched + torch.compile": 0.4}) == []

@@ -32,8 +32,10 @@ Two ways in, both per call:
   against a KV cache, grouped heads where enable_gqa, no mask, not causal, scale 1/sqrt(D)).
   Under torch.compile only the last (UNDER_COMPILE_FUNCTIONS), through the custom op: the
   compiler computes the others itself, fused with their neighbours. The mode costs host time
-  on every torch call of an eager forward: on by default only when the table serves an op
-  only it reaches (FUNCTION_ONLY; `patch(..., functions=)`).
+  on every torch call it sees: in eager mode it runs, after the first forward, only inside the
+  outermost modules whose code made a call it has a handler for (`Patched.scope`), and it is
+  on by default only when the table serves an op only it reaches (FUNCTION_ONLY; `patch(...,
+  functions=)`).
 A call is routed when the table has a kernel for its sizes and dtype that takes these inputs
 (`Table.kernel`, its lookup rule), resolved once per call signature (op, each input's shape,
 dtype and device) and remembered: a routed call pays a dict lookup, not the table's rule and
@@ -105,10 +107,61 @@ class Patched:
                         return original(*args, **kwargs)
                     with _RouteUnderCompile(self):
                         return original(*args, **kwargs)
+                if self.scope is None:
+                    return self._learn_scope(original, args, kwargs)
+                if model not in self.scope:
+                    return original(*args, **kwargs)
                 with _Route(self):
                     return original(*args, **kwargs)
             self._replace(model, forward)
             _custom_op()
+        # The function mode's scope in eager mode: None until the first eager forward has run
+        # under it, then the outermost modules whose own code made a call the mode routes
+        # (`_learn_scope`). The mode costs host time on every torch call it sees (~2-4 us each;
+        # a transformers decoder layer makes ~100 a forward), so later forwards run it only
+        # there.
+        self.scope: set | None = None
+
+    def _learn_scope(self, original, args, kwargs):
+        """The first eager forward: under the mode, each submodule's calls attributed to it (a
+        stack kept by forward hooks); the modules that made a call the mode has a handler for,
+        routed or not (a prefill-shaped SDPA call marks its attention module for the decode
+        steps), become the scope: each of them (none inside another) runs under the mode from
+        now on, and the rest of the forward without it. A function call made by the model's
+        own forward, outside any submodule, keeps the whole forward under the mode. A routable
+        call that first appears in another module in a later forward runs torch's own."""
+        model, stack, seen = self.model, [self.model], set()
+        def enter(mod, args) -> None:
+            stack.append(mod)
+
+        def leave(mod, args, out) -> None:  # returns None: the output stays the module's
+            stack.pop()
+        hooks = []
+        for m in model.modules():
+            if m is not model:
+                hooks += [m.register_forward_pre_hook(enter), m.register_forward_hook(leave)]
+        try:
+            with _Route(self, lambda: seen.add(stack[-1])):
+                out = original(*args, **kwargs)
+        finally:
+            for h in hooks:
+                h.remove()
+        names = {m: n for n, m in model.named_modules(remove_duplicate=False)}
+        outer = {m for m in seen if m is model or not any(
+            other is not m and (names[other] == "" or names[m].startswith(names[other] + ".")) for other in seen)}
+        for m in outer - {model}:
+            self._replace(m, self._scoped(m.forward))
+        self.scope = outer
+        return out
+
+    def _scoped(self, own):
+        def forward(*args, **kwargs):
+            import torch
+            if torch.compiler.is_compiling():
+                return own(*args, **kwargs)
+            with _Route(self):
+                return own(*args, **kwargs)
+        return forward
 
     def _replace(self, module, forward) -> None:
         self._replaced.append((module, module.__dict__.get("forward")))
@@ -448,14 +501,19 @@ def _mode_base():
 
 
 class _Route(_mode_base()):
-    def __init__(self, patched: Patched):
+    """The function mode in eager mode. `seen`: called at each call it has a handler for
+    (the scope's learning forward)."""
+
+    def __init__(self, patched: Patched, seen: Callable[[], None] | None = None):
         super().__init__()
-        self.patched = patched
+        self.patched, self.seen = patched, seen
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         handler = _handlers().get(func)
         if handler is not None:
+            if self.seen is not None:
+                self.seen()
             out = handler(self.patched, args, kwargs)
             if out is not NotImplemented:
                 return out
