@@ -15,6 +15,7 @@ from tuner.core.values import Status
 from tuner.exec.evaluate import Evaluator
 
 REDTEAM = FIXTURES / "redteam"
+ROOT = FIXTURES.parent.parent
 SHAPE = "128x1024"  # large enough that skipped work shows in the times on a busy machine
 
 C_CASES = {
@@ -267,3 +268,27 @@ def test_the_memory_checkers_input_is_the_artifact_path_and_nothing_more(tmp_pat
     assert two.returncode == 3 and "held 2 lines, not one artifact path" in two.stderr, two.stderr
     none = subprocess.run(cmd, input="", capture_output=True, text=True, timeout=120)
     assert none.returncode == 0, none.stderr
+
+
+def test_a_decode_attention_kernel_that_skips_the_end_of_the_cache_is_wrong(fast_settings, tmp_path):
+    """The library's own C skeleton for attention_decode, edited to leave out the last 2 % of
+    each sequence's cache (less work than asked, an output that still looks like an average
+    of values): WRONG_RESULT, and the unedited skeleton OK on the same evaluator settings. (At
+    bf16 on a GPU the same rule catches 0.5 % left out: bench/RESULTS.md.)"""
+    from tuner.core.skeleton import library_skeleton
+    honest = library_skeleton("attention_decode", "c")
+    source = (ROOT / "kernel_templates/attention_decode/c.c.j2").read_text()
+    assert "#define TK_S {{S}}L" in source
+    (tmp_path / "skip.c.j2").write_text(source.replace("#define TK_S {{S}}L", "#define TK_S ({{S}}L - {{S}}L / 50)"))
+    space = (ROOT / "spaces/attention_decode/c.yaml").read_text().replace("attention_decode/c.c.j2", "skip.c.j2")
+    (tmp_path / "skip.yaml").write_text(space)
+    hostile = load_skeleton(tmp_path / "skip.c.j2", tmp_path / "skip.yaml")
+    spec = builtin_spec("attention_decode", "2x4x2x200x32", "fp32")
+    for sk, want in ((hostile, Status.WRONG_RESULT), (honest, Status.OK)):
+        ev = Evaluator("cpu", spec, sk, fast_settings, tmp_path / want.value)
+        try:
+            ev.start()
+            rec = ev.evaluate(sk.space.default_config())
+        finally:
+            ev.close()
+        assert rec.status is want, (want, rec.status, rec.reason)
