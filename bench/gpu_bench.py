@@ -41,6 +41,7 @@ from tuner.core.ops import builtin_spec, load_op  # noqa: E402
 from tuner.core.settings import Settings  # noqa: E402
 from tuner.core.skeleton import library_skeleton, load_skeleton  # noqa: E402
 from tuner.core.values import Status  # noqa: E402
+from tuner.exec.measure import round_order  # noqa: E402
 from tuner.run.tune import create_run, execute, with_backend_options  # noqa: E402
 
 CASES = [
@@ -77,7 +78,7 @@ def interleaved(backend, fns: dict, rounds: int = 10, per_round: int = 10) -> di
         # Each round starts one contender later: a place in the round that is faster or slower
         # (the clocks after a memory-bound neighbour, a compute-bound kernel's heating; five
         # copies of one attention kernel read 2298-2408 us in fixed order) falls on each alike.
-        for k in names[r % len(names):] + names[:r % len(names)]:
+        for k in (names[i] for i in round_order(len(names), r)):
             f = fns[k]
             # queued and waited for once, as the tuner times: with a wait after each call, a
             # launcher that spends longer on the host than the L2 flush takes on the GPU

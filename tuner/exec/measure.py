@@ -838,14 +838,20 @@ def recheck(backend, artifact: str, spec: OpSpec) -> str | None:
     return why
 
 
+def round_order(n: int, r: int) -> list[int]:
+    """The order of n contenders in round r of an interleave: each round starts one place
+    later, so that over n rounds each takes every place once. A place that reads slower (a
+    compute-bound kernel timed right after another heats the chip: one attention kernel read
+    2298-2408 us by its place) then falls on all alike, where a fixed order hands it to one."""
+    return [(r + j) % n for j in range(n)]
+
+
 def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
               rounds: int = 5, with_reference: bool = False) -> list[list[float] | str]:
-    """Re-time several candidates interleaved (A B C, B C A, C A B, ...) so drift hits all
-    alike, each on its own rotation of buffer sets, checked as the first timing was. Each
-    round starts one place later and the rounds are a multiple of the contenders, so each
-    takes every place in the round equally often: a place that reads slower (a compute-bound kernel timed
-    right after another heats the chip: one attention kernel read 2298-2408 us by its place)
-    falls on all alike, where a fixed order handed it to the search's fastest, always first.
+    """Re-time several candidates interleaved (A B C, B C A, C A B, ...: `round_order`, the
+    rounds a multiple of the contenders) so drift and a slower place in the round hit all
+    alike (a fixed order handed the slow first place to the search's fastest, always first),
+    each on its own rotation of buffer sets, checked as the first timing was.
     A candidate whose re-timed calls are wrong gets the reason instead of samples.
     `with_reference`: the torch reference is timed in the same interleave, its samples last
     (a speedup measured while the machine was busy then compares like with like)."""
@@ -862,7 +868,7 @@ def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
     short = settings.replace(bench_budget_s=settings.bench_budget_s / rounds, min_reps=3, precision=0.0)
     late: set[int] = set()  # kernels whose process was once seen starting its calls late
     for r in range(rounds):
-        for i in [(r + j) % contenders for j in range(contenders)]:
+        for i in round_order(contenders, r):
             if i == len(rotations):  # the reference
                 s, _ = bench(backend, lambda: op.torch_impl(xs), short)
                 out[-1].extend(s)

@@ -48,9 +48,9 @@ class Verdict:
     under_compile: tuple[tuple[str, float, float], ...] = ()
 
 
-# Every variant compiled for the shapes it is timed on, as a user's first compile is: one
-# process compiles the same code objects several times here, and Dynamo would otherwise
-# recompile the later ones with symbolic sizes (automatic dynamic shapes).
+# The mode every variant is compiled in, each with dynamic=False: for the shapes it is timed
+# on, as a user's first compile is (one process compiles the same code objects several times
+# here, and Dynamo would otherwise recompile the later ones with symbolic sizes).
 COMPILE_MODE = "max-autotune-no-cudagraphs"
 SAME_WITHIN = 0.02  # a patched variant this much slower than its plain one is said to be slower
 
@@ -71,15 +71,15 @@ def interleaved(fns: dict, sync, rounds: int, reps: int = 1) -> dict[str, float]
     """The median seconds per call of each function, by the wall clock: one warm-up call each,
     then `rounds` rounds that call each in turn, `reps` calls back to back between two
     synchronisations (as a forward issues them), so that drift hits all alike; each round
-    starts one place later, so that a place that reads slower (the first after a sync, after
-    a heavy neighbour) is not always the same variant's."""
+    starts one place later (`measure.round_order`)."""
+    from tuner.exec.measure import round_order
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():
         fn()
     sync()
     names = list(fns)
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in (names[i] for i in round_order(len(names), r)):
             fn = fns[name]
             sync()
             t0 = time.perf_counter()
