@@ -3,8 +3,11 @@ patched with an exported table, each compiled (--mode, max-autotune-no-cudagraph
 torch.profiler. Prints per variant the wall time per forward, the device time per forward, the
 host time spent inside the routed calls, the device synchronisations torch saw, and the top
 kernels by device time and the top host events: what `tuner verify`'s end-to-end figures do not break down.
+With --eager, the eager forward instead: plain, patched with the module routes only, patched
+with the function routes too, timed in turns in one process, then the Python functions that took the most host time in the patched forward
+(cProfile): where a patched eager forward's extra host time goes.
 
-    python bench/patch_profile.py MODEL_FILE --db export/tuning.json [--dtype bf16] [--iterations 20]
+    python bench/patch_profile.py MODEL_FILE --db export/tuning.json [--dtype bf16] [--iterations 20] [--eager]
 """
 
 import argparse
@@ -31,12 +34,15 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--mode", default="max-autotune-no-cudagraphs",
                     help="torch.compile's mode (\"default\" compiles in a fraction of the time)")
+    ap.add_argument("--eager", action="store_true", help="break the patched eager forward down instead")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     model, inputs = load_model(args.model)
     model, xs = _prepared(model, inputs, device, args.dtype)
     table = Table.load(args.db)
+    if args.eager:
+        return eager_breakdown(model, xs, table, sync, args.iterations)
     variants = {}
     with torch.no_grad():
         patched = patched_copy(model, table)
@@ -82,6 +88,38 @@ def main() -> None:
             print("\n| host event | calls per forward | host us per forward (self) |\n| --- | --- | --- |")
             for e in sorted(avg, key=lambda e: -e.self_cpu_time_total)[:12]:
                 print(f"| {e.key[:90]} | {e.count / args.iterations:g} | {e.self_cpu_time_total / args.iterations:.1f} |")
+
+
+def eager_breakdown(model, xs, table, sync, iterations: int) -> None:
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    from tuner.model.verify import interleaved
+    with torch.no_grad():
+        modules_only = patched_copy(model, table, functions=False)
+        both = patched_copy(model, table, functions=True)
+        print("modules replaced:", dict(both.tuner_patch.modules))
+        fns = {"eager": lambda: model(*xs), "patched, module routes only": lambda: modules_only(*xs),
+               "patched, module and function routes": lambda: both(*xs)}
+        medians = interleaved(fns, sync, iterations)
+        print("\n| variant | us per forward | vs eager |\n| --- | --- | --- |")
+        for name, s in medians.items():
+            print(f"| {name} | {s * 1e6:.1f} | {medians['eager'] / s:.2f}x |")
+        print("routed:", dict(both.tuner_patch.stats))
+        for name, m in (("eager", model), ("patched, module and function routes", both)):
+            sync()
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(iterations):
+                m(*xs)
+            sync()
+            prof.disable()
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
+            print(f"\n## {name}: cProfile, {iterations} forwards, by own time\n{out.getvalue()}")
 
 
 if __name__ == "__main__":

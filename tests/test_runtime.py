@@ -243,6 +243,47 @@ def test_a_table_served_on_the_gpu(tmp_path, cache_dir):
 
 
 @pytest.mark.cuda
+def test_a_served_gpu_kernel_replays_its_launch_as_a_graph_on_buffers_it_has_seen(tmp_path, cache_dir, monkeypatch):
+    """A buffer set's first call launches directly, its second captures a CUDA graph of the
+    launch, later calls replay it, each on new contents (the graph reads them when it runs); a
+    buffer set seen once launches directly; a capture that fails turns the graphs off and the
+    launches stay right."""
+    from tuner.core.settings import Settings
+    settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.01,
+                        warmup_s=0.0, min_reps=3, max_reps=20)
+    execute(create_run(settings, builtin_spec("softmax", "256x512", "fp32"), "cuda",
+                       library_skeleton("softmax", "triton"), "guided", 0), settings, 4)
+    exported_runs(tmp_path)
+    k = Table.load(tmp_path / "out" / "tuning.json", cache_dir=cache_dir).kernel("softmax", {"M": 256, "N": 512}, "fp32")
+    direct = []
+    launch = k.backend.launch
+    monkeypatch.setattr(k.backend, "launch", lambda fn, args: (direct.append(torch.cuda.is_current_stream_capturing()),
+                                                               launch(fn, args))[1])
+    x, out = torch.empty(256, 512, device="cuda"), torch.empty(256, 512, device="cuda")
+    for _ in range(5):
+        x.normal_()
+        k(x, out=out)
+        torch.testing.assert_close(out, torch.softmax(x, -1))
+    assert direct == [False, True] and k._graphs.captured == 1  # a launch, the capture, then replays
+    y = torch.randn(256, 512, device="cuda")
+    torch.testing.assert_close(k(y), torch.softmax(y, -1))
+    assert direct[2:] == [False]
+
+    def refuse(fn, args):
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("no capture here")
+        return launch(fn, args)
+    monkeypatch.setattr(k.backend, "launch", refuse)
+    z, zout = torch.randn(256, 512, device="cuda"), torch.empty(256, 512, device="cuda")
+    for _ in range(3):
+        k(z, out=zout)
+        torch.testing.assert_close(zout, torch.softmax(z, -1))
+    assert k._graphs.off == "RuntimeError: no capture here" and k._graphs.captured == 1
+    k(x, out=out)  # a graph captured before still serves
+    torch.testing.assert_close(out, torch.softmax(x, -1))
+
+
+@pytest.mark.cuda
 def test_a_problem_files_triton_kernel_tuned_and_served_on_the_gpu(tmp_path, cache_dir):
     """A KernelBench problem with a parameter, tuned as a Triton kernel and served with no
     sizes given: the tuned shape and a nearest one on the GPU, and fp64 (nothing tuned) by
@@ -397,61 +438,62 @@ def test_patch_routes_a_models_calls_to_the_tuned_kernels_and_undoes(exported, c
         assert torch.allclose(model(x), want)
 
 
-def test_the_function_mode_runs_only_where_the_first_forward_made_calls_it_routes(exported, cache_dir, monkeypatch):
-    """The mode costs host time on every torch call it sees: after the first eager forward it
-    runs only inside the outermost modules whose code made a call it has a handler for (here
-    `attn`, whose softmax the table serves at 16x64 and whose nested `inner` makes another),
-    not in the rest of the forward (`mlp`'s calls); routing is unchanged, and a softmax the
-    model's own forward makes keeps the whole forward under the mode."""
+def test_function_routes_take_over_only_the_tables_entry_points_and_only_during_the_forward(exported, cache_dir, monkeypatch):
+    """The function routes cost host time only on calls of the ops the table holds: torch's
+    entry points of those ops (softmax here: torch.softmax, F.softmax, Tensor.softmax) stand
+    replaced while the patched forward runs and are torch's own again after it, after an
+    error in it, and after unpatch; the rest of torch is never touched; a call made by another
+    thread during the forward is torch's own."""
+    import threading
+
     import torch.nn as nn
+    import torch.nn.functional as F
 
     from tuner import runtime
     from tuner.serve import patch as patch_mod
 
-    class Inner(nn.Module):
-        def forward(self, x):
-            return torch.softmax(x, -1)
-
-    class Attn(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = Inner()
-
-        def forward(self, x):
-            return self.inner(torch.softmax(x, dim=-1))
+    handled = []
+    own_softmax = patch_mod._softmax
+    monkeypatch.setattr(patch_mod, "_softmax", lambda p, args, kwargs: (handled.append(1), own_softmax(p, args, kwargs))[1])
 
     class M(nn.Module):
-        def __init__(self, top=False):
+        def __init__(self):
             super().__init__()
-            self.attn, self.mlp, self.top = Attn(), nn.Sequential(nn.Linear(64, 64), nn.GELU()), top
+            self.mlp, self.fail = nn.Sequential(nn.Linear(64, 64), nn.GELU()), False
+            self.elsewhere = None
 
         def forward(self, x):
-            h = self.attn(x) + self.mlp(x) * 2
-            return torch.softmax(h, -1) if self.top else h
+            h = F.softmax(x, dim=-1) + self.mlp(x) @ torch.eye(64)
+            if self.fail:
+                raise RuntimeError("in the forward")
+            t = threading.Thread(target=lambda: setattr(self, "elsewhere", torch.softmax(x, -1)))
+            t.start()
+            t.join()
+            return h.softmax(-1)
 
-    seen = []
-    route = patch_mod._Route.__torch_function__
-    monkeypatch.setattr(patch_mod._Route, "__torch_function__",
-                        lambda self, func, types, args=(), kwargs=None: (seen.append(func), route(self, func, types, args, kwargs))[1])
+    entry_points = {"torch.softmax": torch.softmax, "F.softmax": F.softmax, "mm": torch.mm, "matmul": torch.Tensor.__matmul__}
     table = Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir)
     x = torch.randn(2, 8, 64)
     with torch.no_grad():
         model = M().eval()
         want = model(x)
         runtime.patch(model, table, functions=True)
-        p = model.tuner_patch
-        first = (model(x), len(seen))
-        assert p.scope == {model.attn}
-        seen.clear()
         torch.testing.assert_close(model(x), want)
-        torch.testing.assert_close(first[0], want)
-        assert 0 < len(seen) < first[1] / 2, (len(seen), first[1])
-        assert p.stats["softmax 16x64 fp32"] == [4, 0]  # two calls a forward, both forwards
+        assert len(handled) == 2  # the forward's two softmax calls; not the matmul, not the other thread's
+        assert model.tuner_patch.stats["softmax 16x64 fp32"] == [2, 0]
+        torch.testing.assert_close(model.elsewhere, torch.softmax(x, -1))
+        assert {"torch.softmax": torch.softmax, "F.softmax": F.softmax, "mm": torch.mm,
+                "matmul": torch.Tensor.__matmul__} == entry_points and "softmax" not in vars(torch.Tensor)
+        model.fail = True
+        with pytest.raises(RuntimeError, match="in the forward"):
+            model(x)
+        assert torch.softmax is entry_points["torch.softmax"] and "softmax" not in vars(torch.Tensor)
+        model.fail = False
         runtime.unpatch(model)
         assert not any("forward" in m.__dict__ for m in model.modules())
-        top = runtime.patch(M(top=True).eval(), table, functions=True)
-        top(x)
-        assert top.tuner_patch.scope == {top}
+        handled.clear()
+        torch.testing.assert_close(model(x), want)
+        assert handled == []
 
 
 def test_verify_says_which_patched_variant_is_slower_than_the_model_unpatched():

@@ -23,18 +23,18 @@ Two ways in, both per call:
   under_compile=)`: the ops routed while torch.compile traces; None: all), is traced as the
   module's own forward instead, for the compiler to fuse as it would unpatched: `tuner verify`
   says which ops pay under torch.compile.
-- Functions. The model's forward runs under a torch function mode that routes the calls a
-  library op computes exactly: softmax over the last dim (torch.softmax, F.softmax,
-  Tensor.softmax; no dtype argument); layer_norm over the last dim with weight and bias at eps
-  1e-5 (F.layer_norm: nn.LayerNorm); rms_norm over the last dim with a weight at eps 1e-6
-  (F.rms_norm: nn.RMSNorm); a 2-D matrix product (torch.mm, torch.matmul, Tensor.mm, @);
-  F.scaled_dot_product_attention at a decode step (attention_decode: one query per sequence
-  against a KV cache, grouped heads where enable_gqa, no mask, not causal, scale 1/sqrt(D)).
-  Under torch.compile only the last (UNDER_COMPILE_FUNCTIONS), through the custom op: the
-  compiler computes the others itself, fused with their neighbours. The mode costs host time
-  on every torch call it sees: in eager mode it runs, after the first forward, only inside the
-  outermost modules whose code made a call it has a handler for (`Patched.scope`), and it is
-  on by default only when the table serves an op only it reaches (FUNCTION_ONLY; `patch(...,
+- Functions. While the model's forward runs, torch's entry points of the calls a library op
+  computes exactly stand replaced (the ops the table holds, nothing else: `_TakenOver`):
+  softmax over the last dim (torch.softmax, F.softmax, Tensor.softmax; no dtype argument);
+  layer_norm over the last dim with weight and bias at eps 1e-5 (F.layer_norm: nn.LayerNorm);
+  rms_norm over the last dim with a weight at eps 1e-6 (F.rms_norm: nn.RMSNorm); a 2-D matrix
+  product (torch.mm, torch.matmul, Tensor.mm, Tensor.matmul, @); F.scaled_dot_product_attention
+  at a decode step (attention_decode: one query per sequence against a KV cache, grouped heads
+  where enable_gqa, no mask, not causal, scale 1/sqrt(D)). A call through a name bound before
+  the forward (`from torch.nn.functional import softmax`) is torch's own. Under
+  torch.compile only the last (UNDER_COMPILE_FUNCTIONS), through a torch function mode and the
+  custom op: the compiler computes the others itself, fused with their neighbours. On by
+  default only when the table serves an op only they reach (FUNCTION_ONLY; `patch(...,
   functions=)`).
 A call is routed when the table has a kernel for its sizes and dtype that takes these inputs
 (`Table.kernel`, its lookup rule), resolved once per call signature (op, each input's shape,
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import threading
 import weakref
 from collections import defaultdict
 from typing import Any, Callable
@@ -100,6 +101,8 @@ class Patched:
 
             compiled_routes = held is None or bool(held & UNDER_COMPILE_FUNCTIONS)
 
+            entries = _entry_points(held)
+
             def forward(*args, **kwargs):
                 import torch
                 if torch.compiler.is_compiling():
@@ -107,61 +110,10 @@ class Patched:
                         return original(*args, **kwargs)
                     with _RouteUnderCompile(self):
                         return original(*args, **kwargs)
-                if self.scope is None:
-                    return self._learn_scope(original, args, kwargs)
-                if model not in self.scope:
-                    return original(*args, **kwargs)
-                with _Route(self):
+                with _TakenOver(self, entries):
                     return original(*args, **kwargs)
             self._replace(model, forward)
             _custom_op()
-        # The function mode's scope in eager mode: None until the first eager forward has run
-        # under it, then the outermost modules whose own code made a call the mode routes
-        # (`_learn_scope`). The mode costs host time on every torch call it sees (~2-4 us each;
-        # a transformers decoder layer makes ~100 a forward), so later forwards run it only
-        # there.
-        self.scope: set | None = None
-
-    def _learn_scope(self, original, args, kwargs):
-        """The first eager forward: under the mode, each submodule's calls attributed to it (a
-        stack kept by forward hooks); the modules that made a call the mode has a handler for,
-        routed or not (a prefill-shaped SDPA call marks its attention module for the decode
-        steps), become the scope: each of them (none inside another) runs under the mode from
-        now on, and the rest of the forward without it. A function call made by the model's
-        own forward, outside any submodule, keeps the whole forward under the mode. A routable
-        call that first appears in another module in a later forward runs torch's own."""
-        model, stack, seen = self.model, [self.model], set()
-        def enter(mod, args) -> None:
-            stack.append(mod)
-
-        def leave(mod, args, out) -> None:  # returns None: the output stays the module's
-            stack.pop()
-        hooks = []
-        for m in model.modules():
-            if m is not model:
-                hooks += [m.register_forward_pre_hook(enter), m.register_forward_hook(leave)]
-        try:
-            with _Route(self, lambda: seen.add(stack[-1])):
-                out = original(*args, **kwargs)
-        finally:
-            for h in hooks:
-                h.remove()
-        names = {m: n for n, m in model.named_modules(remove_duplicate=False)}
-        outer = {m for m in seen if m is model or not any(
-            other is not m and (names[other] == "" or names[m].startswith(names[other] + ".")) for other in seen)}
-        for m in outer - {model}:
-            self._replace(m, self._scoped(m.forward))
-        self.scope = outer
-        return out
-
-    def _scoped(self, own):
-        def forward(*args, **kwargs):
-            import torch
-            if torch.compiler.is_compiling():
-                return own(*args, **kwargs)
-            with _Route(self):
-                return own(*args, **kwargs)
-        return forward
 
     def _replace(self, module, forward) -> None:
         self._replaced.append((module, module.__dict__.get("forward")))
@@ -237,10 +189,9 @@ UNDER_COMPILE_FUNCTIONS = frozenset({"attention_decode"})
 
 def patch(model, table, functions: bool | None = None, under_compile=None):
     """Patch `model` in place (see the module docstring) and return it; a second patch
-    replaces the first. `functions`: route torch function calls too (the function mode costs
-    host time on every torch call of the forward, routed or not: a few microseconds each, what
-    a launch-bound forward feels); None: when the table serves an op only they reach
-    (softmax, matmul). `under_compile`: the ops (e.g. {"swiglu"}) whose calls stay routed
+    replaces the first. `functions`: route torch function calls too (each call of a
+    taken-over entry point pays the route's checks, served or not: a few microseconds);
+    None: when the table serves an op only they reach (softmax, matmul, attention_decode). `under_compile`: the ops (e.g. {"swiglu"}) whose calls stay routed
     while torch.compile traces the model; the others are left to the compiler there and routed
     in eager mode only; None: every op."""
     if ATTR in model.__dict__:
@@ -493,37 +444,102 @@ def module_ops(model) -> dict[str, tuple[str, Any]]:
     return out
 
 
-# ---- function routes: the torch function mode
+# ---- function routes: torch's entry points, taken over while a patched forward runs
+
+# A patched forward's calls in eager mode reach the function routes through torch's own
+# entry points (torch.softmax, F.scaled_dot_product_attention, Tensor.__matmul__, ...),
+# replaced for the duration of the forward by `_TakenOver`, and only those of the ops the table
+# holds: a torch call the table cannot serve costs nothing. (A torch function mode, the other
+# way in, costs host time on every torch call of the forward, routed or not: 3.7 us each on
+# the cpu, what a launch-bound decode step feels.) A call through a name bound before the
+# forward (`from torch.nn.functional import softmax`) reaches torch's own.
+_ROUTING = threading.local()  # .stack: the patches whose forward runs in this thread, innermost last
+_SWAP_LOCK = threading.Lock()
+_SWAPPED: dict[tuple[int, str], list] = {}  # (id(owner), name) -> [owner, original, own attribute?, forwards in]
+
+
+def _entry_points(held) -> tuple[tuple[Any, str, Callable], ...]:
+    """(owner, attribute, handler) of each torch entry point a function route takes over, for
+    the ops in `held` (None: all)."""
+    import torch
+    import torch.nn.functional as F
+    points = [(torch, "softmax", _softmax, "softmax"), (F, "softmax", _softmax, "softmax"),
+              (torch.Tensor, "softmax", _softmax, "softmax"), (F, "layer_norm", _layer_norm, "layernorm"),
+              (torch, "mm", _matmul, "matmul"), (torch, "matmul", _matmul, "matmul"),
+              (torch.Tensor, "mm", _matmul, "matmul"), (torch.Tensor, "matmul", _matmul, "matmul"),
+              (torch.Tensor, "__matmul__", _matmul, "matmul"),
+              (F, "scaled_dot_product_attention", _sdpa, "attention_decode")]
+    if hasattr(F, "rms_norm"):
+        points.append((F, "rms_norm", _rms_norm, "rmsnorm"))
+    return tuple((owner, name, handler) for owner, name, handler, op in points if held is None or op in held)
+
+
+def _taking_over(original: Callable, handler: Callable) -> Callable:
+    """What stands at an entry point while it is taken over: the handler of the patch whose
+    forward runs in this thread, else (another thread, or the handler's own torch calls)
+    torch's own."""
+    def entry(*args, **kwargs):
+        stack = getattr(_ROUTING, "stack", None)
+        if stack and stack[-1] is not None:
+            p = stack[-1]
+            stack.append(None)
+            try:
+                out = handler(p, args, kwargs)
+            finally:
+                stack.pop()
+            if out is not NotImplemented:
+                return out
+        return original(*args, **kwargs)
+    entry.__wrapped__ = original
+    return entry
+
+
+class _TakenOver:
+    """Within: `entries` stand replaced (counted: nested and concurrent forwards share one
+    replacement, put back when the last leaves) and this thread's calls route through
+    `patched`."""
+
+    def __init__(self, patched: Patched, entries):
+        self.patched, self.entries = patched, entries
+
+    def __enter__(self):
+        stack = _ROUTING.__dict__.setdefault("stack", [])
+        stack.append(self.patched)
+        with _SWAP_LOCK:
+            for owner, name, handler in self.entries:
+                slot = _SWAPPED.get((id(owner), name))
+                if slot is None:
+                    own = name in vars(owner)
+                    original = getattr(owner, name)
+                    slot = _SWAPPED[(id(owner), name)] = [owner, original, own, 0]
+                    setattr(owner, name, _taking_over(original, handler))
+                slot[3] += 1
+        return self
+
+    def __exit__(self, *exc):
+        with _SWAP_LOCK:
+            for owner, name, _ in self.entries:
+                slot = _SWAPPED[(id(owner), name)]
+                slot[3] -= 1
+                if slot[3] == 0:
+                    del _SWAPPED[(id(owner), name)]
+                    if slot[2]:
+                        setattr(owner, name, slot[1])
+                    else:
+                        delattr(owner, name)
+        _ROUTING.stack.pop()
+        return False
+
 
 def _mode_base():
     from torch.overrides import TorchFunctionMode
     return TorchFunctionMode
 
 
-class _Route(_mode_base()):
-    """The function mode in eager mode. `seen`: called at each call it has a handler for
-    (the scope's learning forward)."""
-
-    def __init__(self, patched: Patched, seen: Callable[[], None] | None = None):
-        super().__init__()
-        self.patched, self.seen = patched, seen
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        handler = _handlers().get(func)
-        if handler is not None:
-            if self.seen is not None:
-                self.seen()
-            out = handler(self.patched, args, kwargs)
-            if out is not NotImplemented:
-                return out
-        return func(*args, **kwargs)
-
-
 class _RouteUnderCompile(_mode_base()):
     """The function mode while torch.compile traces the forward: only SDPA (the one call in
     UNDER_COMPILE_FUNCTIONS), through the custom op; every other call is the compiler's. Kept
-    apart from `_Route` so that what Dynamo inlines for each torch call of the forward is one
+    a mode of its own so that what Dynamo inlines for each torch call of the forward is one
     identity test."""
 
     def __init__(self, patched: Patched):
@@ -630,21 +646,3 @@ def _sdpa(p: Patched, args, kwargs):
         return NotImplemented
     o = _run(p, "attention_decode", [q.reshape(b, h, d).contiguous(), k.contiguous(), v.contiguous()])
     return o if o is NotImplemented else o.reshape(b, h, 1, d)
-
-
-_HANDLERS: dict[Any, Callable] | None = None
-
-
-def _handlers() -> dict[Any, Callable]:
-    global _HANDLERS
-    if _HANDLERS is None:
-        import torch
-        import torch.nn.functional as F
-        table: dict[Any, Callable] = {torch.softmax: _softmax, F.softmax: _softmax, torch.Tensor.softmax: _softmax,
-                                      F.layer_norm: _layer_norm, torch.mm: _matmul, torch.matmul: _matmul,
-                                      torch.Tensor.mm: _matmul, torch.Tensor.matmul: _matmul,
-                                      torch.Tensor.__matmul__: _matmul, F.scaled_dot_product_attention: _sdpa}
-        if hasattr(F, "rms_norm"):
-            table[F.rms_norm] = _rms_norm
-        _HANDLERS = table
-    return _HANDLERS
