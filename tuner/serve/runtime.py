@@ -28,7 +28,8 @@ Which entry serves a call (the rule, in order):
    with `strict=True`); `Table.explain` says why each candidate was passed over.
 
 Built kernels are cached in memory per (op, sizes, dtype, backend) and their compiled artifacts
-on disk under `<cache_dir>/runtime/` (default `~/.cache/tuner/runtime`).
+on disk under `<cache_dir>/runtime/` (default `~/.cache/tuner/runtime`). On a GPU a kernel's
+launch on buffers it has launched on before is replayed as a CUDA graph (`LaunchGraphs`).
 """
 
 from __future__ import annotations
