@@ -142,7 +142,7 @@ class Patched:
     def kernel(self, op: str, inputs: list):
         """The table's kernel for this call, or None (torch's own); counted in `stats`. Resolved
         once per call signature."""
-        sig = (op, *((tuple(x.shape), x.dtype, x.device) for x in inputs))
+        sig = (op, *[(x.shape, x.dtype, x.device) for x in inputs])
         try:
             k, counts = self._routes[sig]
         except KeyError:

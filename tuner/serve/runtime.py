@@ -264,6 +264,7 @@ class LaunchGraphs:
         self._seen: OrderedDict[tuple, None] = OrderedDict()
         self._stream = None
         self._lock = threading.Lock()
+        self._capturing = threading.Lock()
         self.off: str | None = None
         self.captured = 0
 
@@ -282,28 +283,33 @@ class LaunchGraphs:
         if torch.cuda.is_current_stream_capturing():
             return self._launch(args)
         key = tuple(a.data_ptr() for a in args)
-        g = self._graphs.get(key)
-        if g is None:
-            if self.off is not None or key not in self._seen:
+        with self._lock:  # the books only (threads may share a kernel); the launches outside it
+            g = self._graphs.get(key)
+            if g is not None:
+                self._graphs.move_to_end(key)
+            elif self.off is not None or key not in self._seen:
                 self._seen[key] = None
                 if len(self._seen) > self.SEEN:
                     self._seen.popitem(last=False)
-                return self._launch(args)
-            del self._seen[key]
+            else:
+                del self._seen[key]
+                g = False
+        if g is None:
+            return self._launch(args)
+        if g is False:
             g = self._capture(args)
             if g is None:
                 return self._launch(args)
-            self._graphs[key] = g
-            if len(self._graphs) > self.MAX:
-                self._graphs.popitem(last=False)
-        else:
-            self._graphs.move_to_end(key)
+            with self._lock:
+                self._graphs[key] = g
+                if len(self._graphs) > self.MAX:
+                    self._graphs.popitem(last=False)
         g.replay()
 
     def _capture(self, args: list):
         """A graph of one launch on these buffers (captured, not run), or None (and `off`)."""
         import torch
-        with self._lock:
+        with self._capturing:
             g = torch.cuda.CUDAGraph()
             if self._stream is None:
                 self._stream = torch.cuda.Stream(args[0].device)
