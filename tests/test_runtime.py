@@ -519,6 +519,45 @@ def test_verify_says_which_routes_to_keep_under_torch_compile():
     assert compile_advice(["rmsnorm"], []).endswith("under_compile=())")
 
 
+def test_verify_says_which_ops_to_route_in_eager_mode():
+    """From the per-op table (per forward: calls x each side's time alone): the ops whose tuned
+    calls take longer than torch's by more than the noise margin, and the `ops=` that keeps the
+    rest; nothing when every op pays or ties."""
+    from tuner.model.verify import eager_advice
+    rows = [("rmsnorm 16x4096 bf16", 2, 137e-6, 27e-6, 0.0), ("swiglu 16x14336 bf16", 1, 24.9e-6, 24.3e-6, 0.0),
+            ("attention_decode 16x32x8x4097x128 bf16", 1, 74.6e-6, 79.4e-6, 0.0)]
+    said = eager_advice(rows)
+    assert said == ("in eager mode attention_decode cost more routed than torch's own (attention_decode 79.4 us "
+                    "tuned against 74.6 us for torch's in a forward): runtime.patch(model, table, ops={'rmsnorm', 'swiglu'})")
+    assert eager_advice(rows[:2]) is None
+    assert eager_advice([("swiglu 4x512 fp32", 1, 1e-6, 2e-6, 0.0)]).endswith("route none of them: run the model "
+                                                                               "unpatched in eager mode")
+
+
+def test_ops_limits_what_the_patch_routes(exported, cache_dir):
+    """`ops=`: the only ops routed, eager and under torch.compile alike; a softmax the table
+    serves runs torch's own when softmax is left out, and an unknown name is refused."""
+    import torch.nn as nn
+
+    from tuner import runtime
+
+    class M(nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, -1)
+
+    table = Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir)
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        kept = runtime.patch(M(), table, functions=True, ops={"softmax"})
+        kept(x)
+        left = runtime.patch(M(), table, functions=True, ops={"rmsnorm"})
+        torch.testing.assert_close(left(x), torch.softmax(x, -1))
+    assert kept.tuner_patch.stats["softmax 16x64 fp32"] == [1, 0]
+    assert dict(left.tuner_patch.stats) == {}
+    with pytest.raises(ValueError, match="ops: softmx is not an op the patch routes"):
+        runtime.patch(M(), table, ops={"softmx"})
+
+
 def test_under_compile_names_ops_the_patch_routes(exported, cache_dir):
     import torch.nn as nn
 

@@ -183,6 +183,9 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
         ops = op_contributions(patched_model.tuner_patch, sync, rounds, per_forward)
         unpatch(patched_model)
         notes += slower(medians)
+        advice = eager_advice(ops)
+        if advice:
+            notes.append(advice)
         singles: list[tuple[str, float, float]] = []
         routed_ops = sorted({k.split(" ")[0] for k, v in stats.items() if v[0]})
         if routed_ops and "torch.compile" in medians and medians.get("patched + torch.compile", 0.0) > \
@@ -222,6 +225,34 @@ def routes_under_compile(model, table, xs, sync, rounds: int, ops: list[str], co
     return out
 
 
+def _names(ops: list[str]) -> str:
+    """A set of op names as Python source, in a fixed order (a set's repr follows the hash seed)."""
+    return "{" + ", ".join(repr(o) for o in sorted(ops)) + "}"
+
+
+def eager_advice(ops: list[tuple[str, int, float, float, float]]) -> str | None:
+    """Which ops to route in eager mode when some cost more than torch's own: from the per-op
+    table (each routed call's tuned kernel and torch's definition timed alone), the ops whose
+    calls in a forward take longer tuned than torch's by more than SAME_WITHIN; None when none
+    does. The tuned side is the kernel's launch as served (`Kernel._launch`), the route's own
+    checks not counted."""
+    by_op: dict[str, list[float]] = {}
+    for key, n, t_torch, t_tuned, _ in ops:
+        if n:
+            acc = by_op.setdefault(key.split(" ")[0], [0.0, 0.0])
+            acc[0] += n * t_torch
+            acc[1] += n * t_tuned
+    losing = sorted(op for op, (torch_s, tuned_s) in by_op.items() if tuned_s > torch_s * (1 + SAME_WITHIN))
+    if not losing:
+        return None
+    keep = sorted(set(by_op) - set(losing))
+    said = "; ".join(f"{op} {by_op[op][1] * 1e6:.1f} us tuned against {by_op[op][0] * 1e6:.1f} us for torch's "
+                     f"in a forward" for op in losing)
+    how = (f"runtime.patch(model, table, ops={_names(keep)})" if keep
+           else "route none of them: run the model unpatched in eager mode")
+    return f"in eager mode {', '.join(losing)} cost more routed than torch's own ({said}): {how}"
+
+
 def compile_advice(ops: list[str], singles: list[tuple[str, float, float]]) -> str:
     """What to pass `runtime.patch(..., under_compile=)` after patched + torch.compile measured
     slower than torch.compile: the ops that were faster routed alone than left to the compiler
@@ -230,7 +261,7 @@ def compile_advice(ops: list[str], singles: list[tuple[str, float, float]]) -> s
     measured = "".join(f"; only {op} routed: {t_compile / t:.2f}x torch.compile" for op, t, t_compile in singles)
     if keep:
         return (f"under torch.compile, route only {', '.join(keep)}: runtime.patch(model, table, "
-                f"under_compile={set(keep)!r}){measured}")
+                f"under_compile={_names(keep)}){measured}")
     return (f"under torch.compile, leave {', '.join(ops)} to the compiler (routed in eager mode only): "
             f"runtime.patch(model, table, under_compile=()){measured}")
 

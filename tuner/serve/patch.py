@@ -65,9 +65,10 @@ class Patched:
     """The patch of one model: what it routed (`stats`), the modules it replaced (`modules`:
     name -> op), and `undo()`."""
 
-    def __init__(self, model, table, functions: bool | None = None, under_compile=None):
+    def __init__(self, model, table, functions: bool | None = None, under_compile=None, ops=None):
         self.model, self.table = model, table
         self.under_compile = None if under_compile is None else _op_names(under_compile)
+        self.ops = None if ops is None else _op_names(ops, "ops")
         # A string, not an int: Dynamo may turn an int it saw change between compiles of one
         # code object (the routes' forwards, shared by every patch) into a symbolic value,
         # which the trace-time lookup (`_may_serve`, a constant function) cannot take.
@@ -82,6 +83,8 @@ class Patched:
         # opaque custom op the compiler cannot fuse).
         entries = getattr(table, "entries", None)  # a table that lists none: every route is tried
         held = None if entries is None else {e["op"] for e in entries}
+        if self.ops is not None:
+            held = set(self.ops) if held is None else held & self.ops
         for name, module in model.named_modules():
             for route in MODULE_ROUTES:
                 if held is not None and route.__name__.removeprefix("_route_") not in held:
@@ -94,7 +97,7 @@ class Patched:
         if self.modules:
             _custom_op()
         if functions is None:  # see `patch`
-            functions = bool({e["op"] for e in getattr(table, "entries", ())} & FUNCTION_ONLY)
+            functions = bool((held or set()) & FUNCTION_ONLY)
         self.functions = functions
         if functions:
             original = model.forward
@@ -148,7 +151,8 @@ class Patched:
         except KeyError:
             sizes = _SIZES[op](inputs)
             dtype = _dtype(inputs[0])
-            k = self.table.kernel(op, sizes, dtype) if dtype and all(v > 0 for v in sizes.values()) else None
+            k = self.table.kernel(op, sizes, dtype) if dtype and all(v > 0 for v in sizes.values()) \
+                and (self.ops is None or op in self.ops) else None
             if k is not None and k.mismatch(inputs) is not None:
                 k = None
             counts = self.stats[f"{op} {'x'.join(str(v) for v in sizes.values())} {dtype}"]
@@ -166,14 +170,14 @@ class Patched:
             return k._launch(inputs) if k is not None else TORCH[op](*inputs)
 
 
-def _op_names(ops) -> frozenset:
-    """`under_compile` checked: library op names the patch routes (a typo would otherwise leave
-    every op to the compiler without a word)."""
+def _op_names(ops, what: str = "under_compile") -> frozenset:
+    """`under_compile` or `ops` checked: library op names the patch routes (a typo would
+    otherwise leave every op to the compiler, or torch, without a word)."""
     if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
-        raise TypeError(f"under_compile={ops!r}: a set of op names, e.g. {{'swiglu'}} (or () for none)")
+        raise TypeError(f"{what}={ops!r}: a set of op names, e.g. {{'swiglu'}} (or () for none)")
     unknown = sorted(set(ops) - set(_SIZES))
     if unknown:
-        raise ValueError(f"under_compile: {', '.join(unknown)} is not an op the patch routes; "
+        raise ValueError(f"{what}: {', '.join(unknown)} is not an op the patch routes; "
                          f"one of {', '.join(sorted(_SIZES))}")
     return frozenset(ops)
 
@@ -187,16 +191,17 @@ FUNCTION_ONLY = frozenset({"softmax", "matmul", "attention_decode"})
 UNDER_COMPILE_FUNCTIONS = frozenset({"attention_decode"})
 
 
-def patch(model, table, functions: bool | None = None, under_compile=None):
+def patch(model, table, functions: bool | None = None, under_compile=None, ops=None):
     """Patch `model` in place (see the module docstring) and return it; a second patch
     replaces the first. `functions`: route torch function calls too (each call of a
     taken-over entry point pays the route's checks, served or not: a few microseconds);
     None: when the table serves an op only they reach (softmax, matmul, attention_decode). `under_compile`: the ops (e.g. {"swiglu"}) whose calls stay routed
     while torch.compile traces the model; the others are left to the compiler there and routed
-    in eager mode only; None: every op."""
+    in eager mode only; None: every op. `ops`: the only ops routed at all (e.g. what `tuner
+    verify` found pays in eager mode); None: every op the table holds."""
     if ATTR in model.__dict__:
         unpatch(model)
-    model.__dict__[ATTR] = Patched(model, table, functions, under_compile)
+    model.__dict__[ATTR] = Patched(model, table, functions, under_compile, ops)
     return model
 
 
@@ -208,11 +213,11 @@ def unpatch(model):
     return model
 
 
-def patched_copy(model, table, functions: bool | None = None, under_compile=None):
+def patched_copy(model, table, functions: bool | None = None, under_compile=None, ops=None):
     """A patched copy of `model` that shares its parameters and buffers (no second copy of the
     weights) and leaves `model` itself as it was: for timing the two side by side."""
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
-    return patch(copy.deepcopy(model, shared), table, functions, under_compile)
+    return patch(copy.deepcopy(model, shared), table, functions, under_compile, ops)
 
 
 # ---- the library ops as the patch calls them: sizes, output shape, definition in torch
@@ -315,7 +320,8 @@ def _may_serve(patch_id: str, op: str, sizes: tuple | None, dtype: str | None) -
     trace: wrapping it while tracing is a graph break). `sizes` None (dynamic sizes): whether
     the patch routes `op` under torch.compile at all, the table asked per call."""
     p = _LIVE.get(patch_id)
-    if p is not None and p.under_compile is not None and op not in p.under_compile:
+    if p is not None and ((p.under_compile is not None and op not in p.under_compile)
+                          or (p.ops is not None and op not in p.ops)):
         return False
     if sizes is None:
         return True
