@@ -49,7 +49,7 @@ def _backend():
 
 # ---- the launch module ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("op,shape", [("rmsnorm", "8192x8192"), ("layernorm", "8192x8192"), ("add_rmsnorm", "4096x8192"),
+@pytest.mark.parametrize("op,shape", [("rmsnorm", "8192x8192"), ("layernorm", "8192x8192"), ("add_rmsnorm", "4096x8192"), ("softmax", "8192x8192"),
                                       ("matmul", "16x14336x4096")])
 def test_the_library_cuda_skeletons_render_clean_modules(op, shape):
     sk = library_skeleton(op, "cuda")
@@ -220,7 +220,7 @@ def test_a_tensor_map_is_made_of_a_tensor_and_passed_only_to_a_tensor_map_parame
 
 @needs_compiler
 @pytest.mark.parametrize("op,shape,dtype", [("rmsnorm", "256x4096", "bf16"), ("rmsnorm", "64x1024", "fp32"),
-                                            ("layernorm", "256x4096", "bf16"), ("add_rmsnorm", "128x2048", "fp16"),
+                                            ("layernorm", "256x4096", "bf16"), ("add_rmsnorm", "128x2048", "fp16"), ("softmax", "64x4096", "bf16"),
                                             ("matmul", "16x2048x1024", "bf16"),
                                             ("matmul", "5x1024x512", "fp16")])
 def test_library_configs_compile_for_hopper_without_a_gpu(tmp_path, op, shape, dtype):
@@ -258,8 +258,8 @@ def test_the_cuda_backend_names_its_languages():
 # ---- on a GPU -------------------------------------------------------------------------------
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("op", ["rmsnorm", "layernorm", "add_rmsnorm"])
-def test_every_choice_of_the_cuda_row_norms_is_right_on_the_gpu(op, fast_settings, tmp_path):
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm", "add_rmsnorm", "softmax"])
+def test_every_choice_of_the_cuda_row_ops_is_right_on_the_gpu(op, fast_settings, tmp_path):
     """The default and one config per value of each structural param (threads per row above
     and below a warp, the row cached or read again, each load and store kind) and a few more,
     at a ragged shape (rows not a multiple of ROWS), verified by the Evaluator: none is wrong
