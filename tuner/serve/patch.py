@@ -162,8 +162,9 @@ class Patched:
 
     def call(self, op: str, inputs: list):
         """`op` on 2-D (rows) inputs: the tuned kernel where there is one, else the op's
-        definition in torch (`TORCH`). Run with torch function handling off: under the function
-        mode every tensor method the launcher calls would be a trip through Python."""
+        definition in torch (`TORCH`). Run with torch function handling off: under a torch
+        function mode (the caller's, or the compile-time one) every tensor method the launcher
+        calls would be a trip through Python."""
         import torch
         with torch._C.DisableTorchFunction():
             k = self.kernel(op, inputs)
@@ -195,8 +196,9 @@ def patch(model, table, functions: bool | None = None, under_compile=None, ops=N
     """Patch `model` in place (see the module docstring) and return it; a second patch
     replaces the first. `functions`: route torch function calls too (each call of a
     taken-over entry point pays the route's checks, served or not: a few microseconds);
-    None: when the table serves an op only they reach (softmax, matmul, attention_decode). `under_compile`: the ops (e.g. {"swiglu"}) whose calls stay routed
-    while torch.compile traces the model; the others are left to the compiler there and routed
+    None: when the table serves an op only they reach (softmax, matmul, attention_decode).
+    `under_compile`: the ops (e.g. {"swiglu"}) whose calls stay routed while torch.compile
+    traces the model; the others are left to the compiler there and routed
     in eager mode only; None: every op. `ops`: the only ops routed at all (e.g. what `tuner
     verify` found pays in eager mode); None: every op the table holds."""
     if ATTR in model.__dict__:
@@ -509,8 +511,6 @@ class _TakenOver:
         self.patched, self.entries = patched, entries
 
     def __enter__(self):
-        stack = _ROUTING.__dict__.setdefault("stack", [])
-        stack.append(self.patched)
         with _SWAP_LOCK:
             for owner, name, handler in self.entries:
                 slot = _SWAPPED.get((id(owner), name))
@@ -520,6 +520,7 @@ class _TakenOver:
                     slot = _SWAPPED[(id(owner), name)] = [owner, original, own, 0]
                     setattr(owner, name, _taking_over(original, handler))
                 slot[3] += 1
+        _ROUTING.__dict__.setdefault("stack", []).append(self.patched)
         return self
 
     def __exit__(self, *exc):
