@@ -123,15 +123,15 @@ def steps(db: str, n: int = 2000) -> None:
     import torch
 
     from tuner.core.ops import builtin_spec, load_op
-    from tuner.serve import patch
+    from tuner.serve import calls, patch
     from tuner.serve.runtime import Table
     table = Table.load(db)
     p = patch.Patched(torch.nn.Module(), table, functions=False)
-    op_fn = patch._custom_op()
+    op_fn = calls.custom_op()
     print("\n| entry | backend | the custom op | the patch's call | the kernel's launch | the backend's launch | "
           "torch's definition |\n| --- | --- | --- | --- | --- | --- | --- |")
     for e in table.entries:
-        if e["op"] not in patch._SIZES:
+        if e["op"] not in calls.SIZES:
             continue
         k = table.kernel(e["op"], e["sizes"], e["dtype"])
         if k is None:
@@ -154,7 +154,7 @@ def steps(db: str, n: int = 2000) -> None:
         with torch.no_grad():
             row = [host(lambda: op_fn(e["op"], p.id, xs)), host(lambda: p.call(e["op"], xs)),
                    host(lambda: k._launch(xs, outs)), host(lambda: k.backend.launch(k.fn, xs + outs)),
-                   host(lambda: patch.TORCH[e["op"]](*xs))]
+                   host(lambda: calls.TORCH[e["op"]](*xs))]
         print(f"| {e['op']} {spec.key} | {e.get('backend', '?')} {e.get('language', '')} | " + " | ".join(row) + " |")
     p.undo()
 

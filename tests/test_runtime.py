@@ -450,11 +450,11 @@ def test_function_routes_take_over_only_the_tables_entry_points_and_only_during_
     import torch.nn.functional as F
 
     from tuner import runtime
-    from tuner.serve import patch as patch_mod
+    from tuner.serve import routes
 
     handled = []
-    own_softmax = patch_mod._softmax
-    monkeypatch.setattr(patch_mod, "_softmax", lambda p, args, kwargs: (handled.append(1), own_softmax(p, args, kwargs))[1])
+    own_softmax = routes._softmax
+    monkeypatch.setattr(routes, "_softmax", lambda p, args, kwargs: (handled.append(1), own_softmax(p, args, kwargs))[1])
 
     class M(nn.Module):
         def __init__(self):

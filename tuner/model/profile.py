@@ -271,7 +271,7 @@ class _ModuleRanges:
     def __init__(self, model):
         import functools
 
-        from tuner.serve.patch import MODULE_KEEPS, module_ops
+        from tuner.serve.routes import MODULE_KEEPS, module_ops
         self.ops = module_ops(model)
         self.keeps = MODULE_KEEPS
         self.args: dict[str, tuple[Arg, ...]] = {}
@@ -286,10 +286,10 @@ class _ModuleRanges:
 
         import torch
 
-        from tuner.serve.patch import _dtype
+        from tuner.serve.calls import dtype_of
         x = args[0] if args else None
         if isinstance(x, torch.Tensor) and x.dim() >= 1:
-            rows, dt = math.prod(x.shape[:-1]), _dtype(x)
+            rows, dt = math.prod(x.shape[:-1]), dtype_of(x)
             if op == "swiglu":
                 n = module.gate_proj.out_features
                 self.args[name] = (Arg((rows, n), dt), Arg((rows, n), dt))

@@ -98,7 +98,7 @@ def op_contributions(patch, sync, rounds: int, per_forward: dict[str, int]) -> l
     fusion the patch takes away."""
     import torch
 
-    from tuner.serve.patch import TORCH
+    from tuner.serve.calls import TORCH
     out = []
     for key, op, ins, kernel, _ in patch.served():
         g = torch.Generator(device=ins[0][2]).manual_seed(0)
