@@ -251,8 +251,8 @@ class LaunchGraphs:
     argument's data pointer (the shapes and dtypes are the kernel's, checked before the launch).
     A buffer set is captured on its second call (one seen once, a prefill of a new length, costs
     no capture); at most MAX graphs a kernel, the least recently used dropped. Launched directly
-    instead: while the caller captures a graph of its own, and for good once a capture fails
-    (`off` says why). Settings.serve_graphs (TUNER_SERVE_GRAPHS=0) turns them off."""
+    instead: while the caller captures a graph of its own, when the tensors are not on the
+    current device, and for good once a capture fails (`off` says why). Settings.serve_graphs (TUNER_SERVE_GRAPHS=0) turns them off."""
 
     MAX = 64  # graphs kept per kernel
     SEEN = 1024  # buffer sets remembered from a first call
@@ -280,8 +280,8 @@ class LaunchGraphs:
 
     def __call__(self, args: list) -> None:
         import torch
-        if torch.cuda.is_current_stream_capturing():
-            return self._launch(args)
+        if torch.cuda.is_current_stream_capturing() or args[0].device.index != torch.cuda.current_device():
+            return self._launch(args)  # a graph replays on the current device's stream
         key = tuple(a.data_ptr() for a in args)
         with self._lock:  # the books only (threads may share a kernel); the launches outside it
             g = self._graphs.get(key)
