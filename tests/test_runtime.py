@@ -242,6 +242,42 @@ def test_a_table_served_on_the_gpu(tmp_path, cache_dir):
     assert y.device.type == "cpu" and t.last is None
 
 
+def test_launch_graphs_capture_a_buffer_set_on_its_second_call_and_keep_the_most_recent(monkeypatch):
+    """The books of `LaunchGraphs` (the GPU itself: the cuda-marked test below): a buffer set's
+    first call launches, its second captures and replays, later ones replay; past MAX graphs the
+    least recently used goes (its set launches directly again, then is captured again); the
+    sets seen once are remembered up to SEEN; a failed capture launches and captures no more."""
+    from types import SimpleNamespace
+
+    from tuner.serve.runtime import LaunchGraphs
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    done = []
+    graphs = LaunchGraphs(lambda args: done.append(("launch", args[0].data_ptr())))
+    graphs.MAX, graphs.SEEN = 2, 3
+
+    def capture(args):
+        if args[0].data_ptr() == 99:
+            graphs.off = "RuntimeError: refused"
+            return None
+        return SimpleNamespace(replay=lambda p=args[0].data_ptr(): done.append(("replay", p)))
+    monkeypatch.setattr(graphs, "_capture", capture)
+
+    def call(p):
+        graphs([SimpleNamespace(data_ptr=lambda: p, device=SimpleNamespace(index=0))])
+        return done[-1]
+    assert [call(p) for p in (1, 1, 1, 2, 2, 3, 3)] == [("launch", 1), ("replay", 1), ("replay", 1), ("launch", 2),
+                                                        ("replay", 2), ("launch", 3), ("replay", 3)]
+    assert list(graphs._graphs) == [(2,), (3,)]  # 1 was the least recently used
+    assert [call(p) for p in (2, 1, 1)] == [("replay", 2), ("launch", 1), ("replay", 1)]
+    assert list(graphs._graphs) == [(2,), (1,)]
+    for p in (10, 11, 12, 13):
+        call(p)
+    assert list(graphs._seen) == [(11,), (12,), (13,)]
+    assert [call(p) for p in (99, 99, 13)] == [("launch", 99), ("launch", 99), ("launch", 13)]
+    assert graphs.off == "RuntimeError: refused"
+
+
 @pytest.mark.cuda
 def test_a_served_gpu_kernel_replays_its_launch_as_a_graph_on_buffers_it_has_seen(tmp_path, cache_dir, monkeypatch):
     """A buffer set's first call launches directly, its second captures a CUDA graph of the
