@@ -252,7 +252,8 @@ class LaunchGraphs:
     A buffer set is captured on its second call (one seen once, a prefill of a new length, costs
     no capture); at most MAX graphs a kernel, the least recently used dropped. Launched directly
     instead: while the caller captures a graph of its own, when the tensors are not on the
-    current device, and for good once a capture fails (`off` says why). Settings.serve_graphs (TUNER_SERVE_GRAPHS=0) turns them off."""
+    current device, and for good once a capture fails (`off` says why). Settings.serve_graphs
+    (TUNER_SERVE_GRAPHS=0) turns them off."""
 
     MAX = 64  # graphs kept per kernel
     SEEN = 1024  # buffer sets remembered from a first call
