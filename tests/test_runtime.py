@@ -249,7 +249,7 @@ def test_launch_graphs_capture_a_buffer_set_on_its_second_call_and_keep_the_most
     sets seen once are remembered up to SEEN; a failed capture launches and captures no more."""
     from types import SimpleNamespace
 
-    from tuner.serve.runtime import LaunchGraphs
+    from tuner.serve.graphs import LaunchGraphs
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     done = []

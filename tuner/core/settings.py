@@ -65,7 +65,7 @@ class Settings:
     # than this fraction from the configs it weighed last ("good enough"); 0: the stall alone.
     stop_gain: float = 0.0
     # The runtime replays a served kernel's launch on a buffer set it has seen as a CUDA graph
-    # (tuner.serve.runtime.LaunchGraphs): the launch's host time, paid per call, down to a few us.
+    # (tuner.serve.graphs.LaunchGraphs): the launch's host time, paid per call, down to a few us.
     serve_graphs: bool = True
 
     def anchors(self, backend: str) -> bool:
