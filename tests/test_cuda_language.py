@@ -289,7 +289,7 @@ def test_every_choice_of_the_cuda_row_ops_is_right_on_the_gpu(op, fast_settings,
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("op,shape,budget", [("rmsnorm", "4096x4096", 6), ("layernorm", "4096x4096", 6), ("add_rmsnorm", "4096x4096", 6),
-                                             ("matmul", "16x4096x2048", 6)])
+                                             ("softmax", "4096x4096", 6), ("matmul", "16x4096x2048", 6)])
 def test_cuda_cpp_kernels_tune_verify_and_win_through_the_harness(fast_settings, tmp_path, op, shape, budget):
     from tuner.run.tune import create_run, execute, with_backend_options
     sk = library_skeleton(op, "cuda")
