@@ -260,6 +260,64 @@ def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, monkeypatch, capsys):
     assert [list(t.shape) for t in saved] == [list(s) for s, _ in r["outputs"]]
 
 
+
+ROPE_MODEL = '''import torch
+import torch.nn as nn
+
+
+def rotate_half(x):
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):  # as transformers writes it
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj, self.k_proj = nn.Linear(64, 64), nn.Linear(64, 32)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        theta = torch.arange(s, dtype=x.dtype)[:, None] * torch.linspace(0.1, 1.0, 8)
+        cos = torch.cat([theta.cos()] * 2, -1)[None].expand(b, s, 16)
+        sin = torch.cat([theta.sin()] * 2, -1)[None].expand(b, s, 16)
+        q = self.q_proj(x).view(b, s, 4, 16).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, 2, 16).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        return q.sum() + k.sum()
+
+
+def get_inputs():
+    return [torch.randn(2, 6, 64)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_models_rope_function_is_a_row_of_two_rope_calls(tmp_path):
+    """The model's own apply_rotary_pos_emb (the patch's function route) is one row,
+    module::rope, its aten ops absorbed, and the emitted sweep tunes rope at q's and at k's
+    token shapes (12x4x16 and 12x2x16); the function is the model's own again afterwards."""
+    import sys
+
+    from tuner.sweeps.plan import load_plan
+    (tmp_path / "rope_model.py").write_text(ROPE_MODEL)
+    prof = profile_model(tmp_path / "rope_model.py", "cpu", iterations=1, peaks={"copy_gbps": 10.0, "fp32_gflops": 100.0})
+    rope = [r for r in prof.rows if r.aten == "module::rope"]
+    assert len(rope) == 1 and rope[0].calls == 1, [r.aten for r in prof.rows]
+    assert rope[0].shapes == "12x4x16, 12x2x16, 12x8, 12x8" and rope[0].library == ("rope", "12x4x16", "fp32")
+    assert not any(r.aten == "aten::neg" for r in prof.rows)  # rotate_half's, inside the function: its row
+    tasks = {(t.op, t.shape) for t in load_plan(emit_sweep(prof, tmp_path / "hot.yaml", "cpu", min_share=0.0)).tasks}
+    assert {("rope", "12x4x16"), ("rope", "12x2x16")} <= tasks
+    mod = next(m for m in sys.modules.values() if getattr(m, "__file__", None) == str(tmp_path / "rope_model.py"))
+    assert not hasattr(mod.apply_rotary_pos_emb, "__wrapped__")
+
+
 DECODE = '''import torch
 import torch.nn as nn
 import torch.nn.functional as F

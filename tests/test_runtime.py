@@ -743,3 +743,99 @@ def test_sdpa_at_a_decode_step_is_routed_eager_and_under_torch_compile(tmp_path,
         assert model.tuner_patch.stats[key][0] >= 2
         runtime.unpatch(model)
         assert "forward" not in model.__dict__
+
+
+def rotate_half(x):
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):  # as transformers writes it, in this module
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+class RopeAttention(torch.nn.Module):
+    """q (4 heads) and k (2 heads) projected, viewed [B, H, S, D] as transformers does, and
+    rotated by this module's apply_rotary_pos_emb."""
+
+    def __init__(self):
+        super().__init__()
+        self.q_proj, self.k_proj = torch.nn.Linear(64, 64), torch.nn.Linear(64, 32)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, 4, 16).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, 2, 16).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        return torch.cat([q.transpose(1, 2).reshape(b, s, 64), k.transpose(1, 2).reshape(b, s, 32)], -1)
+
+
+INTERLEAVED = '''
+import torch
+def apply_rotary_pos_emb(q, k, cos, sin):  # interleaved pairs (GPT-J style): not the library's rope
+    def rot(x):
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((-x2, x1), -1).flatten(-2)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+class Attention(torch.nn.Module):
+    def forward(self, q, k, cos, sin):
+        return apply_rotary_pos_emb(q, k, cos, sin)
+'''
+
+
+def test_a_models_rope_function_runs_as_two_rope_calls_while_its_forward_runs(tmp_path, cache_dir):
+    """rope tuned on cpu at q's and k's token shapes (12x4x16, 12x2x16): the model's own
+    apply_rotary_pos_emb (found in the module that defines the model's class, taken because
+    the probe agrees it is rotate-half rope) runs as the two tuned calls while the patched
+    forward runs, and is the model's own again after it and after unpatch; cos and sin whose
+    halves differ (not angles repeated) fall back to the function; a function of that name
+    that computes another rotation (interleaved pairs) is never taken."""
+    import math
+    import sys
+    import types
+
+    from tuner import runtime
+    from tuner.core.settings import Settings
+    from tuner.serve.routes import model_functions
+    settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.005,
+                        warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=1)
+    for shape in ("12x4x16", "12x2x16"):
+        summary = execute(create_run(settings, builtin_spec("rope", shape), "cpu", library_skeleton("rope", "c"),
+                                     "random", 0), settings, 2)
+        assert summary["best"] is not None, summary["failures"]
+    table = Table.load(exported_runs(tmp_path) / "tuning.json", backend="cpu", cache_dir=cache_dir)
+    here = sys.modules[RopeAttention.__module__]
+    own = here.apply_rotary_pos_emb
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 64)
+    theta = torch.rand(2, 6, 8) * (2 * math.pi)
+    cos, sin = torch.cat([theta.cos()] * 2, -1), torch.cat([theta.sin()] * 2, -1)
+    with torch.no_grad():
+        model = RopeAttention().eval()
+        want = model(x, cos, sin)
+        runtime.patch(model, table)
+        assert model.tuner_patch.model_functions == {f"{here.__name__}.apply_rotary_pos_emb": "rope"}
+        torch.testing.assert_close(model(x, cos, sin), want, atol=1e-5, rtol=1e-5)
+        assert model.tuner_patch.stats["rope 12x4x16 fp32"] == [1, 0]
+        assert model.tuner_patch.stats["rope 12x2x16 fp32"] == [1, 0]
+        assert here.apply_rotary_pos_emb is own
+        # halves that differ: the function's own result, nothing counted as routed
+        cos2, sin2 = torch.rand(2, 6, 16), torch.rand(2, 6, 16)
+        torch.testing.assert_close(model(x, cos2, sin2), RopeAttention.forward(model, x, cos2, sin2))
+        assert model.tuner_patch.stats["rope 12x4x16 fp32"] == [1, 0]
+        # a cos and sin for one sequence, broadcast over the batch
+        torch.testing.assert_close(model(x, cos[:1], sin[:1]), RopeAttention.forward(model, x, cos[:1], sin[:1]),
+                                   atol=1e-5, rtol=1e-5)
+        assert model.tuner_patch.stats["rope 12x4x16 fp32"] == [2, 0]
+        runtime.unpatch(model)
+        assert here.apply_rotary_pos_emb is own and "forward" not in model.__dict__
+
+    other = types.ModuleType("interleaved_rope_model")
+    exec(INTERLEAVED, other.__dict__)
+    sys.modules[other.__name__] = other
+    try:
+        assert model_functions(other.Attention()) == ()
+    finally:
+        del sys.modules[other.__name__]
+

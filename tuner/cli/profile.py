@@ -96,15 +96,18 @@ def with_skeletons(prof, language: str):
 
 
 def row_json(r) -> dict:
+    from tuner.model.profile import library_calls
     return {"op": r.aten, "shapes": r.shapes, "dtypes": r.dtypes, "calls": r.calls, "total_s": r.total_s,
             "share": r.share, "bound_s": r.bound_s, "bound": r.bound_what, "could_save": r.saving,
             "flops": r.flops, "bytes": r.bytes,
-            "library": dict(zip(("op", "shape", "dtype"), r.library)) if r.library else None}
+            "library": dict(zip(("op", "shape", "dtype"), r.library)) if r.library else None,
+            "library_calls": [dict(zip(("op", "shape", "dtype"), c)) for c in library_calls(r)]}
 
 
 def profile_table(prof, top: int):
     from rich.table import Table
 
+    from tuner.model.profile import library_calls
     from tuner.run.report import fmt_time
     t = Table(title=f"{prof.model} on {prof.device}: {fmt_time(prof.total_s)} per forward "
                     f"({prof.iterations} profiled)", title_justify="left")
@@ -112,7 +115,8 @@ def profile_table(prof, top: int):
               "library skeleton"):
         t.add_column(c)
     for i, r in enumerate(prof.rows[:top], 1):
-        lib = f"{r.library[0]} {r.library[1]}" if r.library else "no"
+        calls = library_calls(r)
+        lib = f"{calls[0][0]} {' + '.join(c[1] for c in calls)}" if calls else "no"
         t.add_row(str(i), r.aten.replace("aten::", ""), r.shapes, r.dtypes, str(r.calls), fmt_time(r.total_s),
                   f"{r.share:.1%}", fmt_time(r.bound_s) if r.bound_s else "-",
                   f"{r.saving:.1%}" if r.saving is not None else "-", lib)

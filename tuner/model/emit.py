@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from tuner.model.profile import OpRow, Profile, meta_call
+from tuner.model.profile import OpRow, Profile, library_calls, meta_call
 
 _TORCH = {"fp32": "torch.float32", "fp64": "torch.float64", "fp16": "torch.float16", "bf16": "torch.bfloat16"}
 
@@ -78,15 +78,15 @@ def emit_sweep(profile: Profile, out: str | Path, backend: str | None = None, to
     comments: list[str] = []
     for i, row in enumerate(hot, 1):
         if row.library is not None:
-            op, shape, dtype = row.library
-            entry = ops.setdefault(f"{op}-{dtype}", {"op": op, "shapes": [], "dtypes": [dtype]})
-            if shape not in entry["shapes"]:
-                entry["shapes"].append(shape)
-            for lang in (also(op, shape, dtype) if also else ()):
-                entry = ops.setdefault(f"{op}-{dtype}-{lang}", {"op": op, "language": lang, "shapes": [],
-                                                               "dtypes": [dtype]})
+            for op, shape, dtype in library_calls(row):
+                entry = ops.setdefault(f"{op}-{dtype}", {"op": op, "shapes": [], "dtypes": [dtype]})
                 if shape not in entry["shapes"]:
                     entry["shapes"].append(shape)
+                for lang in (also(op, shape, dtype) if also else ()):
+                    entry = ops.setdefault(f"{op}-{dtype}-{lang}", {"op": op, "language": lang, "shapes": [],
+                                                                   "dtypes": [dtype]})
+                    if shape not in entry["shapes"]:
+                        entry["shapes"].append(shape)
             continue
         if row.aten.startswith("module::"):  # a module the patch routes to a library op
             from tuner.core.skeleton import library_skeletons

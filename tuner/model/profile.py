@@ -264,22 +264,53 @@ class _ModuleRanges:
     one marked as a profiler range "tuner.module::<name>" while profiling: the aten ops the
     module's forward runs for its op (an RMSNorm's cast, pow, mean, rsqrt and muls) are one
     row, "module::<op>" at the op's shapes, which the library's op matches; what the route
-    leaves to torch (a gated MLP's projections) stays rows of its own."""
+    leaves to torch (a gated MLP's projections) stays rows of its own. The same for the
+    model's own functions the patch takes over (`routes.model_functions`: transformers'
+    apply_rotary_pos_emb), wrapped while profiling, a range per distinct call signature."""
 
     PREFIX = "tuner.module::"
 
     def __init__(self, model):
         import functools
 
-        from tuner.serve.routes import MODULE_KEEPS, module_ops
+        from tuner.serve.routes import MODULE_KEEPS, model_functions, module_ops
         self.ops = module_ops(model)
         self.keeps = MODULE_KEEPS
         self.args: dict[str, tuple[Arg, ...]] = {}
         self._open: list = []
         self._hooks = []
+        self._swapped: list[tuple[Any, str, Any]] = []  # (Python module, name, its own function)
         for name, (op, module) in self.ops.items():
             self._hooks.append(module.register_forward_pre_hook(functools.partial(self._enter, name, op)))
             self._hooks.append(module.register_forward_hook(self._exit))
+        for pymod, fname, op in model_functions(model):
+            own = vars(pymod)[fname]
+            self._swapped.append((pymod, fname, own))
+            setattr(pymod, fname, self._ranged(f"{pymod.__name__}.{fname}", op, own))
+
+    def _ranged(self, fname: str, op: str, own):
+        import functools
+
+        import torch
+
+        @functools.wraps(own)
+        def call(*args, **kwargs):
+            if op != "rope" or kwargs or len(args) != 4 or not all(isinstance(t, torch.Tensor) for t in args) \
+                    or args[0].dim() != 4 or args[1].dim() != 4 or args[2].dim() != 3:
+                return own(*args, **kwargs)
+            from tuner.serve.calls import dtype_of
+            q, k, cos, _ = args
+            b, _, s, d = q.shape
+            dt = dtype_of(q)
+            key = (Arg((b * s, q.shape[1], d), dt), Arg((b * s, k.shape[1], d), dt), Arg((b * s, d // 2), dt),
+                   Arg((b * s, d // 2), dt))
+            name = next((n for n, a in self.args.items() if n.startswith(fname + "#") and a == key), None)
+            if name is None:
+                name = f"{fname}#{sum(n.startswith(fname + '#') for n in self.args)}"
+                self.args[name], self.ops[name] = key, (op, None)
+            with torch.autograd.profiler.record_function(self.PREFIX + name):
+                return own(*args, **kwargs)
+        return call
 
     def _enter(self, name: str, op: str, module, args) -> None:
         import math
@@ -307,6 +338,8 @@ class _ModuleRanges:
     def remove(self) -> None:
         for h in self._hooks:
             h.remove()
+        for pymod, fname, own in reversed(self._swapped):
+            setattr(pymod, fname, own)
 
     def key(self, event_name: str) -> tuple | None:
         """The row key of a module range's event, or None for any other event."""
@@ -400,8 +433,9 @@ def _assess(row: OpRow, peaks: dict[str, float]) -> OpRow:
     moved = sum(_nbytes(a.shape, size.get(a.dtype, 4)) for a in row.args if a.is_tensor)
     flops = None
     called = None if row.aten.startswith("module::") else meta_call(row)
-    if row.aten.startswith("module::"):  # its output: the shape of its first input
-        moved += _nbytes(row.args[0].shape, size.get(row.args[0].dtype, 4))
+    if row.aten.startswith("module::"):  # its outputs: the shape of its first input (rope: of q and k)
+        for a in row.args[:2 if row.aten == "module::rope" else 1]:
+            moved += _nbytes(a.shape, size.get(a.dtype, 4))
     if called is not None:
         outs, flops = called
         moved += sum(float(o.numel()) * o.element_size() for o in outs)
@@ -421,6 +455,16 @@ def _assess(row: OpRow, peaks: dict[str, float]) -> OpRow:
                                bytes=moved or None, library=library_match(row))
 
 
+def library_calls(row: OpRow) -> list[tuple[str, str, str]]:
+    """(op, shape, dtype) of each library op call that computes the row: one, or none; a
+    model's rope function (q and k rotated in one call) two."""
+    if row.library is None:
+        return []
+    if row.aten == "module::rope" and len(row.args) > 1 and row.args[1].shape != row.args[0].shape:
+        return [row.library, ("rope", "x".join(map(str, row.args[1].shape)), row.library[2])]
+    return [row.library]
+
+
 def library_match(row: OpRow) -> tuple[str, str, str] | None:
     """(op, shape, dtype) of the built-in op that computes exactly this call, or None."""
     t = [a for a in row.args if a.is_tensor]
@@ -433,6 +477,8 @@ def library_match(row: OpRow) -> tuple[str, str, str] | None:
         return (math.prod(shape[:-1]), shape[-1]) if len(shape) >= 2 else None
 
     name = row.aten
+    if name == "module::rope":  # the model's rope function: q's call (k's: `library_calls`)
+        return "rope", "x".join(map(str, x.shape)), dt
     if name.startswith("module::"):  # a module the patch routes (_ModuleRanges)
         m, n = rows_cols(x.shape)
         return name.split("::", 1)[1], f"{m}x{n}", dt

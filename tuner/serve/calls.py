@@ -22,6 +22,7 @@ SIZES: dict[str, Callable] = {
     "layernorm": lambda xs: {"M": xs[0].shape[0], "N": xs[0].shape[1]},
     "swiglu": lambda xs: {"M": xs[0].shape[0], "N": xs[0].shape[1]},
     "matmul": lambda xs: {"M": xs[0].shape[0], "N": xs[1].shape[1], "K": xs[0].shape[1]},
+    "rope": lambda xs: {"T": xs[0].shape[0], "H": xs[0].shape[1], "D": xs[0].shape[2]},
     "attention_decode": lambda xs: {"B": xs[0].shape[0], "H": xs[0].shape[1], "KH": xs[1].shape[1],
                                     "S": xs[1].shape[2], "D": xs[0].shape[2]},
 }
@@ -39,12 +40,17 @@ def _torch_ops() -> dict[str, Callable]:
         x32 = x.float()
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + RMS_EPS) * w.float()).to(x.dtype)
 
+    def rope(x, c, s):  # x [T, H, D], c and s [T, D/2]: rotate-half in x's dtype (the library's definition)
+        h = x.shape[-1] // 2
+        x1, x2, c, s = x[..., :h], x[..., h:], c[:, None], s[:, None]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+
     def attention_decode(q, k, v):
         return F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=q.shape[1] != k.shape[1]).squeeze(2)
     return {"softmax": lambda x: torch.softmax(x, -1), "rmsnorm": rmsnorm,
             "layernorm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, LN_EPS),
             "swiglu": lambda a, b: F.silu(a) * b, "matmul": lambda a, b: a @ b,
-            "attention_decode": attention_decode}
+            "rope": rope, "attention_decode": attention_decode}
 
 
 class _TorchOps(dict):

@@ -30,12 +30,16 @@ Two ways in, both per call:
   rms_norm over the last dim with a weight at eps 1e-6 (F.rms_norm: nn.RMSNorm); a 2-D matrix
   product (torch.mm, torch.matmul, Tensor.mm, Tensor.matmul, @); F.scaled_dot_product_attention
   at a decode step (attention_decode: one query per sequence against a KV cache, grouped heads
-  where enable_gqa, no mask, not causal, scale 1/sqrt(D)). A call through a name bound before
+  where enable_gqa, no mask, not causal, scale 1/sqrt(D)). And the model's own functions that
+  compute an op, found by name in the Python modules that define its classes and taken only
+  when a probe agrees (`model_functions`): transformers' `apply_rotary_pos_emb(q, k, cos,
+  sin)` as two rope calls (q's and k's tokens), where cos and sin repeat their angles (checked
+  once per pair of tensors). A call through a name bound before
   the forward (`from torch.nn.functional import softmax`) is torch's own. Under
   torch.compile only the last (UNDER_COMPILE_FUNCTIONS), through a torch function mode and the
   custom op: the compiler computes the others itself, fused with their neighbours. On by
-  default only when the table serves an op only they reach (FUNCTION_ONLY; `patch(...,
-  functions=)`).
+  default only when the table serves an op only they reach (FUNCTION_ONLY: softmax, matmul,
+  attention_decode, rope; `patch(..., functions=)`).
 A call is routed when the table has a kernel for its sizes and dtype that takes these inputs
 (`Table.kernel`, its lookup rule), resolved once per call signature (op, each input's shape,
 dtype and device) and remembered: a routed call pays a dict lookup, not the table's rule and
@@ -48,12 +52,13 @@ from __future__ import annotations
 
 import copy
 import itertools
+import weakref
 from collections import defaultdict
 from typing import Any
 
 from tuner.serve.calls import LIVE, SIZES, TORCH, custom_op, dtype_of
-from tuner.serve.routes import (FUNCTION_ONLY, MODULE_ROUTES, UNDER_COMPILE_FUNCTIONS, RouteUnderCompile, TakenOver,
-                                entry_points)
+from tuner.serve.routes import (FUNCTION_ONLY, HANDLERS, MODULE_ROUTES, UNDER_COMPILE_FUNCTIONS, RouteUnderCompile,
+                                TakenOver, entry_points, model_functions)
 
 ATTR = "tuner_patch"
 _IDS = itertools.count(1)
@@ -74,8 +79,10 @@ class Patched:
         LIVE[self.id] = self
         self.stats: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # key -> [routed, fell back]
         self.modules: dict[str, str] = {}
+        self.model_functions: dict[str, str] = {}  # "module.function" -> op: the model's own functions taken over
         self._routes: dict[tuple, Any] = {}  # call signature -> Kernel, or None: torch's own
         self._replaced: list[tuple[Any, Any]] = []  # (module, its own instance forward or None)
+        self._halves: dict[tuple[int, int], tuple] = {}  # rope_halves' checked pairs
         # A module is replaced only for an op the table holds at some size: a route that can
         # never serve would cost every call a trip through Python (and, under torch.compile, an
         # opaque custom op the compiler cannot fuse).
@@ -102,7 +109,9 @@ class Patched:
 
             compiled_routes = held is None or bool(held & UNDER_COMPILE_FUNCTIONS)
 
-            entries = entry_points(held)
+            own = model_functions(model, held)
+            self.model_functions = {f"{pymod.__name__}.{name}": op for pymod, name, op in own}
+            entries = entry_points(held) + tuple((pymod, name, HANDLERS[op]) for pymod, name, op in own)
 
             def forward(*args, **kwargs):
                 import torch
@@ -140,9 +149,9 @@ class Patched:
                 out.append((key, op, list(ins), k, counts[0]))
         return out
 
-    def kernel(self, op: str, inputs: list):
-        """The table's kernel for this call, or None (torch's own); counted in `stats`. Resolved
-        once per call signature."""
+    def kernel(self, op: str, inputs: list, count: bool = True):
+        """The table's kernel for this call, or None (torch's own); counted in `stats` unless
+        `count` is false (a route asking before it decides). Resolved once per call signature."""
         sig = (op, *[(x.shape, x.dtype, x.device) for x in inputs])
         try:
             k, counts = self._routes[sig]
@@ -155,8 +164,34 @@ class Patched:
                 k = None
             counts = self.stats[f"{op} {'x'.join(str(v) for v in sizes.values())} {dtype}"]
             self._routes[sig] = k, counts
-        counts[0 if k is not None else 1] += 1
+        if count:
+            counts[0 if k is not None else 1] += 1
         return k
+
+    def rope_halves(self, cos, sin):
+        """The first halves of cos and sin as contiguous [tokens, D/2] where each one's two
+        halves are equal (the rope route's condition: models repeat the angles), else None.
+        Checked on the device (a sync) once per pair of tensors and remembered while both are
+        the same live, unchanged tensors (their version counters): a model computes cos and
+        sin once per forward for all its layers. Inference tensors keep no version counter:
+        checked on every call. Not while a CUDA graph is being captured (the check reads data)."""
+        import torch
+        key = (id(cos), id(sin))
+        keep = not (cos.is_inference() or sin.is_inference())
+        hit = self._halves.get(key) if keep else None
+        if hit is not None and hit[0]() is cos and hit[1]() is sin and hit[2] == (cos._version, sin._version):
+            return hit[3]
+        if cos.is_cuda and torch.cuda.is_current_stream_capturing():
+            return None
+        h = cos.shape[-1] // 2
+        halves = None
+        if torch.equal(cos[..., :h], cos[..., h:]) and torch.equal(sin[..., :h], sin[..., h:]):
+            halves = (cos[..., :h].reshape(-1, h).contiguous(), sin[..., :h].reshape(-1, h).contiguous())
+        if keep:
+            if len(self._halves) >= 8:
+                self._halves.clear()
+            self._halves[key] = (weakref.ref(cos), weakref.ref(sin), (cos._version, sin._version), halves)
+        return halves
 
     def call(self, op: str, inputs: list):
         """`op` on 2-D (rows) inputs: the tuned kernel where there is one, else the op's
@@ -185,7 +220,7 @@ def patch(model, table, functions: bool | None = None, under_compile=None, ops=N
     """Patch `model` in place (see the module docstring) and return it; a second patch
     replaces the first. `functions`: route torch function calls too (each call of a
     taken-over entry point pays the route's checks, served or not: a few microseconds);
-    None: when the table serves an op only they reach (softmax, matmul, attention_decode).
+    None: when the table serves an op only they reach (softmax, matmul, attention_decode, rope).
     `under_compile`: the ops (e.g. {"swiglu"}) whose calls stay routed while torch.compile
     traces the model; the others are left to the compiler there and routed
     in eager mode only; None: every op. `ops`: the only ops routed at all (e.g. what `tuner

@@ -4,7 +4,10 @@
   op's (found by its structure, taken only when a probe agrees: see `tuner.serve.patch`);
 - function routes: torch's entry points of the calls a library op computes exactly, taken over
   while a patched forward runs in eager mode (`TakenOver`), and under torch.compile the one
-  torch function mode that keeps SDPA at a decode step routed (`RouteUnderCompile`).
+  torch function mode that keeps SDPA at a decode step routed (`RouteUnderCompile`);
+- the model's own functions: a module-level function of the Python modules that define the
+  model's classes, by a name models use for an op (transformers' `apply_rotary_pos_emb`), taken
+  over the same way when a probe agrees that it computes the op (`model_functions`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ Patch = Any  # a model's patch, tuner.serve.patch.Patched (that module imports t
 
 
 # Ops that only the function routes reach (the norms have module routes too).
-FUNCTION_ONLY = frozenset({"softmax", "matmul", "attention_decode"})
+FUNCTION_ONLY = frozenset({"softmax", "matmul", "attention_decode", "rope"})
 # Function routes kept while torch.compile traces (through the custom op, as the module
 # routes): calls the compiler hands to a library kernel of its own that a tuned one can beat
 # (SDPA at decode: one query against a cache). The others (softmax, the norms, a matmul) the
@@ -173,6 +176,104 @@ def entry_points(held) -> tuple[tuple[Any, str, Callable], ...]:
     if hasattr(F, "rms_norm"):
         points.append((F, "rms_norm", _rms_norm, "rmsnorm"))
     return tuple((owner, name, handler) for owner, name, handler, op in points if held is None or op in held)
+
+
+# ---- the model's own functions: module-level functions that compute a library op
+
+# Names models give a function computing the op (the probe decides whether a function of that
+# name does): transformers' Llama, Qwen, Mistral, Gemma, ... `apply_rotary_pos_emb(q, k, cos,
+# sin)`, q and k [B, H, S, D], cos and sin [B, S, D].
+MODEL_FUNCTIONS: dict[str, tuple[str, ...]] = {"rope": ("apply_rotary_pos_emb",)}
+
+
+def model_functions(model, held=None) -> tuple[tuple[Any, str, str], ...]:
+    """(Python module, attribute, op) of each function a function route takes over in `model`:
+    a module-level callable of a module that defines one of the model's classes, by one of
+    the op's names, that the op's probe agrees computes the op. `held`: only those ops (None: all)."""
+    import sys
+    out, seen = [], set()
+    for m in model.modules():
+        pymod = sys.modules.get(type(m).__module__)
+        if pymod is None or id(pymod) in seen:
+            continue
+        seen.add(id(pymod))
+        for op, names in MODEL_FUNCTIONS.items():
+            if held is not None and op not in held:
+                continue
+            for name in names:
+                fn = vars(pymod).get(name)
+                if callable(fn) and _PROBES[op](fn):
+                    out.append((pymod, name, op))
+    return tuple(out)
+
+
+def _rope_bhsd(t, cos, sin):
+    """The library's rope of t [B, H, S, D] (cos, sin [B, S, D/2]), in float64."""
+    import torch
+    h = t.shape[-1] // 2
+    c, s, t = cos[:, None].double(), sin[:, None].double(), t.double()
+    return torch.cat([t[..., :h] * c - t[..., h:] * s, t[..., h:] * c + t[..., :h] * s], -1)
+
+
+def _is_rope(fn) -> bool:
+    """fn(q, k, cos, sin) returns the rotate-half rope of q and of k (cos and sin [B, S, D]
+    with equal halves, as models build them), on random inputs of two head counts."""
+    import math
+
+    import torch
+    g = torch.Generator().manual_seed(0)
+    b, h, kh, s, d = 2, 4, 2, 5, 8
+    q = torch.randn(b, s, h, d, generator=g).transpose(1, 2)  # the layout a projection's view gives
+    k = torch.randn(b, s, kh, d, generator=g).transpose(1, 2)
+    theta = torch.rand(b, s, d // 2, generator=g) * (2 * math.pi)
+    cos, sin = theta.cos(), theta.sin()
+    try:
+        with torch.no_grad():
+            out = fn(q, k, torch.cat([cos, cos], -1), torch.cat([sin, sin], -1))
+    except Exception:  # noqa: BLE001 - a function of that name with another signature is not the op
+        return False
+    return isinstance(out, (tuple, list)) and len(out) == 2 and all(
+        isinstance(o, torch.Tensor) and o.shape == t.shape and bool(torch.allclose(o.double(), _rope_bhsd(t, cos, sin), atol=1e-5))
+        for o, t in zip(out, (q, k)))
+
+
+_PROBES: dict[str, Callable] = {"rope": _is_rope}
+
+
+def _rope(p: Patch, args, kwargs):
+    """`apply_rotary_pos_emb(q, k, cos, sin)` (four positional arguments, nothing else): q
+    [B, H, S, D] and k [B, KH, S, D] rotated by cos and sin [B or 1, S, D], each as the
+    library's rope over B*S tokens, where cos and sin have equal halves (as models build them:
+    the angles repeated; checked once per pair of tensors, `Patched.rope_halves`)."""
+    import torch
+    if kwargs or len(args) != 4 or not all(isinstance(t, torch.Tensor) for t in args):
+        return NotImplemented
+    q, k, cos, sin = args
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or cos.shape != sin.shape:
+        return NotImplemented
+    b, _, s, d = q.shape
+    if d % 2 or k.shape[0] != b or k.shape[2:] != (s, d) or cos.shape[1:] != (s, d) or cos.shape[0] not in (1, b) \
+            or not (q.dtype == k.dtype == cos.dtype == sin.dtype) or dtype_of(q) is None \
+            or len({t.device for t in args}) != 1 or records_grad(*args):
+        return NotImplemented
+    tokens = [t.transpose(1, 2).reshape(b * s, t.shape[1], d) for t in (q, k)]  # a view where t is a transposed projection
+    half = cos.new_empty(()).expand(b * s, d // 2)  # the halves' shape, for the lookup (nothing copied yet)
+    if not any(p.kernel("rope", [x, half, half], count=False) for x in tokens):
+        return NotImplemented
+    halves = p.rope_halves(cos, sin)
+    if halves is None:
+        return NotImplemented
+    kernels = [p.kernel("rope", [x, half, half]) for x in tokens]
+    c, sn = halves if cos.shape[0] == b else (halves[0].repeat(b, 1), halves[1].repeat(b, 1))
+    out = []
+    for t, x, kern in zip((q, k), tokens, kernels):
+        inputs = [x.contiguous(), c, sn]
+        y = kern._launch(inputs) if kern is not None else TORCH["rope"](*inputs)
+        out.append(y.view(b, s, t.shape[1], d).transpose(1, 2))
+    return tuple(out)
+
+
+HANDLERS: dict[str, Callable] = {"rope": _rope}
 
 
 def _taking_over(original: Callable, handler: Callable) -> Callable:
