@@ -770,6 +770,31 @@ class RopeAttention(torch.nn.Module):
         return torch.cat([q.transpose(1, 2).reshape(b, s, 64), k.transpose(1, 2).reshape(b, s, 32)], -1)
 
 
+class Rotary(torch.nn.Module):
+    """cos and sin [B, S, 16] of positions, as transformers' rotary embeddings make them
+    (`shift`: the second half's angles moved, not rope's repeated angles)."""
+
+    def __init__(self, shift=0.0):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, 16, 2).float() / 16), persistent=False)
+        self.shift = shift
+
+    def forward(self, x, position_ids):
+        freqs = position_ids[..., None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs + self.shift), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+class RopeModel(torch.nn.Module):
+    def __init__(self, shift=0.0):
+        super().__init__()
+        self.rotary, self.attn = Rotary(shift), RopeAttention()
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[1])[None].expand(x.shape[0], -1)
+        return self.attn(x, *self.rotary(x, pos))
+
+
 INTERLEAVED = '''
 import torch
 def apply_rotary_pos_emb(q, k, cos, sin):  # interleaved pairs (GPT-J style): not the library's rope
@@ -784,13 +809,15 @@ class Attention(torch.nn.Module):
 '''
 
 
-def test_a_models_rope_function_runs_as_two_rope_calls_while_its_forward_runs(tmp_path, cache_dir):
+def test_a_models_rope_function_runs_as_two_rope_calls_while_its_forward_runs(tmp_path, cache_dir, monkeypatch):
     """rope tuned on cpu at q's and k's token shapes (12x4x16, 12x2x16): the model's own
     apply_rotary_pos_emb (found in the module that defines the model's class, taken because
     the probe agrees it is rotate-half rope) runs as the two tuned calls while the patched
     forward runs, and is the model's own again after it and after unpatch; cos and sin whose
-    halves differ (not angles repeated) fall back to the function; a function of that name
-    that computes another rotation (interleaved pairs) is never taken."""
+    halves differ (not angles repeated) fall back to the function; cos and sin from a rotary
+    embedding module that a probe found to repeat its angles are routed without reading them
+    (no sync); a function of that name that computes another rotation (interleaved pairs) is
+    never taken."""
     import math
     import sys
     import types
@@ -830,6 +857,25 @@ def test_a_models_rope_function_runs_as_two_rope_calls_while_its_forward_runs(tm
         assert model.tuner_patch.stats["rope 12x4x16 fp32"] == [2, 0]
         runtime.unpatch(model)
         assert here.apply_rotary_pos_emb is own and "forward" not in model.__dict__
+
+    # cos and sin from a rotary embedding the probe takes: routed without reading them (no
+    # torch.equal, no sync); one whose halves differ is not taken, and its calls fall back.
+    from tuner.serve.routes import rotary_producers
+    equal_calls = []
+    real_equal = torch.equal
+    monkeypatch.setattr(torch, "equal", lambda *a: equal_calls.append(1) or real_equal(*a))
+    with torch.no_grad():
+        for shift, routed in ((0.0, True), (0.3, False)):
+            m = RopeModel(shift).eval()
+            assert [type(r) for r in rotary_producers(m)] == ([Rotary] if routed else [])
+            want = m(x)
+            runtime.patch(m, table)
+            equal_calls.clear()
+            torch.testing.assert_close(m(x), want, atol=1e-5, rtol=1e-5)
+            assert m.tuner_patch.stats.get("rope 12x4x16 fp32", [0, 0])[0] == (1 if routed else 0)
+            assert (equal_calls == []) == routed
+            runtime.unpatch(m)
+            assert not m.rotary._forward_hooks
 
     other = types.ModuleType("interleaved_rope_model")
     exec(INTERLEAVED, other.__dict__)

@@ -240,6 +240,33 @@ def _is_rope(fn) -> bool:
 _PROBES: dict[str, Callable] = {"rope": _is_rope}
 
 
+def rotary_producers(model) -> list:
+    """The submodules that make rope's cos and sin with the angles repeated (transformers'
+    rotary embeddings: a 1-D `inv_freq` buffer, forward(x, position_ids) -> (cos, sin) [B, S,
+    D], D twice the buffer's length), where a probe at random positions agrees that both
+    halves of each are equal. The rope route takes their outputs as such without reading them
+    (`Patched.rope_halves`): a check of the data is a device sync per forward."""
+    import torch
+    out = []
+    for m in model.modules():
+        inv = getattr(m, "inv_freq", None)
+        if not isinstance(inv, torch.Tensor) or inv.dim() != 1 or inv.device.type == "meta":
+            continue
+        g = torch.Generator().manual_seed(0)
+        pos = torch.randint(0, 8192, (2, 7), generator=g).to(inv.device)
+        try:
+            with torch.no_grad():
+                got = m(torch.zeros(1, 1, 1, device=inv.device), pos)
+        except Exception:  # noqa: BLE001 - a module of another signature is not a producer
+            continue
+        h = inv.shape[0]
+        if isinstance(got, (tuple, list)) and len(got) == 2 and all(
+                isinstance(t, torch.Tensor) and t.shape == (2, 7, 2 * h) and torch.equal(t[..., :h], t[..., h:])
+                and bool(t[..., :h].std() > 0) for t in got):
+            out.append(m)
+    return out
+
+
 def _rope(p: Patch, args, kwargs):
     """`apply_rotary_pos_emb(q, k, cos, sin)` (four positional arguments, nothing else): q
     [B, H, S, D] and k [B, KH, S, D] rotated by cos and sin [B or 1, S, D], each as the
