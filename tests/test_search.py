@@ -242,6 +242,14 @@ def test_warm_starts_measured_before_the_space_grew_a_param_take_its_default(tmp
     assert warmstart.warm_starts([str(older)], space) == (Config.of({"BLOCK": 256, "EVICT": False}),)
 
 
+def test_every_config_of_a_warm_start_list_is_tried_first_in_its_order(tmp_path):
+    """A JSON list is the writer's ask: all of it, in order (a measured source gives its best k)."""
+    space = parse_space("params:\n  BLOCK: [64, 128, 256, 512]\n  W: [1, 2]\n")
+    asked = tmp_path / "asked.json"
+    asked.write_text(json.dumps([{"BLOCK": 512, "W": 2}, {"BLOCK": 64, "W": 1}, {"BLOCK": 256, "W": 2}]))
+    assert warmstart.warm_starts([str(asked)], space) == tuple(Config.of(c) for c in json.loads(asked.read_text()))
+
+
 def test_patience_stops_a_stalled_search_and_is_off_by_default():
     land = replay.synthetic("flat", 0)
     assert replay.replay_search(land, "guided", 0, budget=60).times.__len__() == 60

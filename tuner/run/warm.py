@@ -39,11 +39,15 @@ def warm_starts(sources: Iterable[str], space: Space, k: int = WARM_START_K) -> 
     the space has gained since, taken from its default), interleaved by rank (every source's
     best first), duplicates dropped. A source is a run
     directory, a landscape JSON (`FILE@SHAPE` picks a shape; plain FILE takes all its shapes),
-    or a JSON list of configs already ranked."""
-    ranked = [src if isinstance(src, list) else src.ranked() for src in _warm_sources(sources)]
+    or a JSON list of configs already ranked, every one of which is tried (a list written by
+    hand is what its writer asked for, not a measurement to pick the best of)."""
+    sources = _warm_sources(sources)
+    ranked = [src if isinstance(src, list) else src.ranked() for src in sources]
     out: list[Config] = []
-    for rank in range(k):
-        for configs in ranked:
+    for rank in range(max([k, *(len(src) for src in sources if isinstance(src, list))])):
+        for src, configs in zip(sources, ranked):
+            if rank >= k and not isinstance(src, list):
+                continue
             fits = [f for f in (space.complete(c) for c in configs) if f is not None]
             if rank < len(fits) and fits[rank] not in out:
                 out.append(fits[rank])
