@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import threading
 from typing import Any, Callable
@@ -253,10 +254,10 @@ def rotary_producers(model) -> list:
         if not isinstance(inv, torch.Tensor) or inv.dim() != 1 or inv.device.type == "meta":
             continue
         g = torch.Generator().manual_seed(0)
-        pos = torch.randint(0, 8192, (2, 7), generator=g).to(inv.device)
-        try:
+        pos = torch.randint(0, 64, (2, 7), generator=g).to(inv.device)
+        try:  # on a copy: a rotary module may update its own state from the positions it sees
             with torch.no_grad():
-                got = m(torch.zeros(1, 1, 1, device=inv.device), pos)
+                got = copy.deepcopy(m)(torch.zeros(1, 1, 1, device=inv.device), pos)
         except Exception:  # noqa: BLE001 - a module of another signature is not a producer
             continue
         h = inv.shape[0]
