@@ -160,6 +160,8 @@ def cmd_verify(args) -> int:
         print(f"  {k:24s} {fmt_time(t)}{rel}")
     if v.modules:
         print(f"  modules replaced: {', '.join(f'{name} ({op})' for name, op in v.modules)}")
+    if v.functions:
+        print(f"  the model's functions taken over: {', '.join(f'{name} ({op})' for name, op in v.functions)}")
     for call, routed, fell in v.routed:
         print(f"  {call}: {routed} call(s) ran the tuned kernel, {fell} torch's own")
     if v.ops:

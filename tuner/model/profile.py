@@ -289,11 +289,8 @@ class _ModuleRanges:
             setattr(pymod, fname, self._ranged(f"{pymod.__name__}.{fname}", op, own))
 
     def _ranged(self, fname: str, op: str, own):
-        import functools
-
         import torch
 
-        @functools.wraps(own)
         def call(*args, **kwargs):
             if op != "rope" or kwargs or len(args) != 4 or not all(isinstance(t, torch.Tensor) for t in args) \
                     or args[0].dim() != 4 or args[1].dim() != 4 or args[2].dim() != 3:
@@ -310,6 +307,7 @@ class _ModuleRanges:
                 self.args[name], self.ops[name] = key, (op, None)
             with torch.autograd.profiler.record_function(self.PREFIX + name):
                 return own(*args, **kwargs)
+        call.__wrapped__ = own
         return call
 
     def _enter(self, name: str, op: str, module, args) -> None:

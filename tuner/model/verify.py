@@ -46,6 +46,7 @@ class Verdict:
     # per op, the median with only that op routed under torch.compile (the rest left to the
     # compiler), timed in an interleave with torch.compile (its median in the same run).
     under_compile: tuple[tuple[str, float, float], ...] = ()
+    functions: tuple[tuple[str, str], ...] = ()  # (the model's function, op) taken over by the patch
 
 
 # The mode every variant is compiled in, each with dynamic=False: for the shapes it is timed
@@ -156,6 +157,7 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
         stats = {k: list(v) for k, v in patched_model.tuner_patch.stats.items()}
         per_forward = {k: v[0] for k, v in stats.items()}  # one forward so far
         modules = dict(patched_model.tuner_patch.modules)
+        functions = dict(patched_model.tuner_patch.model_functions)
         eager_err, err = _max_err(eager, ref), _max_err(patched, ref)
         allowed = SLACK * eager_err + TOLERANCE[dt][0]
         passed = len(patched) == len(ref) and err <= allowed
@@ -197,7 +199,7 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
     routed = tuple(sorted((k, v[0], v[1]) for k, v in stats.items()))
     return Verdict(str(path), device, dt, passed, err, eager_err, allowed,
                    tuple(medians.items()), routed, tuple(notes),
-                   tuple(sorted(modules.items())), tuple(ops), tuple(singles))
+                   tuple(sorted(modules.items())), tuple(ops), tuple(singles), tuple(sorted(functions.items())))
 
 
 def routes_under_compile(model, table, xs, sync, rounds: int, ops: list[str], compiled, ref, allowed: float,
