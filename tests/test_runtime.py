@@ -824,6 +824,7 @@ def test_a_models_rope_function_runs_as_two_rope_calls_while_its_forward_runs(tm
 
     from tuner import runtime
     from tuner.core.settings import Settings
+    from tuner.serve import routes
     from tuner.serve.routes import model_functions
     settings = Settings(runs_dir=str(tmp_path / "runs"), cache_dir=cache_dir, bench_budget_s=0.005,
                         warmup_s=0.0, min_reps=3, max_reps=20, compile_workers=1)
@@ -845,16 +846,23 @@ def test_a_models_rope_function_runs_as_two_rope_calls_while_its_forward_runs(tm
         assert model.tuner_patch.model_functions == {f"{here.__name__}.apply_rotary_pos_emb": "rope"}
         torch.testing.assert_close(model(x, cos, sin), want, atol=1e-5, rtol=1e-5)
         assert model.tuner_patch.stats["rope 12x4x16 fp32"] == [1, 0]
-        assert model.tuner_patch.stats["rope 12x2x16 fp32"] == [1, 0]
+        q, k = model.q_proj(x).view(2, 6, 4, 16).transpose(1, 2), model.k_proj(x).view(2, 6, 2, 16).transpose(1, 2)
+        with routes.TakenOver(model.tuner_patch, ((here, "apply_rotary_pos_emb", routes.HANDLERS["rope"]),)):
+            got = here.apply_rotary_pos_emb(q, k, cos, sin)
+            # q made contiguous [B, H, S, D]: not the projection's layout, the function's own
+            assert here.apply_rotary_pos_emb(q.contiguous(), k, cos, sin)[0].is_contiguous()
+        assert [t.stride() for t in got] == [t.stride() for t in own(q, k, cos, sin)]  # eager's layout
+        assert model.tuner_patch.stats["rope 12x4x16 fp32"] == [2, 0]
+        assert model.tuner_patch.stats["rope 12x2x16 fp32"] == [2, 0]
         assert here.apply_rotary_pos_emb is own
         # halves that differ: the function's own result, nothing counted as routed
         cos2, sin2 = torch.rand(2, 6, 16), torch.rand(2, 6, 16)
         torch.testing.assert_close(model(x, cos2, sin2), RopeAttention.forward(model, x, cos2, sin2))
-        assert model.tuner_patch.stats["rope 12x4x16 fp32"] == [1, 0]
+        assert model.tuner_patch.stats["rope 12x4x16 fp32"] == [2, 0]
         # a cos and sin for one sequence, broadcast over the batch
         torch.testing.assert_close(model(x, cos[:1], sin[:1]), RopeAttention.forward(model, x, cos[:1], sin[:1]),
                                    atol=1e-5, rtol=1e-5)
-        assert model.tuner_patch.stats["rope 12x4x16 fp32"] == [2, 0]
+        assert model.tuner_patch.stats["rope 12x4x16 fp32"] == [3, 0]
         runtime.unpatch(model)
         assert here.apply_rotary_pos_emb is own and "forward" not in model.__dict__
 

@@ -270,9 +270,11 @@ def rotary_producers(model) -> list:
 
 def _rope(p: Patch, args, kwargs):
     """`apply_rotary_pos_emb(q, k, cos, sin)` (four positional arguments, nothing else): q
-    [B, H, S, D] and k [B, KH, S, D] rotated by cos and sin [B or 1, S, D], each as the
+    [B, H, S, D] and k [B, KH, S, D], each a transposed view of [B, S, heads, D] (as a
+    projection's output is viewed), rotated by cos and sin [B or 1, S, D], each as the
     library's rope over B*S tokens, where cos and sin have equal halves (as models build them:
-    the angles repeated; checked once per pair of tensors, `Patched.rope_halves`)."""
+    the angles repeated; `Patched.rope_halves`). The outputs are views of the same layout,
+    the strides torch's elementwise ops give the function's own outputs."""
     import torch
     if kwargs or len(args) != 4 or not all(isinstance(t, torch.Tensor) for t in args):
         return NotImplemented
@@ -284,7 +286,9 @@ def _rope(p: Patch, args, kwargs):
             or not (q.dtype == k.dtype == cos.dtype == sin.dtype) or dtype_of(q) is None \
             or len({t.device for t in args}) != 1 or records_grad(*args):
         return NotImplemented
-    tokens = [t.transpose(1, 2).reshape(b * s, t.shape[1], d) for t in (q, k)]  # a view where t is a transposed projection
+    if not all(t.transpose(1, 2).is_contiguous() for t in (q, k)):
+        return NotImplemented  # only the layout a projection's view gives: the outputs then have eager's strides
+    tokens = [t.transpose(1, 2).reshape(b * s, t.shape[1], d) for t in (q, k)]  # views, no copy
     half = cos.new_empty(()).expand(b * s, d // 2)  # the halves' shape, for the lookup (nothing copied yet)
     if not any(p.kernel("rope", [x, half, half], count=False) for x in tokens):
         return NotImplemented
@@ -295,7 +299,7 @@ def _rope(p: Patch, args, kwargs):
     c, sn = halves if cos.shape[0] == b else (halves[0].repeat(b, 1), halves[1].repeat(b, 1))
     out = []
     for t, x, kern in zip((q, k), tokens, kernels):
-        inputs = [x.contiguous(), c, sn]
+        inputs = [x, c, sn]
         y = kern._launch(inputs) if kern is not None else TORCH["rope"](*inputs)
         out.append(y.view(b, s, t.shape[1], d).transpose(1, 2))
     return tuple(out)
