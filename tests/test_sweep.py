@@ -76,7 +76,7 @@ def test_later_shapes_of_an_op_warm_start_from_its_first(tmp_path):
 @pytest.mark.parametrize("text, words", [
     ("ops: {nosuchop: {shapes: [1x2]}}", "unknown op"),
     ("ops: {softmax: {shapes: [12]}}", "bad shape"),
-    ("backend: cpu\nops: {rope: {shapes: [64x8x64]}}", "no c skeleton"),
+    ("backend: cpu\nops: {add_rmsnorm: {shapes: [64x64]}}", "no c skeleton"),
     ("ops: {softmax: {}}", "shapes"),
     ("budget: 3\ntotal_budget: 9\nops: {softmax: {shapes: [64x64]}}", "not both"),
     ("bogus: 1\nops: {softmax: {shapes: [64x64]}}", "unknown key"),
