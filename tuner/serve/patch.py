@@ -33,8 +33,9 @@ Two ways in, both per call:
   where enable_gqa, no mask, not causal, scale 1/sqrt(D)). And the model's own functions that
   compute an op, found by name in the Python modules that define its classes and taken only
   when a probe agrees (`model_functions`): transformers' `apply_rotary_pos_emb(q, k, cos,
-  sin)` as two rope calls (q's and k's tokens), where cos and sin repeat their angles (checked
-  once per pair of tensors). A call through a name bound before
+  sin)` as two rope calls (q's and k's tokens), where cos and sin repeat their angles (known
+  for what a rotary embedding module a probe took returned, else checked once per pair of
+  tensors: `rope_halves`). A call through a name bound before
   the forward (`from torch.nn.functional import softmax`) is torch's own. Under
   torch.compile only the last (UNDER_COMPILE_FUNCTIONS), through a torch function mode and the
   custom op: the compiler computes the others itself, fused with their neighbours. On by
