@@ -292,11 +292,12 @@ class _ModuleRanges:
         import torch
 
         def call(*args, **kwargs):
-            if op != "rope" or kwargs or len(args) != 4 or not all(isinstance(t, torch.Tensor) for t in args) \
-                    or args[0].dim() != 4 or args[1].dim() != 4 or args[2].dim() != 3:
-                return own(*args, **kwargs)
             from tuner.serve.calls import dtype_of
-            q, k, cos, _ = args
+            from tuner.serve.routes import rope_call
+            found = rope_call(args, kwargs) if op == "rope" else None
+            if found is None:
+                return own(*args, **kwargs)
+            q, k, _, _ = found
             b, _, s, d = q.shape
             dt = dtype_of(q)
             key = (Arg((b * s, q.shape[1], d), dt), Arg((b * s, k.shape[1], d), dt), Arg((b * s, d // 2), dt),

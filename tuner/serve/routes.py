@@ -209,11 +209,29 @@ def model_functions(model, held=None) -> tuple[tuple[Any, str, str], ...]:
 
 
 def _rope_bhsd(t, cos, sin):
-    """The library's rope of t [B, H, S, D] (cos, sin [B, S, D/2]), in float64."""
+    """The library's rope (its definition, `TORCH`) of t [B, H, S, D] by cos, sin [B, S, D/2],
+    in float64."""
+    b, h, s, d = t.shape
+    x = t.double().transpose(1, 2).reshape(b * s, h, d)
+    y = TORCH["rope"](x, cos.double().reshape(b * s, d // 2), sin.double().reshape(b * s, d // 2))
+    return y.view(b, s, h, d).transpose(1, 2)
+
+
+def rope_call(args, kwargs):
+    """(q, k, cos, sin) where a call of a model's rope function has the form the rope route
+    reads (four positional tensors, nothing else: q [B, H, S, D], k [B, KH, S, D], cos and sin
+    [B or 1, S, D], D even, one dtype), else None. The route's and the profile's one test."""
     import torch
-    h = t.shape[-1] // 2
-    c, s, t = cos[:, None].double(), sin[:, None].double(), t.double()
-    return torch.cat([t[..., :h] * c - t[..., h:] * s, t[..., h:] * c + t[..., :h] * s], -1)
+    if kwargs or len(args) != 4 or not all(isinstance(t, torch.Tensor) for t in args):
+        return None
+    q, k, cos, sin = args
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or cos.shape != sin.shape:
+        return None
+    b, _, s, d = q.shape
+    if d % 2 or k.shape[0] != b or k.shape[2:] != (s, d) or cos.shape[1:] != (s, d) or cos.shape[0] not in (1, b) \
+            or not (q.dtype == k.dtype == cos.dtype == sin.dtype):
+        return None
+    return q, k, cos, sin
 
 
 def _is_rope(fn) -> bool:
@@ -275,16 +293,12 @@ def _rope(p: Patch, args, kwargs):
     library's rope over B*S tokens, where cos and sin have equal halves (as models build them:
     the angles repeated; `Patched.rope_halves`). The outputs are views of the same layout,
     the strides torch's elementwise ops give the function's own outputs."""
-    import torch
-    if kwargs or len(args) != 4 or not all(isinstance(t, torch.Tensor) for t in args):
+    call = rope_call(args, kwargs)
+    if call is None:
         return NotImplemented
-    q, k, cos, sin = args
-    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or cos.shape != sin.shape:
-        return NotImplemented
+    q, k, cos, sin = call
     b, _, s, d = q.shape
-    if d % 2 or k.shape[0] != b or k.shape[2:] != (s, d) or cos.shape[1:] != (s, d) or cos.shape[0] not in (1, b) \
-            or not (q.dtype == k.dtype == cos.dtype == sin.dtype) or dtype_of(q) is None \
-            or len({t.device for t in args}) != 1 or records_grad(*args):
+    if dtype_of(q) is None or len({t.device for t in call}) != 1 or records_grad(*call):
         return NotImplemented
     if not all(t.transpose(1, 2).is_contiguous() for t in (q, k)):
         return NotImplemented  # only the layout a projection's view gives: the outputs then have eager's strides
