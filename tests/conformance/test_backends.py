@@ -118,9 +118,14 @@ def test_worker_is_replaced_after_a_crash(backend, fast_settings, tmp_path):
         space = ev.skeleton.space
         results = {}
         for config in space.configs():
-            results[config.key] = (config["BUG"], ev.evaluate(config).status)
-        assert {s for bug, s in results.values() if bug} == {Status.RUNTIME_ERROR}
-        assert {s for bug, s in results.values() if not bug} == {Status.OK}
+            results[config.key] = (config["BUG"], ev.evaluate(config).measurement)
+        assert {m.status for bug, m in results.values() if bug} == {Status.RUNTIME_ERROR}
+        # The good configs ran, passed their checks and were timed: OK, or SUSPECT where a timing
+        # check read a loaded machine's delay as the kernel's (a flag on its figure, not a crash
+        # that spread: CI saw one on a 2-core machine under the suite).
+        good = {key: m for key, (bug, m) in results.items() if not bug}
+        assert all(m.status in (Status.OK, Status.SUSPECT) and m.samples for m in good.values()), \
+            {key: (m.status, m.detail) for key, m in good.items()}
         # A crash takes down the worker (replaced), or on cpu only the kernel's own process: the
         # judge lives on.
         restarts = ev.runner.bench_workers[0].restarts
