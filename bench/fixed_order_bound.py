@@ -29,13 +29,14 @@ import math
 import os
 import random
 import sys
+from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tuner.core import landscape as landscapes  # noqa: E402
 from tuner.core.values import Config, Status  # noqa: E402
 
-DEFAULT = "/work/shared/landscapes/matmul_h200.json"
+DEFAULT = str(Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "landscapes" / "matmul_h200.json")
 
 
 def search(land: landscapes.Landscape, order: list[tuple[int, int]], cap: int) -> int:

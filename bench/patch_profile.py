@@ -7,7 +7,7 @@ With --eager, the eager forward instead: plain, patched with the module routes o
 with the function routes too, timed in turns in one process, then the Python functions that took the most host time in the patched forward
 (cProfile): where a patched eager forward's extra host time goes.
 
-    python bench/patch_profile.py MODEL_FILE --db export/tuning.json [--dtype bf16] [--iterations 20] [--eager]
+    python bench/patch_profile.py MODEL_FILE --db export/tuning.json [--dtype bf16] [--iterations 20] [--eager] [--top 12]
 """
 
 import argparse
@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--mode", default="max-autotune-no-cudagraphs",
                     help="torch.compile's mode (\"default\" compiles in a fraction of the time)")
     ap.add_argument("--eager", action="store_true", help="break the patched eager forward down instead")
+    ap.add_argument("--top", type=int, default=12, help="kernels and host events listed per variant")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -83,10 +84,10 @@ def main() -> None:
                   f"{args.iterations}), device {dev_total:.1f} us, in tuner::routed (host) {routed_cpu:.1f} us, "
                   f"synchronisations seen {len(syncs)}" + (f" (first: {syncs[0]})" if syncs else ""))
             print("| kernel | calls per forward | device us per forward |\n| --- | --- | --- |")
-            for e in sorted(dev, key=lambda e: -e.self_device_time_total)[:12]:
+            for e in sorted(dev, key=lambda e: -e.self_device_time_total)[:args.top]:
                 print(f"| {e.key[:90]} | {e.count / args.iterations:g} | {e.self_device_time_total / args.iterations:.1f} |")
             print("\n| host event | calls per forward | host us per forward (self) |\n| --- | --- | --- |")
-            for e in sorted(avg, key=lambda e: -e.self_cpu_time_total)[:12]:
+            for e in sorted(avg, key=lambda e: -e.self_cpu_time_total)[:args.top]:
                 print(f"| {e.key[:90]} | {e.count / args.iterations:g} | {e.self_cpu_time_total / args.iterations:.1f} |")
 
 

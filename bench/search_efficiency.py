@@ -11,8 +11,8 @@ stops at its first config within 3 % or at `--cap` evaluations, or the budget wh
 budget is at most `--gp-max-budget` (100), and on the generated ones with `--gp-synthetic`.
 A median over runs that never got there reads "> cap".
 
-Landscapes: every shape of each landscape JSON given (default: /work/shared/landscapes/*.json
-when present, else the copy in tests/fixtures/landscapes/); the grid runs of the library's own
+Landscapes: every shape of each landscape JSON given (default: tests/fixtures/landscapes/*.json,
+the recorded H200 matmul); the grid runs of the library's own
 skeletons under bench/landscapes/ (`tuner tune OP --sampler grid` on an H200: other kernels
 than the matmul the JSON holds; searched from each param's middle value, since the library's
 defaults are these runs' optima, or from the nearest config the formulas accept when they
@@ -196,8 +196,7 @@ def machine() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    default = sorted(str(p) for p in Path("/work/shared/landscapes").glob("*.json")) or \
-        sorted(str(p) for p in (ROOT / "tests" / "fixtures" / "landscapes").glob("*.json"))
+    default = sorted(str(p) for p in (ROOT / "tests" / "fixtures" / "landscapes").glob("*.json"))
     ap.add_argument("--landscape", action="append", help=f"a landscape JSON (default: {default})")
     runs_default = sorted(str(p) for p in (ROOT / "bench" / "landscapes").iterdir() if p.is_dir()) \
         if (ROOT / "bench" / "landscapes").is_dir() else []

@@ -143,8 +143,7 @@ def main() -> None:
     import yaml
     guided = tuple((k, yaml.safe_load(v)) for k, v in (o.split("=", 1) for o in a.guided))
     runs = sorted(str(p) for p in (ROOT / "bench" / "landscapes").iterdir() if p.is_dir())
-    shared = sorted(str(p) for p in Path("/work/shared/landscapes").glob("*.json")) or \
-        sorted(str(p) for p in (ROOT / "tests" / "fixtures" / "landscapes").glob("*.json"))
+    shared = sorted(str(p) for p in (ROOT / "tests" / "fixtures" / "landscapes").glob("*.json"))
     lands = [x for x in landscapes(shared, runs, False) if not a.only or a.only in x[0]]
     jobs, keys = [], []
     for label, path, shape in lands:
