@@ -132,6 +132,8 @@ def main() -> None:
                          "simulation; pip install kernel_tuner), e.g. kt:dual_annealing")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--only", help="landscapes whose label contains this")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="also the generated landscapes (tuner.offline.replay.SYNTHETIC), never used to tune the search")
     ap.add_argument("--rules", default=",".join(RULES), help="naming rules: " + ", ".join(RULES))
     ap.add_argument("--guided", action="append", default=[], metavar="OPTION=VALUE",
                     help="a guided-search option (GuidedOptions), e.g. clip=3")
@@ -144,7 +146,7 @@ def main() -> None:
     guided = tuple((k, yaml.safe_load(v)) for k, v in (o.split("=", 1) for o in a.guided))
     runs = sorted(str(p) for p in (ROOT / "bench" / "landscapes").iterdir() if p.is_dir())
     shared = sorted(str(p) for p in (ROOT / "tests" / "fixtures" / "landscapes").glob("*.json"))
-    lands = [x for x in landscapes(shared, runs, False) if not a.only or a.only in x[0]]
+    lands = [x for x in landscapes(shared, runs, a.synthetic) if not a.only or a.only in x[0]]
     jobs, keys = [], []
     for label, path, shape in lands:
         for s in a.strategies.split(","):

@@ -50,7 +50,7 @@ def _backend():
 # ---- the launch module ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("op,shape", [("rmsnorm", "8192x8192"), ("layernorm", "8192x8192"), ("add_rmsnorm", "4096x8192"), ("softmax", "8192x8192"),
-                                      ("matmul", "16x14336x4096")])
+                                      ("cross_entropy", "4096x32000"), ("matmul", "16x14336x4096")])
 def test_the_library_cuda_skeletons_render_clean_modules(op, shape):
     sk = library_skeleton(op, "cuda")
     o = load_op(builtin_spec(op, shape, "bf16"))
@@ -221,6 +221,7 @@ def test_a_tensor_map_is_made_of_a_tensor_and_passed_only_to_a_tensor_map_parame
 @needs_compiler
 @pytest.mark.parametrize("op,shape,dtype", [("rmsnorm", "256x4096", "bf16"), ("rmsnorm", "64x1024", "fp32"),
                                             ("layernorm", "256x4096", "bf16"), ("add_rmsnorm", "128x2048", "fp16"), ("softmax", "64x4096", "bf16"),
+                                            ("cross_entropy", "256x32000", "bf16"),
                                             ("matmul", "16x2048x1024", "bf16"),
                                             ("matmul", "5x1024x512", "fp16")])
 def test_library_configs_compile_for_hopper_without_a_gpu(tmp_path, op, shape, dtype):
@@ -257,14 +258,23 @@ def test_the_cuda_backend_names_its_languages():
 
 # ---- on a GPU -------------------------------------------------------------------------------
 
+# Per op, the structural choices each given one config in the test below: (param values).
+_CUDA_ROW_PICKS = {
+    op: ("G", "CACHE", ((8, False), (32, True), (64, True), (64, False), (256, True), (256, False)))
+    for op in ("rmsnorm", "layernorm", "add_rmsnorm", "softmax")}
+_CUDA_ROW_PICKS["cross_entropy"] = ("G", "EXP", ((8, "f32"), (32, "f16x2"), (64, "f32"), (128, "f16x2"),
+                                                 (256, "f32"), (256, "f16x2")))
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("op", ["rmsnorm", "layernorm", "add_rmsnorm", "softmax"])
+@pytest.mark.parametrize("op", sorted(_CUDA_ROW_PICKS))
 def test_every_choice_of_the_cuda_row_ops_is_right_on_the_gpu(op, fast_settings, tmp_path):
     """The default and one config per value of each structural param (threads per row above
-    and below a warp, the row cached or read again, each load and store kind) and a few more,
-    at a ragged shape (rows not a multiple of ROWS), verified by the Evaluator: none is wrong
-    or crashes. The layernorm inputs' rows have a mean of 0.5, where a variance taken as
-    E[x^2] - mean^2 without a shift would lose digits."""
+    and below a warp, the row cached or read again, exponentials in fp32 or two at a time in
+    half precision, each load and store kind) and a few more, at a ragged shape (rows not a
+    multiple of ROWS), verified by the Evaluator: none is wrong or crashes. The layernorm
+    inputs' rows have a mean of 0.5, where a variance taken as E[x^2] - mean^2 without a shift
+    would lose digits."""
     from multiprocessing.pool import ThreadPool
 
     from tests.test_triton_library import sample_configs
@@ -275,8 +285,8 @@ def test_every_choice_of_the_cuda_row_ops_is_right_on_the_gpu(op, fast_settings,
         ev.start()
         configs, _ = sample_configs(ev.skeleton, ev.context, ev.limits, extra=4)
         valid = [c for c in ev.skeleton.space.configs() if ev.skeleton.space.check(c, ev.context, ev.limits) is None]
-        configs += [next(c for c in valid if (c.as_dict()["G"], c.as_dict()["CACHE"]) == (g, cache))
-                    for g, cache in ((8, False), (32, True), (64, True), (64, False), (256, True), (256, False))]
+        a, b, picks = _CUDA_ROW_PICKS[op]
+        configs += [next(c for c in valid if (c.as_dict()[a], c.as_dict()[b]) == pick) for pick in picks]
         with ThreadPool(8) as pool:
             records = pool.map(ev.evaluate, configs)
         bad = [(str(r.config), r.status.value, r.reason[:300]) for r in records
@@ -289,7 +299,8 @@ def test_every_choice_of_the_cuda_row_ops_is_right_on_the_gpu(op, fast_settings,
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("op,shape,budget", [("rmsnorm", "4096x4096", 6), ("layernorm", "4096x4096", 6), ("add_rmsnorm", "4096x4096", 6),
-                                             ("softmax", "4096x4096", 6), ("matmul", "16x4096x2048", 6)])
+                                             ("softmax", "4096x4096", 6), ("cross_entropy", "1024x32000", 6),
+                                             ("matmul", "16x4096x2048", 6)])
 def test_cuda_cpp_kernels_tune_verify_and_win_through_the_harness(fast_settings, tmp_path, op, shape, budget):
     from tuner.run.tune import create_run, execute, with_backend_options
     sk = library_skeleton(op, "cuda")
