@@ -231,9 +231,12 @@ def test_library_configs_compile_for_hopper_without_a_gpu(tmp_path, op, shape, d
     spec = builtin_spec(op, shape, dtype)
     ctx = {**render_context(load_op(spec)), **b.render_context(load_op(spec))}
     configs = [c for c in sk.space.configs() if sk.space.check(c, ctx, b.limits()) is None]
-    feeds = sorted({c.as_dict().get("FEED") for c in configs}, key=str)  # matmul: one config per feed too
-    picks = configs[:: max(1, len(configs) // 3)][:3] + [next(c for c in configs if c.as_dict().get("FEED") == f)
-                                                           for f in feeds if f]
+    # Three spread over the space, and one per value of a param that changes the code's
+    # instructions: the matmul's feeds, the L2-hinted loads, the half-precision exponentials.
+    picks = configs[:: max(1, len(configs) // 3)][:3]
+    for name, value in (("FEED", None), ("LOAD", "hint"), ("EXP", "f16x2")):
+        values = sorted({c.as_dict().get(name) for c in configs} - {None}, key=str)
+        picks += [next(c for c in configs if c.as_dict().get(name) == v) for v in values if value in (None, v)]
     for i, c in enumerate(picks):
         build = b.compile(sk.render(c, ctx), spec, str(tmp_path / str(i)), 120)
         assert build.status is Status.OK, (c, build.error)
@@ -258,12 +261,15 @@ def test_the_cuda_backend_names_its_languages():
 
 # ---- on a GPU -------------------------------------------------------------------------------
 
-# Per op, the structural choices each given one config in the test below: (param values).
-_CUDA_ROW_PICKS = {
-    op: ("G", "CACHE", ((8, False), (32, True), (64, True), (64, False), (256, True), (256, False)))
-    for op in ("rmsnorm", "layernorm", "add_rmsnorm", "softmax")}
-_CUDA_ROW_PICKS["cross_entropy"] = ("G", "EXP", ((8, "f32"), (32, "f16x2"), (64, "f32"), (128, "f16x2"),
-                                                 (256, "f32"), (256, "f16x2")))
+# Per op, the structural choices each given one config in the test below (a config with
+# these values: the rest as the space's first valid config has them).
+_ROW_NORMS = [{"G": g, "CACHE": cache} for g, cache in
+              ((8, False), (32, True), (64, True), (64, False), (256, True), (256, False))]
+_HINTS = [{"LOAD": "hint", "CACHE": True}, {"LOAD": "hint", "CACHE": False}]
+_CUDA_ROW_PICKS = {"rmsnorm": _ROW_NORMS + _HINTS, "layernorm": _ROW_NORMS, "add_rmsnorm": _ROW_NORMS,
+                   "softmax": _ROW_NORMS + _HINTS,
+                   "cross_entropy": [{"G": g, "EXP": e} for g, e in ((8, "f32"), (32, "f16x2"), (64, "f32"),
+                                                                     (128, "f16x2"), (256, "f32"), (256, "f16x2"))]}
 
 
 @pytest.mark.cuda
@@ -271,7 +277,7 @@ _CUDA_ROW_PICKS["cross_entropy"] = ("G", "EXP", ((8, "f32"), (32, "f16x2"), (64,
 def test_every_choice_of_the_cuda_row_ops_is_right_on_the_gpu(op, fast_settings, tmp_path):
     """The default and one config per value of each structural param (threads per row above
     and below a warp, the row cached or read again, exponentials in fp32 or two at a time in
-    half precision, each load and store kind) and a few more, at a ragged shape (rows not a
+    half precision, each load and store kind, L2 eviction hints) and a few more, at a ragged shape (rows not a
     multiple of ROWS), verified by the Evaluator: none is wrong or crashes. The layernorm
     inputs' rows have a mean of 0.5, where a variance taken as E[x^2] - mean^2 without a shift
     would lose digits."""
@@ -285,8 +291,7 @@ def test_every_choice_of_the_cuda_row_ops_is_right_on_the_gpu(op, fast_settings,
         ev.start()
         configs, _ = sample_configs(ev.skeleton, ev.context, ev.limits, extra=4)
         valid = [c for c in ev.skeleton.space.configs() if ev.skeleton.space.check(c, ev.context, ev.limits) is None]
-        a, b, picks = _CUDA_ROW_PICKS[op]
-        configs += [next(c for c in valid if (c.as_dict()[a], c.as_dict()[b]) == pick) for pick in picks]
+        configs += [next(c for c in valid if pick.items() <= c.as_dict().items()) for pick in _CUDA_ROW_PICKS[op]]
         with ThreadPool(8) as pool:
             records = pool.map(ev.evaluate, configs)
         bad = [(str(r.config), r.status.value, r.reason[:300]) for r in records
