@@ -13,11 +13,14 @@ median and worst true gap of the named winner, the median and p90 evaluations un
 truly within 3 % (and 1 %) was evaluated, and the configs re-timed at the end.
 
     python bench/search_noise.py [--seeds 20] [--budget 40] [--noise 0.03,0.01] [--jobs 2]
-        [--strategies guided,tpe,random,kt:dual_annealing,...]
+        [--strategies guided,tpe,random,kt:dual_annealing,...] [--twice] [--synthetic]
 
 `kt:NAME` replays Kernel Tuner's strategy NAME through its cache-file simulation mode under the
 same noise (`pip install -e .[bench]`). With guided among the strategies, a last table checks
-the search-reliability targets per landscape against the best of the others.
+the search-reliability targets per landscape against the best of the others. `--twice`: each
+search is followed by a second run of the same command, warm-started from the first as `tuner
+tune` does by default, and by an independent one (`--fresh`). `--synthetic`: the generated
+landscapes too, which were never used to tune the search.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def kernel_tuner_trace(land, strategy: str, seed: int, budget: int, noise) -> re
 
 
 def one(job: tuple) -> tuple:
-    path, shape, sampler, rule, seed, budget, noise, guided, anchor = job
+    path, shape, sampler, rule, seed, budget, noise, guided, anchor, twice = job
     import warnings
     warnings.simplefilter("ignore")
     import optuna
@@ -112,8 +115,45 @@ def one(job: tuple) -> tuple:
     options = {"sampler_options": dict(guided)} if sampler == "guided" and guided else {}
     t = replay.replay_search(land, sampler, seed, budget=budget, noise=noise, finalists=RULES[rule],
                              anchor_margin=anchor, **options)
+    if twice:
+        return same_command_twice(land, t, sampler, seed, budget, noise, RULES[rule], anchor, guided)
     return (t.named_within(0.03), t.named_within(0.01), t.named_s / t.best_s - 1, t.evaluations_to(0.03), t.retimed,
             t.anchored, t.evaluations_to(0.01))
+
+
+def same_command_twice(land, first, sampler, seed, budget, noise, rule, anchor, guided) -> tuple:
+    """The same command run again, as `tuner tune` runs it by default (`warm.earlier_runs`):
+    warm-started from the first run (its best timed config tried right after the default; for
+    the guided sampler, every median it timed as the prior), under noise of its own; and,
+    for comparison, an independent second run (`--fresh`). Per seed: (first named within 3 %,
+    second within 3 %, fresh second within 3 %, second and fresh second named at most 1 % slower
+    than the first, the second's named time over the first's, the fresh second's)."""
+    timed = first.measured_timings()
+    best = min((t, c.key, c) for c, t in timed.items() if t is not None)[2]
+    again = {"sampler_options": {**dict(guided), "prior": (timed,)}} if sampler == "guided" else {}
+    second = replay.replay_search(land, sampler, seed + 100_000, budget=budget, noise=noise, finalists=rule,
+                                  anchor_margin=anchor, seeds=(best,), **again)
+    fresh = replay.replay_search(land, sampler, seed + 100_000, budget=budget, noise=noise, finalists=rule,
+                                 anchor_margin=anchor, **({"sampler_options": dict(guided)} if guided else {}))
+    return (first.named_within(0.03), second.named_within(0.03), fresh.named_within(0.03),
+            second.named_s <= 1.01 * first.named_s, fresh.named_s <= 1.01 * first.named_s,
+            second.named_s / first.named_s, fresh.named_s / first.named_s)
+
+
+def twice_table(rows: dict) -> None:
+    print("| landscape | strategy | first run: named within 3 % | again, from the first: within 3 % | "
+          "again, --fresh: within 3 % | at most 1 % slower than the first: again / --fresh | "
+          "worst ratio to the first: again / --fresh |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    share = lambda res, i: 100 * sum(r[i] for r in res) / len(res)  # noqa: E731
+    for (label, s, _rule), res in rows.items():
+        print(f"| {label} | {s} | {share(res, 0):.0f} % | {share(res, 1):.0f} % | {share(res, 2):.0f} % | "
+              f"{share(res, 3):.0f} % / {share(res, 4):.0f} % | {max(r[5] for r in res):.3f} / "
+              f"{max(r[6] for r in res):.3f} |")
+    allr = [r for res in rows.values() for r in res]
+    if allr:
+        print(f"| all | | {share(allr, 0):.1f} % | {share(allr, 1):.1f} % | {share(allr, 2):.1f} % | "
+              f"{share(allr, 3):.1f} % / {share(allr, 4):.1f} % | |")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -132,6 +172,10 @@ def main() -> None:
                          "simulation; pip install kernel_tuner), e.g. kt:dual_annealing")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--only", help="landscapes whose label contains this")
+    ap.add_argument("--twice", action="store_true",
+                    help="each search run again as `tuner tune` runs the same command again (warm-started "
+                         "from the first) and independently (--fresh): how often the second names a "
+                         "winner within 3 %% and no slower than the first")
     ap.add_argument("--synthetic", action="store_true",
                     help="also the generated landscapes (tuner.offline.replay.SYNTHETIC), never used to tune the search")
     ap.add_argument("--rules", default=",".join(RULES), help="naming rules: " + ", ".join(RULES))
@@ -142,6 +186,8 @@ def main() -> None:
                          "interleave (run_search's anchor_margin; default: off)")
     a = ap.parse_args()
     noise = None if a.noise == "none" else replay.Noise.parse(a.noise)
+    if a.twice and any(s.strip().startswith("kt:") for s in a.strategies.split(",")):
+        raise SystemExit("--twice replays this tool's searches only (a run's records are its warm start)")
     import yaml
     guided = tuple((k, yaml.safe_load(v)) for k, v in (o.split("=", 1) for o in a.guided))
     runs = sorted(str(p) for p in (ROOT / "bench" / "landscapes").iterdir() if p.is_dir())
@@ -153,7 +199,7 @@ def main() -> None:
             for rule in a.rules.split(","):
                 for seed in range(a.seeds):
                     sampler = s.strip() if s.strip().startswith("kt:") else SAMPLERS[s.strip()]
-                    jobs.append((path, shape, sampler, rule, seed, a.budget, noise, guided, a.anchor))
+                    jobs.append((path, shape, sampler, rule, seed, a.budget, noise, guided, a.anchor, a.twice))
                     keys.append((label, s.strip(), rule))
     t0 = time.monotonic()
     if a.jobs > 1:
@@ -168,6 +214,10 @@ def main() -> None:
         (crashed if isinstance(r, str) else rows).setdefault(k, []).append(r)
     print(f"noise: {noise}; budget {a.budget}; {a.seeds} seeds; guided options {dict(guided) or 'default'}; "
           f"anchor margin {a.anchor}\n")
+    if a.twice:
+        twice_table(rows)
+        print(f"\n{len(jobs)} runs in {time.monotonic() - t0:.0f} s")
+        return
     print("| landscape | strategy | naming | named within 3 % | within 1 % | gap median | gap worst | "
           "evals to 3 % (median / p90) | evals to 1 % | re-timed | anchored |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         bests.append(configs[0].as_dict())
     best_list = work / "sources_best.json"
     best_list.write_text(json.dumps(bests))
-    modes = {"cold": [], "best only": ["--warm-start", str(best_list)],
+    modes = {"cold": ["--fresh"], "best only": ["--warm-start", str(best_list)],
              "prior": [a for s in args.source for a in ("--warm-start", s)]}
     curves: dict[str, list[float]] = {}
     for name, extra in modes.items():

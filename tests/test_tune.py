@@ -264,6 +264,50 @@ def test_the_spaces_promising_configs_are_tried_right_after_the_default(tmp_path
     assert len(by_trial) == 5
 
 
+def test_the_same_command_again_starts_from_the_earlier_runs(tmp_path, monkeypatch, capsys):
+    """A new run of the same op, shape, dtype, skeleton and device tries the earlier runs' best
+    configs first (right after the default) and says so; --fresh, another shape, another
+    skeleton or another device's run does not; at most the three most recent are taken."""
+    fast_env(monkeypatch, tmp_path)
+    runs = tmp_path / "runs"
+    argv = ["tune", "softmax", "--shape", "64x512", *NULL, "--budget", "4", "--parallel", "1",
+            "--runs-dir", str(runs), "--quiet"]
+
+    def tune(*more) -> Path:
+        before = {p for p in runs.iterdir()} if runs.is_dir() else set()
+        assert main([*argv, *more]) == 0
+        (new,) = {p for p in runs.iterdir() if p.is_dir()} - before
+        return new
+
+    def warm(run: Path) -> list[str]:
+        return [Path(p).name for p in json.loads((run / "run.json").read_text()).get("warm_start", [])]
+
+    first = tune("--seed", "1")
+    assert warm(first) == [] and "warm start" not in capsys.readouterr().err
+    best = json.loads((first / "summary.json").read_text())["best"]["config"]
+    second = tune("--seed", "2")
+    assert warm(second) == [first.name]
+    assert "earlier run(s) of this op, skeleton and device" in capsys.readouterr().err
+    by_trial = {r.trial: r.config.as_dict() for r in Store.open(second).records()}
+    assert best in (by_trial[0], by_trial[1])  # the default, then the earlier best
+    third = tune("--seed", "3", "--fresh")
+    assert warm(third) == []
+    other_shape = main(["tune", "softmax", "--shape", "128x512", *argv[4:], "--seed", "4"])
+    assert other_shape == 0 and "warm start" not in capsys.readouterr().err
+    space = tmp_path / "s.yaml"  # another skeleton: the same params, one more constraint
+    space.write_text((FIXTURES / "null/landscape.yaml").read_text().replace("  - BM <= M", "  - BM <= M\n  - BN <= N"))
+    assert main([*argv[:8], "--space", str(space), *argv[10:], "--seed", "5"]) == 0
+    assert "warm start" not in capsys.readouterr().err
+    # Another device's run is no source (its run.json names another device).
+    meta = json.loads((first / "run.json").read_text())
+    meta["device"]["name"] = "another device"
+    (first / "run.json").write_text(json.dumps(meta))
+    sixth = tune("--seed", "6")
+    assert warm(sixth) == [second.name, third.name]
+    # The three most recent runs of this command, oldest first (a --fresh run is one of them).
+    assert warm(tune("--seed", "7")) == [second.name, third.name, sixth.name]
+
+
 def test_a_run_resumes_from_another_directory_and_without_its_build_folder(tmp_path, monkeypatch):
     """Records keep where each kernel was compiled, relative to the directory the command ran
     in (`runs/<id>/build/...`): a resume from elsewhere found none of them when it re-timed

@@ -169,6 +169,14 @@ def tune_from_args(args) -> tuple[Store, dict]:
         if args.warm_start:  # a source that does not read fails here, not in a new run
             from tuner.run.warm import warm_starts
             warm_starts(args.warm_start, skeleton.space)
+        elif not getattr(args, "fresh", False):
+            from tuner.run.warm import earlier_runs
+            args.warm_start = earlier_runs(settings.runs_dir, spec, backend, options, skeleton.hash,
+                                           device.device_info(peaks=False).name)
+            if args.warm_start:
+                print(f"warm start: the best configs of {len(args.warm_start)} earlier run(s) of this op, "
+                      f"skeleton and device ({', '.join(Path(p).name for p in args.warm_start)}) are tried "
+                      f"first; --fresh searches without them", file=sys.stderr)
         store = create_run(settings, spec, backend, skeleton, args.sampler, args.seed, args.storage,
                            command=redacted_argv(sys.argv),
                            extra={"budget": args.budget or DEFAULT_BUDGET, "patience": args.patience,
@@ -428,7 +436,12 @@ def parser() -> argparse.ArgumentParser:
                         "this fraction more (e.g. 0.01: good enough within 1%%; TUNER_STOP_GAIN)")
     t.add_argument("--warm-start", action="append", default=[], metavar="SOURCE",
                    help="try the best configs measured elsewhere first: a run directory, a landscape "
-                        "JSON (FILE@SHAPE for one of its shapes) or a JSON list of configs (repeatable)")
+                        "JSON (FILE@SHAPE for one of its shapes) or a JSON list of configs (repeatable). "
+                        "Without it, a new run starts from the earlier runs of the same op, shape, dtype, "
+                        "skeleton and device under --runs-dir (the 3 most recent), if any")
+    t.add_argument("--fresh", action="store_true",
+                   help="search without the earlier runs of the same op, skeleton and device (an "
+                        "independent search: comparing samplers or seeds)")
     t.add_argument("--seed", type=int)
     t.add_argument("--parallel", type=int, help="evaluations in flight (default: one per core)")
     t.add_argument("--storage", help="also keep the run as an Optuna study (times in seconds, real param "

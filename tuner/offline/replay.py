@@ -152,6 +152,7 @@ class Trace:
     named_s: float = math.inf
     retimed: int = 0  # configs in the final interleave
     anchored: int = 0  # configs timed again against the incumbent during the search
+    measured: list[float] = field(default_factory=list)  # row for row: the medians timed (noise included; inf: failed)
 
     def named_within(self, tolerance: float) -> bool:
         return self.named_s <= self.best_s * (1 + tolerance)
@@ -160,6 +161,11 @@ class Trace:
         """config -> seconds (None: failed), as `warm_timings` reads a run: a prior for another
         search."""
         return {c: (t if math.isfinite(t) else None) for c, t in zip(self.configs, self.times)}
+
+    def measured_timings(self) -> dict[Config, float | None]:
+        """config -> the median this search timed (None: failed), as `warm_timings` reads the
+        run a search under noise leaves: the prior a later run of the same command is given."""
+        return {c: (t if math.isfinite(t) else None) for c, t in zip(self.configs, self.measured)}
 
     def evaluations_to(self, tolerance: float) -> float:
         """Evaluations spent until one config within `tolerance` of the optimum; inf if none."""
@@ -216,7 +222,8 @@ def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, 
         named = top[0]
     return Trace([true_s(r) for r in done], landscape.best_s, len(searcher.study.trials),
                  time.monotonic() - t0, [r.config for r in done],
-                 named.config if named else None, true_s(named) if named else math.inf, retimed, anchored)
+                 named.config if named else None, true_s(named) if named else math.inf, retimed, anchored,
+                 [r.seconds if r.status is Status.OK else math.inf for r in done])
 
 
 # ---- synthetic landscapes (strategies are judged on more than one kernel) --------------------

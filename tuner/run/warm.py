@@ -9,9 +9,10 @@ from typing import Iterable
 
 from tuner.core.landscape import Landscape, LandscapeError, load_cached, read_json, shapes
 from tuner.core.space import Space
-from tuner.core.values import Config, Status
+from tuner.core.values import Config, OpSpec, Status
 
 WARM_START_K = 1
+EARLIER_RUNS = 3  # the most recent runs of the same command a new one starts from (`earlier_runs`)
 
 
 def _warm_sources(sources: Iterable[str]) -> list[list[Config] | Landscape]:
@@ -78,3 +79,40 @@ def warm_timings(sources: Iterable[str], space: Space) -> tuple[dict[Config, flo
         if timed:
             out.append(timed)
     return tuple(out)
+
+
+def earlier_runs(runs_dir: str | Path, spec: OpSpec, backend: str, options: dict | None, skeleton_hash: str,
+                 device_name: str) -> list[str]:
+    """The run directories directly under `runs_dir` that searched the same thing a new run is
+    about to: the same op (name, sizes, dtype, problem file and its text), backend and backend options, the
+    same skeleton (its hash: template and space) on a device of the same name, each with a
+    config that passed; the `EARLIER_RUNS` most recent, oldest first. A new run of the same
+    command warm-starts from them (`tuner tune`, unless `--fresh` or `--warm-start`): it tries
+    their best configs first and, when guided, takes their timings as its prior, so that the
+    same command run twice names the better of the two answers instead of a second draw of
+    the noise (its final re-timing puts the earlier winners against its own in one
+    interleave). Multi-round runs, their rounds and retunes are left out (each has a search of
+    its own kind)."""
+    from tuner.run.store import Store, list_runs
+
+    def same_problem(path: Path) -> bool:  # a problem file edited since that run is another op
+        try:
+            return (path / Store.PROBLEM_COPY).read_bytes() == Path(spec.source).read_bytes()
+        except OSError:
+            return False
+    found = []
+    for path, meta, _summary in list_runs(runs_dir) if Path(runs_dir).is_dir() else []:
+        if (meta.op.to_json() != spec.to_json() or meta.backend != backend
+                or (meta.backend_options or {}) != (options or {})
+                or not meta.skeleton or meta.skeleton.get("hash") != skeleton_hash
+                or meta.device is None or meta.device.name != device_name
+                or meta.is_rounds or meta.round is not None or meta.retune_of
+                or (spec.kind == "kernelbench" and not same_problem(path))):
+            continue
+        try:
+            if not any_passed([str(path)]):
+                continue
+        except (LandscapeError, OSError):  # records that do not read: not a source to start from
+            continue
+        found.append((meta.created, path.name, str(path)))
+    return [p for _, _, p in sorted(found)[-EARLIER_RUNS:]]
