@@ -42,7 +42,8 @@ def tune(op: str | Path | None = None, *, shape: str | tuple[int, ...] | None = 
     """Tune `op` (a built-in op's name, or a problem file's path) as `tuner tune` does and
     return the run. `shape`: "4096x1024" or (4096, 1024); `sizes`: a problem file's size
     overrides; other options as the command's long flags with underscores (backend, chip,
-    template, space, language, budget, time_budget, sampler, patience, stop_gain, warm_start (a list), seed,
+    template, space, language, budget, time_budget, sampler, patience, stop_gain, warm_start (a list),
+    fresh (True: not from the earlier runs of the same command), seed,
     parallel, storage, study_name, runs_dir, resume (a run directory: continue it), llm,
     llm_base_url, rounds, candidates, repairs, ...)."""
     from tuner.cli.main import tune_from_args

@@ -109,10 +109,14 @@ def earlier_runs(runs_dir: str | Path, spec: OpSpec, backend: str, options: dict
                 or meta.is_rounds or meta.round is not None or meta.retune_of
                 or (spec.kind == "kernelbench" and not same_problem(path))):
             continue
-        try:
-            if not any_passed([str(path)]):
-                continue
-        except (LandscapeError, OSError):  # records that do not read: not a source to start from
-            continue
         found.append((meta.created, path.name, str(path)))
-    return [p for _, _, p in sorted(found)[-EARLIER_RUNS:]]
+    taken: list[str] = []
+    for _, _, p in sorted(found, reverse=True):  # newest first: only as many records read as needed
+        try:
+            if any_passed([p]):
+                taken.append(p)
+        except (LandscapeError, OSError):  # records that do not read: not a source to start from
+            pass
+        if len(taken) == EARLIER_RUNS:
+            break
+    return taken[::-1]
