@@ -204,6 +204,22 @@ def test_kernelbench_problem_file_on_null(tmp_path, monkeypatch, capsys):
     assert summary["best"]["config"] == {"V": 1}
 
 
+def test_an_edited_problem_file_is_another_op_for_the_earlier_runs(tmp_path, monkeypatch, capsys):
+    """The same problem file path run again starts from the earlier run; once its text changed,
+    that run searched another op and is no source."""
+    fast_env(monkeypatch, tmp_path)
+    problem = tmp_path / "relu.py"
+    problem.write_text((FIXTURES / "kernelbench/relu.py").read_text())
+    argv = ["tune", "--op", str(problem), "--size", "batch_size=4", "--size", "dim=256", "--backend", "null",
+            "--template", str(FIXTURES / "kernelbench/relu_null.txt.j2"),
+            "--space", str(FIXTURES / "kernelbench/relu_null.yaml"), "--runs-dir", str(tmp_path / "runs"),
+            "--budget", "2", "--quiet"]
+    assert main(argv) == 0 and "warm start" not in capsys.readouterr().err
+    assert main(argv) == 0 and "1 earlier run(s)" in capsys.readouterr().err
+    problem.write_text(problem.read_text() + "\n# edited\n")
+    assert main(argv) == 0 and "warm start" not in capsys.readouterr().err
+
+
 def test_resume_refuses_a_problem_file_that_now_ends_the_process_at_import(tmp_path, monkeypatch, capsys):
     import shutil
     fast_env(monkeypatch, tmp_path)

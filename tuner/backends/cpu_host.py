@@ -49,10 +49,14 @@ _MAX_ARGS = 16
 _START_S = 60.0  # the host's set-up (dlopen, OpenMP's threads) answers within this
 # A call's start after it was sent (the host waking to read it: tens of microseconds) may not
 # be late by more than this, or a quarter of the kernel's own time, in the median of the last
-# _LATE_WINDOW calls, with the host's main thread running (not asleep waiting for the call) when
-# most of them were sent: the host was still busy when it was asked.
+# _LATE_WINDOW calls, with the host's main thread busy in most of them: the host was still
+# working when it was asked. Busy: on a core for at least _BUSY_SHARE of the lateness, beyond
+# the kernel's own time, between the send and the reply (/proc/<host>/schedstat). A host that
+# was preempted (its reply woke the judge, which took its core; other work on a loaded machine)
+# or asleep spends none of that time on a core; one that works on after answering spends it all.
 _LATE_S = 200e-6
 _LATE_WINDOW = 16
+_BUSY_SHARE = 0.25
 # OpenMP's wait settings: the judge's own in its benchmark workers (CpuBackend.bench_env), the
 # user's in a kernel's host.
 WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
@@ -175,8 +179,9 @@ class HostKernel:
         self.artifact, self.buffers = artifact, buffers
         self._late: list[int] = []  # ns from sending each recent call to the host reading it
         self._took: list[int] = []  # ns each recent call took by the host's clock
-        self._ran: list[bool] = []  # whether the host's main thread was running when each was sent
-        self._stat = None  # /proc/<host>/stat, opened at the first call
+        self._ran: list[bool] = []  # whether the host's main thread was busy while each was late
+        self._stat = None  # /proc/<host>/stat, opened at the first call that needs it
+        self._schedstat = None  # /proc/<host>/schedstat, opened at the first call; False: unreadable
         self._sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._clock, clock_w = os.pipe()
         try:
@@ -271,11 +276,13 @@ class HostKernel:
             if b.id not in self._mapped:
                 self._map(b)
             args.append(struct.pack("<IIQ", b.id, 0, addr - b.start))
-        ran = self._running()
+        cpu0 = self._cpu_ns()
+        ran = self._running() if cpu0 is None else False
         sent = time.monotonic_ns()
         self._send(struct.pack("<IIQQ", _OP_CALL, len(args), int(flush), 0) + b"".join(args))
         status, t1 = self._reply()
         came = time.monotonic_ns()
+        cpu1 = self._cpu_ns() if cpu0 is not None else None
         if status < 0:
             raise OSError(-status, f"the kernel host refused a call: {os.strerror(-status)}")
         ready, _, _ = select.select([self._clock], [], [], 0)
@@ -286,26 +293,43 @@ class HostKernel:
         if not sent <= read <= t0 <= t1 <= came:
             raise ClockMismatch(f"the kernel's process reported a call read at {read}, run from {t0} to {t1} "
                                 f"ns, outside the judge's own reading of the clock ({sent} to {came} ns)")
+        if cpu0 is not None and cpu1 is not None:
+            ran = (cpu1 - cpu0) - (t1 - t0) >= _BUSY_SHARE * (read - sent)
         self._late = [*self._late[1 - _LATE_WINDOW:], read - sent]
         self._took = [*self._took[1 - _LATE_WINDOW:], t1 - t0]
         self._ran = [*self._ran[1 - _LATE_WINDOW:], ran]
         if len(self._late) == _LATE_WINDOW:
             late, took = statistics.median(self._late) * 1e-9, statistics.median(self._took) * 1e-9
-            # Late and asleep when sent: the wake-up of an idle core (a virtual machine's halted
-            # vCPU takes ~300 us), not a host busy after answering.
+            # Late but not busy: the wake-up of an idle core (a virtual machine's halted vCPU
+            # takes ~300 us) or a wait for a core on a loaded machine, not a host busy after
+            # answering.
             busy = sum(self._ran)
             if late > max(_LATE_S, 0.25 * took) and 2 * busy >= _LATE_WINDOW:
                 self._late, self._took, self._ran = [], [], []  # the calls after: a window of their own
                 raise ClockMismatch(
                     f"the kernel's process began its calls late: {late * 1e6:.0f} us after they were sent "
-                    f"(the median of {_LATE_WINDOW}), against {took * 1e6:.0f} us a call, running when "
-                    f"{busy} of them were sent: it was still busy after it had answered (an answer sent "
-                    f"early, the work finished after)")
+                    f"(the median of {_LATE_WINDOW}), against {took * 1e6:.0f} us a call, its main thread "
+                    f"on a core through {busy} of those waits: it was still busy after it had answered "
+                    f"(an answer sent early, the work finished after)")
         return (t1 - t0) * 1e-9
 
+    def _cpu_ns(self) -> int | None:
+        """Nanoseconds the host's main thread has spent on a core (/proc/<host>/schedstat), or
+        None where the kernel keeps no such figure (then `_running` judges)."""
+        if self._schedstat is False:
+            return None
+        try:
+            if self._schedstat is None:
+                self._schedstat = open(f"/proc/{self.proc.pid}/schedstat", "rb", buffering=0)
+            return int(os.pread(self._schedstat.fileno(), 128, 0).split()[0])
+        except (OSError, ValueError, IndexError):
+            self._schedstat = False
+            return None
+
     def _running(self) -> bool:
-        """Whether the host's main thread is running now (not asleep in its read of the next
-        call), from /proc; True where that cannot be read (the check then judges by time alone)."""
+        """Whether the host's main thread is runnable now (not asleep in its read of the next
+        call), from /proc; True where that cannot be read (the check then judges by time alone).
+        Runnable includes waiting for a core: the coarser signal, where schedstat is missing."""
         try:
             if self._stat is None:
                 self._stat = open(f"/proc/{self.proc.pid}/stat", "rb", buffering=0)
@@ -315,8 +339,9 @@ class HostKernel:
             return True
 
     def close(self) -> None:
-        if self._stat is not None:
-            self._stat.close()
+        for f in (self._stat, self._schedstat):
+            if f:
+                f.close()
         self._finalizer()
 
 
