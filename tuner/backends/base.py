@@ -6,7 +6,7 @@ builder/runner split), written down as the `Compiler` and `Device` protocols bel
   timeout_s) -> Build`, `warm()`.
 * **Device** (one benchmark worker per device): `device_info()`, `load(artifact, op)`,
   `data_device()`, `to_device`/`to_host`, `host_buffer`, `launch`, `sync`,
-  `time_call`/`time_calls`, `context_lost()`, `sandbox()`.
+  `time_call`/`time_calls`, `evict`, `context_lost()`, `sandbox()`.
 
 A `Backend` is both (a target's two sides share its facts: the cuda compiler needs the GPU's
 architecture and shared-memory limit, told by the parent through `compile_options`); cuda and
@@ -31,6 +31,9 @@ Contract for implementers:
   After `time_call`, `last_call_clean` (default True) is False when the sample may include
   the device waiting for the host's launch (a lone call on a slow host): a check that
   compares single calls with queued ones uses the clean samples.
+* `evict(tensors)` takes the tensors' memory out of the caches, for code timed in the judge's
+  own process (the torch reference), whose caller passes it in `before`. A backend whose
+  `time_call` flushes the whole cache anyway does nothing here.
 * `context_lost()` says, cheaply, whether a kernel fault poisoned the process's device
   context; the worker then answers and exits, and a fresh one takes its place.
 """
@@ -78,6 +81,7 @@ class Device(Protocol):
     def time_call(self, fn: Callable[[], None], before: Callable[[], None] | None = None) -> float: ...
     def time_calls(self, fn: Callable[[], None], n: int,
                    before: Callable[[], None] | None = None) -> list[float]: ...
+    def evict(self, tensors: list) -> None: ...
     def context_lost(self) -> bool: ...
 
 
@@ -264,6 +268,9 @@ class Backend(abc.ABC):
         """`n` calls as `time_call` times one, `before` ahead of each; a backend may queue them
         and wait once."""
         return [self.time_call(fn, before) for _ in range(n)]
+
+    def evict(self, tensors: list) -> None:
+        """Take `tensors`' memory out of the caches (see the module docstring); nothing here."""
 
 
 def meta_args(op: OpSpec):

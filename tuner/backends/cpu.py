@@ -212,6 +212,7 @@ class CpuBackend(Backend):
         from tuner.backends.cpu_host import Buffers, HostKernel
         if self._buffers is None:
             self._buffers = Buffers()
+        # The host evicts a call's buffers line by line; the byte count is its fallback (cpu_host.c).
         return HostKernel(self._host()[0], str(Path(artifact).resolve()), self._buffers, 2 * _llc_bytes())
 
     def load_for_serving(self, artifact: str, op) -> Any:
@@ -246,7 +247,8 @@ class CpuBackend(Backend):
         """`fn` once, the caches flushed first: the seconds its kernel launches took by their
         host's clock (each flushed in its host, which checks the judge's clock: cpu_host), or,
         when `fn` launched nothing on a host (the torch reference runs here), `fn` once more,
-        flushed and timed here. `before` runs here first (the host flushes after it)."""
+        flushed and timed here. `before` runs here first (the host flushes after it); for code
+        timed here it is the caller's eviction of what that code reads (`evict`)."""
         if before is not None:
             before()
         self._timed = []
@@ -256,7 +258,8 @@ class CpuBackend(Backend):
                 return sum(self._timed)
         finally:
             self._timed = None
-        self._flush()
+        if self._evictor() is None:
+            self._flush()
         self._wake()
         t0 = time.perf_counter()
         fn()
@@ -271,6 +274,21 @@ class CpuBackend(Backend):
         if self._wake_buf is None:
             self._wake_buf = torch.empty(max(1, torch.get_num_threads()) * 2**16)
         self._wake_buf.fill_(0.0)
+
+    def evict(self, tensors: list) -> None:
+        """The tensors' bytes out of every cache level, as the kernel host evicts a call's
+        buffers (cpu_host.c); where this CPU has no eviction by line, the time_call that follows
+        writes a buffer twice the last-level cache instead."""
+        evict = self._evictor()
+        if evict is not None:
+            for t in tensors:
+                storage = t.untyped_storage()  # all of it: a view's kernel may read around it
+                evict(storage.data_ptr(), storage.nbytes())
+
+    def _evictor(self):
+        from tuner.backends.cpu_host import evictor
+        cc = compiler()
+        return evictor(cc, self.options.get("cache_dir")) if cc else None
 
     def _flush(self) -> None:
         import numpy as np
@@ -292,17 +310,26 @@ def _cached_peaks(name: str, cores: int, cache_dir: str | None) -> dict[str, flo
     machine was busy is too low, and a cached one would stay too low (a kernel then shows
     140 % of "copy bandwidth"): each run measures again (~0.5 s) and the cache keeps the
     highest rate seen for each figure, since load only ever lowers them."""
-    return measured_peaks("cpu_peaks.json", f"{name}|{cores}", cache_dir, measure_peaks, every_call=True)
+    from tuner.backends.cpu_host import evictor
+    cc = compiler()
+    evict = evictor(cc, cache_dir) if cc else None
+    return measured_peaks("cpu_peaks.json", f"{name}|{cores}", cache_dir, lambda: measure_peaks(evict),
+                          every_call=True)
 
 
-def measure_peaks() -> dict[str, float]:
-    """Copy bandwidth (read + write bytes per second) and the fp32 matmul rate, via torch."""
+def measure_peaks(evict=None) -> dict[str, float]:
+    """Copy bandwidth (read + write bytes per second) and the fp32 matmul rate, via torch.
+    With `evict` (cpu_host.evictor) each copy starts with both buffers out of the caches, as a
+    timed kernel's call does; without it the buffers are made larger than the caches."""
     import torch
-    n = max(64 * 2**20, 4 * _llc_bytes()) // 4  # fp32 elements per buffer: past the last-level cache
+    n = (64 * 2**20 if evict else max(64 * 2**20, 4 * _llc_bytes())) // 4  # fp32 elements per buffer
     src, dst = torch.ones(n), torch.empty(n)
     dst.copy_(src)
     best = float("inf")
     for _ in range(5):
+        if evict:
+            evict(src.data_ptr(), 4 * n)
+            evict(dst.data_ptr(), 4 * n)
         t0 = time.perf_counter()
         dst.copy_(src)
         best = min(best, time.perf_counter() - t0)

@@ -21,7 +21,8 @@
  *        of `fence` bytes on each side; read-only buffers come as a read-only fd, so no mprotect
  *        can make them writable;
  *   CALL n flush + n (id, offset): r = CLOCK_MONOTONIC when the request was read; with
- *        `flush`, the caches evicted (a buffer of `flush bytes` written); t0 read; (r, t0)
+ *        `flush`, the call's buffers evicted from every cache level, line by line (where the
+ *        CPU has no such instruction: a buffer of `flush bytes` written); t0 read; (r, t0)
  *        written to the clock pipe; the kernel called with the n pointers; t1 read; the
  *        process ends (code 6) if the kernel returned inside a parallel region; (0, t1)
  *        replied. r and t0 leave this process before the kernel runs, so nothing the kernel
@@ -31,6 +32,10 @@
  *        delays the host's next read, which shows in r.
  *   EXIT.
  * Replies are two int64: (status, value); status < 0 is -errno.
+ *
+ * Built with -DTUNER_EVICT_LIBRARY -shared, this file is instead a library with one function,
+ * tuner_evict: the same eviction, for what the judge times in its own process (the torch
+ * reference, the copy that measures the machine's bandwidth).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -57,6 +62,46 @@
 #include <linux/seccomp.h>
 #endif
 
+/* Evict [p, p + n) from every cache level (written back where dirty): what a cold call reads
+ * comes from memory. Returns 0, or -1 where this CPU has no instruction for it (the caller
+ * then writes a buffer larger than the caches instead). Cost follows the bytes evicted, not
+ * the cache's size: a last-level cache of hundreds of MiB made every timed call of a small
+ * kernel write twice that. */
+#if defined(__x86_64__)
+#include <cpuid.h>
+#define EVICT_BY_LINE 1
+int tuner_evict(const void *p, size_t n) {
+    static int opt = -1;  /* clflushopt: unordered among themselves, several times clflush's rate */
+    if (opt < 0) {
+        unsigned a, b = 0, c, d;
+        opt = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 23)) ? 1 : 0;
+    }
+    const char *q = (const char *)((uintptr_t)p & ~(uintptr_t)63), *end = (const char *)p + n;
+    __asm__ volatile("mfence" ::: "memory");
+    if (opt)
+        for (; q < end; q += 64) __asm__ volatile("clflushopt %0" : "+m"(*(volatile char *)q));
+    else
+        for (; q < end; q += 64) __asm__ volatile("clflush %0" : "+m"(*(volatile char *)q));
+    __asm__ volatile("mfence" ::: "memory");
+    return 0;
+}
+#elif defined(__aarch64__)
+#define EVICT_BY_LINE 1
+int tuner_evict(const void *p, size_t n) {
+    uint64_t ctr;
+    __asm__ volatile("mrs %0, ctr_el0" : "=r"(ctr));
+    const size_t line = (size_t)4 << ((ctr >> 16) & 0xF);  /* the smallest data cache line */
+    const char *q = (const char *)((uintptr_t)p & ~(uintptr_t)(line - 1)), *end = (const char *)p + n;
+    __asm__ volatile("dsb ish" ::: "memory");
+    for (; q < end; q += line) __asm__ volatile("dc civac, %0" : : "r"(q) : "memory");
+    __asm__ volatile("dsb ish" ::: "memory");
+    return 0;
+}
+#else
+int tuner_evict(const void *p, size_t n) { (void)p; (void)n; return -1; }
+#endif
+
+#ifndef TUNER_EVICT_LIBRARY
 enum { OP_MAP = 1, OP_CALL = 2, OP_EXIT = 3 };
 enum { HELD_SECCOMP = 1, HELD_USER_DROPPED = 2, HELD_NOT_ROOT = 4, HELD_NO_NEW_PRIVS = 8,
        HELD_FIXED_READ_ONLY = 16 };
@@ -286,6 +331,9 @@ int main(int argc, char **argv) {
         return 5;
     }
     int held = drop_user();
+#ifdef EVICT_BY_LINE
+    fixed.flush_bytes = 0;  /* evicted line by line instead */
+#endif
     fixed.flush_buf = fixed.flush_bytes ? malloc(fixed.flush_bytes) : NULL;
     if (fixed.flush_buf) memset(fixed.flush_buf, 1, fixed.flush_bytes);
     int threads = 0;
@@ -335,10 +383,16 @@ int main(int argc, char **argv) {
                 else a[i] = bufs[as[i].buf] + as[i].offset;
             }
             if (bad) { reply(-EINVAL, 0); continue; }
-            if (q->a && fixed.flush_buf) {  /* evict the caches: write a buffer twice the last level's size */
+            if (q->a && fixed.flush_buf) {  /* no eviction by line: write a buffer twice the last level's size */
                 static unsigned char fill;
                 memset(fixed.flush_buf, ++fill, fixed.flush_bytes);
                 __asm__ volatile("" : : "r"(fixed.flush_buf) : "memory");
+            } else if (q->a) {  /* the call's buffers, each once: all it can read or write */
+                for (uint32_t i = 0; i < q->n; i++) {
+                    uint32_t j = 0;
+                    while (j < i && as[j].buf != as[i].buf) j++;
+                    if (j == i) tuner_evict(bufs[as[i].buf], sizes[as[i].buf]);
+                }
             }
             /* Wake OpenMP's team, untimed: its threads went to sleep while the flush ran (or
              * between calls), and a sleeping thread can take milliseconds to get a core back
@@ -363,3 +417,4 @@ int main(int argc, char **argv) {
         }
     }
 }
+#endif  /* TUNER_EVICT_LIBRARY */

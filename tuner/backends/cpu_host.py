@@ -11,6 +11,8 @@ native process of its own, never in the Python process that checks and times it.
   the kernel runs; and calls must begin promptly after they are sent (a kernel that made its
   host answer early and worked on delays the next call's start).
 * `host_binary()`: the host, built once per machine and compiler with the system C compiler.
+* `evictor()`: the host's cache eviction as a function of this process (for what the judge
+  times here: the torch reference, the bandwidth copy), or None where the CPU has none.
 
 Contract: a candidate's fault while it runs is `KernelFault` (its process died: the signal and
 what it means; a forbidden system call is SIGSYS); a kill from outside (SIGKILL, SIGTERM) is
@@ -83,15 +85,7 @@ def host_binary(cc: str, cache_dir: str | None = None) -> tuple[str, str]:
     C compiler `cc`. Built once per source, compiler and machine under the cache folder (and
     looked up once per process); a concurrent build by another worker is harmless (each writes
     its own file and renames it into place)."""
-    if not sys.platform.startswith("linux"):
-        raise HostUnavailable(f"the kernel host needs Linux (memfd, seccomp); this is {sys.platform}")
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise HostUnavailable(f"{cc} --version failed: {e}") from None
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + version.encode() + os.uname().machine.encode()).hexdigest()[:16]
-    folder = Path(cache_dir or Path.home() / ".cache" / "tuner") / "cpu_host" / key
+    folder = _build_folder(cc, cache_dir)
     exe, note_file = folder / "cpu_host", folder / "note.txt"
     if exe.is_file() and note_file.is_file():
         return str(exe), note_file.read_text()
@@ -110,6 +104,43 @@ def host_binary(cc: str, cache_dir: str | None = None) -> tuple[str, str]:
     os.chmod(tmp, 0o755)
     os.replace(tmp, exe)
     return str(exe), note
+
+
+def _build_folder(cc: str, cache_dir: str | None) -> Path:
+    """Where the host and its library are built for this source, compiler and machine."""
+    if not sys.platform.startswith("linux"):
+        raise HostUnavailable(f"the kernel host needs Linux (memfd, seccomp); this is {sys.platform}")
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise HostUnavailable(f"{cc} --version failed: {e}") from None
+    key = hashlib.sha256(SOURCE.read_bytes() + version.encode() + os.uname().machine.encode()).hexdigest()[:16]
+    return Path(cache_dir or Path.home() / ".cache" / "tuner") / "cpu_host" / key
+
+
+@functools.lru_cache(maxsize=4)
+def evictor(cc: str, cache_dir: str | None = None):
+    """`evict(address, nbytes)`: the host's eviction of a range from every cache level, in this
+    process (cpu_host.c built as a library), or None where this CPU has no instruction for it
+    (the caller then writes a buffer larger than the caches) or it does not build."""
+    import ctypes
+    try:
+        folder = _build_folder(cc, cache_dir)
+    except HostUnavailable:
+        return None
+    lib = folder / "libtuner_evict.so"
+    if not lib.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"libtuner_evict.{os.getpid()}.tmp"
+        proc = subprocess.run([cc, "-O2", "-std=gnu11", "-shared", "-fPIC", "-DTUNER_EVICT_LIBRARY", str(SOURCE),
+                               "-o", str(tmp)], capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            return None
+        os.replace(tmp, lib)
+    fn = ctypes.CDLL(str(lib)).tuner_evict
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int
+    probe = ctypes.create_string_buffer(64)
+    return fn if fn(ctypes.addressof(probe), 64) == 0 else None
 
 
 # ---- shared buffers ---------------------------------------------------------------------------

@@ -811,7 +811,8 @@ def time_reference(backend, spec: OpSpec, settings: Settings) -> list[float]:
     where = backend.data_device()
     try:
         xs = op.make_inputs(1, where) if where is not None else [backend.to_device(x) for x in op.make_inputs(1)]
-        samples, _ = bench(backend, lambda: op.torch_impl(xs), settings)
+        tensors = [x for x in xs if hasattr(x, "untyped_storage")]
+        samples, _ = bench(backend, lambda: op.torch_impl(xs), settings, before=lambda: backend.evict(tensors))
     except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if "out of memory" not in str(e).lower():
             raise
