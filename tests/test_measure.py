@@ -221,7 +221,7 @@ def test_cpu_ceilings_are_measured_at_every_run_and_the_highest_is_kept(tmp_path
     from tuner.backends import cpu
     rates = iter([{"copy_gbps": 20.0, "fp32_gflops": 90.0}, {"copy_gbps": 30.0, "fp32_gflops": 80.0}])
     calls = []
-    monkeypatch.setattr(cpu, "measure_peaks", lambda: calls.append(1) or next(rates))
+    monkeypatch.setattr(cpu, "measure_peaks", lambda evict=None: calls.append(1) or next(rates))
     assert cpu._cached_peaks("EPYC", 2, str(tmp_path)) == {"copy_gbps": 20.0, "fp32_gflops": 90.0}
     assert cpu._cached_peaks("EPYC", 2, str(tmp_path)) == {"copy_gbps": 30.0, "fp32_gflops": 90.0}
     assert len(calls) == 2
