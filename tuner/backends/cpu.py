@@ -248,7 +248,8 @@ class CpuBackend(Backend):
         host's clock (each flushed in its host, which checks the judge's clock: cpu_host), or,
         when `fn` launched nothing on a host (the torch reference runs here), `fn` once more,
         flushed and timed here. `before` runs here first (the host flushes after it); for code
-        timed here it is the caller's eviction of what that code reads (`evict`)."""
+        timed here it is the caller's eviction of what that code reads (`evict`), and runs again
+        ahead of the timed call."""
         if before is not None:
             before()
         self._timed = []
@@ -258,6 +259,8 @@ class CpuBackend(Backend):
                 return sum(self._timed)
         finally:
             self._timed = None
+        if before is not None:
+            before()  # again: the untimed call above read the inputs (an eviction is undone)
         if self._evictor() is None:
             self._flush()
         self._wake()

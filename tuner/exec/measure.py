@@ -805,14 +805,33 @@ def _history_round(backend, kernel, op: Op, median: float, rotation: _Rotation, 
     return None
 
 
+class _ReferenceCall:
+    """The torch reference as a timed call, cold as a kernel's call is: `before` evicts its
+    inputs and its last call's outputs, whose memory the allocator hands the next call's
+    outputs (Backend.evict; nothing where time_call flushes the whole cache)."""
+
+    def __init__(self, backend, op, xs: list):
+        self.backend, self.op, self.xs = backend, op, xs
+        self.inputs = [x for x in xs if hasattr(x, "untyped_storage")]
+        self.last: list = []
+
+    def call(self) -> None:
+        out = self.op.torch_impl(self.xs)
+        self.last = [t for t in (out if isinstance(out, (list, tuple)) else [out]) if hasattr(t, "untyped_storage")]
+
+    def before(self) -> None:
+        self.backend.evict(self.inputs + self.last)
+        self.last = []
+
+
 def time_reference(backend, spec: OpSpec, settings: Settings) -> list[float]:
     """Samples of the torch implementation a user would run today, on the same device."""
     op = load_op(spec)
     where = backend.data_device()
     try:
         xs = op.make_inputs(1, where) if where is not None else [backend.to_device(x) for x in op.make_inputs(1)]
-        tensors = [x for x in xs if hasattr(x, "untyped_storage")]
-        samples, _ = bench(backend, lambda: op.torch_impl(xs), settings, before=lambda: backend.evict(tensors))
+        ref = _ReferenceCall(backend, op, xs)
+        samples, _ = bench(backend, ref.call, settings, before=ref.before)
     except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if "out of memory" not in str(e).lower():
             raise
@@ -863,6 +882,7 @@ def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
     if with_reference:
         where = backend.data_device()
         xs = op.make_inputs(1, where) if where is not None else [backend.to_device(x) for x in op.make_inputs(1)]
+        ref = _ReferenceCall(backend, op, xs)
         out.append([])
     contenders = len(out)
     rounds = -(-rounds // contenders) * contenders  # each place alike; the same time each, in shorter rounds
@@ -871,7 +891,7 @@ def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
     for r in range(rounds):
         for i in round_order(contenders, r):
             if i == len(rotations):  # the reference
-                s, _ = bench(backend, lambda: op.torch_impl(xs), short)
+                s, _ = bench(backend, ref.call, short, before=ref.before)
                 out[-1].extend(s)
                 continue
             rot = rotations[i]
