@@ -589,10 +589,28 @@ def test_rescues_are_of_cliffs_through_ordered_params_two_at_most():
     assert not len(p._rescues(inc, done, [])[0])
 
 
+def test_a_stalled_search_flips_the_switches_of_another_regimes_best():
+    """`regimes`: the best config timed with another value of a switch param (ORDER col, the
+    incumbent's row) has its other switches flipped, its own regime and other params kept; once
+    every such flip was seen, the turn goes on (here to VEC, whose other value no config has)."""
+    space = replay.synthetic("smooth", 0).space
+    p = GuidedSearch(space)
+    names = [q.name for q in space.params]
+    o, v = names.index("ORDER"), names.index("VEC")
+    inc = [2, 2, 1, 1, 0, 0]
+    other = [1, 3, 2, 2, 1, 0]
+    ranked = [(tuple(inc), -5.0), (tuple(other), -4.5)]
+    rng = np.random.default_rng(0)
+    flip = p._regime_flip(ranked, 0, np.zeros(0, np.int64), rng)
+    assert flip == tuple(other[:v] + [1] + other[v + 1:]) and flip[o] == other[o]
+    seen = p.enc.flat(np.array([flip]))
+    assert p._regime_flip(ranked, 0, seen, rng) is None
+
+
 def test_parallel_asks_on_one_history_take_turns_leaving_the_trust_region():
     p = GuidedSearch(replay.synthetic("smooth", 0).space)
     ok = [((0,) * 6, -5.0)] + [((0,) * 6, -4.0)] * 3  # three timings since the best
-    assert [p._stalled(ok, k) for k in range(4)] == [True, False, False, True]
+    assert [p._stall_ask(ok, k) for k in range(4)] == [0, None, None, 1]
 
 
 def test_scores_equal_but_for_rounding_are_ties_that_the_rng_breaks():
