@@ -61,9 +61,10 @@ class CpuBackend(Backend):
     exclusive_timing = True
     isolated_kernels = True  # cpu_host: a process of its own
     # Lone calls here run in the same host, on buffers mapped and faulted in ahead (MAP_POPULATE)
-    # and after the same cache flush: honest library kernels' fastest of three read at most
-    # 1.21x their median, idle or loaded (bench/RESULTS.md), and a kernel that keeps half its
-    # rows in a freed heap block between calls gains 1.5-1.9x, which 2x let through.
+    # and after the same eviction: honest library kernels' fastest of three read at most 0.98x
+    # their median idle (1.21x under the earlier flush, idle or loaded; bench/RESULTS.md), and a
+    # kernel that keeps half its rows in a freed heap block between calls gains 1.9x, which 2x
+    # let through.
     history_factor = 1.4
 
     def __init__(self, device: int = 0, **options: Any) -> None:
