@@ -41,6 +41,8 @@ fewer evaluations. Each ask:
   `explore_every`-th ask drops the trust region (the best EI x P(works) anywhere): real
   landscapes have plateaus a few percent off the best with the optimum in another basin
   (grid-recorded rope, attention), where a purely local walk did worse than random search.
+  Every other such ask first flips a switch of the best config of another regime, in that
+  regime (`regimes`): the model learns one switch's effect across all regimes.
   Configs rejected by the space's own formulas (`check`) are never
   proposed. A candidate more likely to fail than not has its expected improvement taken
   from the objective model told the failures as 2x the best, when that is lower: past a
@@ -163,7 +165,8 @@ class GuidedSearch:
       seen; else it stays global. A switch's effect in one regime says little of it in the
       other, and the model, stationary, reads it as one slope: in a layernorm, a persistent
       grid was 1.4x slower in the one-pass kernel and the optimum in the looped one, and the
-      search polished the one-pass basin 3.5 % off (False: off).
+      search polished the one-pass basin 3.5 % off. As `screen`, only without a prior (False:
+      off).
     * `repair`: (config, keep=()) -> a valid config near it that leaves the params named in
       `keep` as they are, or None (`Space.repair` under the run's sizes and limits). When no
       candidate passes `check`, the best few are repaired instead; and a one-step move from
@@ -493,7 +496,8 @@ class GuidedSearch:
         return None
 
     def _inside(self, keep: tuple[int, int | None]) -> Callable[[Sequence[int]], bool]:
-        """Whether a config (index vector) is in the regime `keep` names (see `_other_regime`)."""
+        """Whether a config (index vector) is in the regime `keep` (param, value; None: not the
+        'off' 0) names."""
         j, v = keep
         return (lambda idx: int(idx[j]) == v) if v is not None else (lambda idx: int(idx[j]) != 0)
 
