@@ -140,6 +140,32 @@ def test_a_flushed_call_reads_its_buffers_from_memory(backend, tmp_path):
     assert statistics.median(cold) > 2 * statistics.median(warm), (cold, warm)
 
 
+def test_a_kernel_that_shrinks_the_hosts_size_table_is_refused_its_next_call(backend, tmp_path):
+    """The host evicts each buffer whole, by the size the judge names in every call: a kernel
+    that wrote smaller sizes into the host's (writable) table to have its buffers evicted in
+    part, and its next call timed warm, gets that call refused instead."""
+    from tuner.backends.cpu_host import HostKernel
+    binary = backend._host()[0]
+    symbols = subprocess.run(["nm", binary], capture_output=True, text=True, check=True).stdout
+    offset = {f[2]: int(f[0], 16) for f in (ln.split() for ln in symbols.splitlines()) if len(f) == 3}
+    tensors = _Tensors(backend)
+    x, out = tensors([0.0] * (1 << 18)), tensors([0.0] * (1 << 18))
+    kernel = backend.load(_so("shrink_table", tmp_path), None)
+    try:
+        assert isinstance(kernel, HostKernel)
+        maps = [ln.split() for ln in Path(f"/proc/{kernel.proc.pid}/maps").read_text().splitlines()]
+        real = os.path.realpath(binary)
+        base = min(int(m[0].split("-")[0], 16) for m in maps if len(m) > 5 and os.path.realpath(m[5]) == real)
+        x.view(torch.int64)[0] = base + offset["sizes"]
+        kernel.call([x, out], flush=True)
+        assert out[0].item() == 1.0
+        from tuner.backends.cpu_host import KernelFault
+        with pytest.raises(KernelFault, match="wrote over the host's memory"):
+            kernel.call([x, out], flush=True)
+    finally:
+        kernel.close()
+
+
 def test_the_python_api_is_not_there_to_call(backend, tmp_path):
     from tuner.backends.cpu_host import LoadError
     with pytest.raises(LoadError, match="PyEval_GetBuiltins"):

@@ -20,7 +20,7 @@
  *   MAP  id nbytes readonly + one fd (SCM_RIGHTS): map a shared buffer between PROT_NONE fences
  *        of `fence` bytes on each side; read-only buffers come as a read-only fd, so no mprotect
  *        can make them writable;
- *   CALL n flush + n (id, offset): r = CLOCK_MONOTONIC when the request was read; with
+ *   CALL n flush + n (id, offset, bytes): r = CLOCK_MONOTONIC when the request was read; with
  *        `flush`, the call's buffers evicted from every cache level, line by line (where the
  *        CPU has no such instruction: a buffer of `flush bytes` written); t0 read; (r, t0)
  *        written to the clock pipe; the kernel called with the n pointers; t1 read; the
@@ -109,7 +109,7 @@ enum { HELD_SECCOMP = 1, HELD_USER_DROPPED = 2, HELD_NOT_ROOT = 4, HELD_NO_NEW_P
 #define MAX_BUFS 65536
 
 struct req { uint32_t op, n; uint64_t a, b; };
-struct arg { uint32_t buf, pad; uint64_t offset; };
+struct arg { uint32_t buf, pad; uint64_t offset, bytes; };  /* bytes: the buffer's, as mapped */
 
 typedef void *P;
 typedef void (*kernel_t)(void);
@@ -379,10 +379,13 @@ int main(int argc, char **argv) {
             P a[MAX_ARGS];
             int bad = 0;
             for (uint32_t i = 0; i < q->n; i++) {
-                if (as[i].buf >= MAX_BUFS || !bufs[as[i].buf] || as[i].offset >= sizes[as[i].buf]) bad = 1;
+                /* The judge names each buffer's size: the table below is writable, and a kernel that
+                 * shrank an entry would have its buffers evicted in part, timed warm. */
+                if (as[i].buf >= MAX_BUFS || !bufs[as[i].buf] || as[i].offset >= as[i].bytes) bad = EINVAL;
+                else if (as[i].bytes != sizes[as[i].buf]) bad = ESTALE;  /* cpu_host.py names it */
                 else a[i] = bufs[as[i].buf] + as[i].offset;
             }
-            if (bad) { reply(-EINVAL, 0); continue; }
+            if (bad) { reply(-bad, 0); continue; }
             if (q->a && fixed.flush_buf) {  /* no eviction by line: write a buffer twice the last level's size */
                 static unsigned char fill;
                 memset(fixed.flush_buf, ++fill, fixed.flush_bytes);

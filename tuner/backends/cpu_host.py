@@ -23,6 +23,7 @@ the judge's clock is `ClockMismatch`. Linux; elsewhere `host_binary` raises `Hos
 from __future__ import annotations
 
 import array
+import errno
 import functools
 import hashlib
 import itertools
@@ -306,7 +307,7 @@ class HostKernel:
                 raise ValueError("a cpu kernel runs only on buffers made by CpuBackend.host_buffer")
             if b.id not in self._mapped:
                 self._map(b)
-            args.append(struct.pack("<IIQ", b.id, 0, addr - b.start))
+            args.append(struct.pack("<IIQQ", b.id, 0, addr - b.start, b.open_bytes))
         cpu0 = self._cpu_ns()
         ran = self._running() if cpu0 is None else False
         sent = time.monotonic_ns()
@@ -314,6 +315,10 @@ class HostKernel:
         status, t1 = self._reply()
         came = time.monotonic_ns()
         cpu1 = self._cpu_ns() if cpu0 is not None else None
+        if status == -errno.ESTALE:
+            raise KernelFault("the kernel host refused a call: its table of buffer sizes no longer matched the "
+                              "judge's (the kernel wrote over the host's memory, which would have left part "
+                              "of its buffers in the caches for the next timed call)")
         if status < 0:
             raise OSError(-status, f"the kernel host refused a call: {os.strerror(-status)}")
         ready, _, _ = select.select([self._clock], [], [], 0)
