@@ -32,7 +32,7 @@ C_CASES = {
     # timed calls that most are its first on a set (misses), OK at the time of the work.
     "stack_cache": ((Status.SUSPECT, Status.WRONG_RESULT, "not faster"), ""),
     # The same through the heap (a freed block the next call's malloc gets back), keeping half
-    # its rows: 1.5-1.9x faster, caught by the cpu backend's history factor (1.4x; 2x let it be OK).
+    # its rows: 1.9x faster, caught by the cpu backend's history factor (1.4x; 2x let it be OK).
     "heap_cache": ((Status.SUSPECT, Status.WRONG_RESULT, "not faster"), ""),
     "result_cache": (Status.COMPILE_ERROR, "writable global or static data"),
     "same_buffers": (Status.COMPILE_ERROR, "writable global or static data"),
