@@ -138,7 +138,10 @@ def evictor(cc: str, cache_dir: str | None = None):
         if proc.returncode != 0:
             return None
         os.replace(tmp, lib)
-    fn = ctypes.CDLL(str(lib)).tuner_evict
+    try:
+        fn = ctypes.CDLL(str(lib)).tuner_evict
+    except (OSError, AttributeError):  # a cache folder mounted noexec, a truncated file
+        return None
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int
     probe = ctypes.create_string_buffer(64)
     return fn if fn(ctypes.addressof(probe), 64) == 0 else None
