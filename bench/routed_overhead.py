@@ -103,7 +103,8 @@ def small_layer(out: Path, rounds: int) -> None:
         db.collect([out / "runs"])
         db.save()
         export(db, out / "export")
-    table = Table.load(out / "export" / "tuning.json", cache_dir=str(out / "cache"))
+    table = Table.load(out / "export" / "tuning.json", cache_dir=str(out / "cache"),
+                       serve_slower=True)  # what a routed call costs, whether or not it pays
     model, xs = m.get_model().eval(), m.get_inputs()
     with torch.no_grad():
         patched = patched_copy(model, table)
@@ -125,7 +126,7 @@ def steps(db: str, n: int = 2000) -> None:
     from tuner.core.ops import builtin_spec, load_op
     from tuner.serve import calls, patch
     from tuner.serve.runtime import Table
-    table = Table.load(db)
+    table = Table.load(db, serve_slower=True)  # every entry's routed call, whether or not it pays
     p = patch.Patched(torch.nn.Module(), table, functions=False)
     op_fn = calls.custom_op()
     print("\n| entry | backend | the custom op | the patch's call | the kernel's launch | the backend's launch | "

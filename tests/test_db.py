@@ -146,6 +146,21 @@ def test_cli_db_and_export(runs, tmp_path, capsys):
         export(empty, tmp_path / "none")
 
 
+def test_an_entry_slower_than_torch_is_said_so_by_list_and_export(runs, tmp_path, capsys):
+    _, paths, _ = runs
+    slow = copy_run(paths[0], tmp_path / "slow")
+    summary = json.loads((slow / "summary.json").read_text())
+    summary["best"]["speedup_vs_reference"] = 0.74
+    (slow / "summary.json").write_text(json.dumps(summary))
+    dbf = str(tmp_path / "t.json")
+    assert main(["db", "update", str(slow), "--db", dbf]) == 0
+    assert main(["db", "list", "--db", dbf]) == 0
+    assert "1 slower than torch's own" in " ".join(capsys.readouterr().out.split())
+    assert main(["export", "--db", dbf, "--out", str(tmp_path / "exp")]) == 0
+    out = capsys.readouterr().out
+    assert "ran at 0.74x torch's own implementation" in out and "serve_slower=True" in out
+
+
 def test_seeds_from_before_a_param_was_added_are_tried_with_its_default(tmp_path):
     # an LLM round's revised skeleton, or a warm start from an older version, may add a param:
     # the earlier best configs still come right after the default, completed, not dropped

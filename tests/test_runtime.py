@@ -108,6 +108,42 @@ def test_another_toolchain_is_never_served(exported, cache_dir):
     assert "another toolchain" in t.explain("softmax", {"M": 256, "N": 512})[0]
 
 
+def test_an_entry_torch_beat_in_its_run_serves_nothing(exported, cache_dir):
+    """An entry whose kernel ran slower than the op's torch implementation in its run's final
+    interleave: at exactly its sizes torch runs (a config from another shape was not timed
+    there at all), it is no other shape's nearest, and a model's patch leaves its op alone."""
+    import torch.nn as nn
+
+    from tuner import runtime
+    data = json.loads((exported / "tuning.json").read_text())
+    for e in data["entries"]:
+        if e["sizes"] == {"M": 256, "N": 512} or e["backend"] == "cpu":
+            e["speedup_vs_reference"] = 0.8
+    t = Table(data, backend="null", cache_dir=cache_dir)
+    x = torch.randn(256, 512)
+    assert torch.allclose(t("softmax", x), torch.softmax(x, -1))
+    assert t.last is None  # not the 1024x512 entry's config borrowed either
+    why = t.explain("softmax", {"M": 256, "N": 512})
+    assert "0.80x torch's own implementation" in why[0] and "exactly these sizes" in why[-1], why
+    t("softmax", torch.randn(300, 512))  # nearest would be 256x512: passed over for 1024x512
+    assert t.last is not None and t.last.entry["sizes"] == {"M": 1024, "N": 512}
+    served = Table(data, backend="null", cache_dir=cache_dir, serve_slower=True)
+    served("softmax", x)
+    assert served.last is not None and served.last.exact
+    # cpu: its one entry lost to torch, so no softmax call of a model is routed at all.
+    cpu = Table(data, backend="cpu", cache_dir=cache_dir)
+    assert "softmax" not in cpu.ops() and "softmax" in Table(data, backend="cpu", serve_slower=True).ops()
+
+    class M(nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, dim=-1)
+    model = runtime.patch(M(), cpu)
+    with torch.no_grad():
+        model(torch.randn(16, 64))
+    assert not any(v[0] for v in model.tuner_patch.stats.values())
+    runtime.unpatch(model)
+
+
 def test_real_c_kernel_exact_and_nearest(exported, cache_dir):
     t = Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir)
     for m in (16, 20):

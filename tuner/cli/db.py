@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tuner.serve.db import DEFAULT_DB, DBError, TuningDB, export
+from tuner.serve.db import DEFAULT_DB, DBError, TuningDB, export, slower_than_reference
 
 
 def add_cli(sub) -> None:
@@ -48,8 +48,10 @@ def db_table(db: TuningDB, stale: bool = False):
     from rich.table import Table
 
     from tuner.run.report import fmt_time
-    t = Table(title=f"{db.path}: {len(db.entries)} served, {len(db.stale)} stale (another toolchain)",
-              title_justify="left")
+    slower = sum(slower_than_reference(e) for e in db.entries)
+    t = Table(title=f"{db.path}: {len(db.entries)} served, {len(db.stale)} stale (another toolchain)"
+                    + (f"; {slower} slower than torch's own (vs reference < 1x): the runtime runs torch's "
+                       f"at their sizes" if slower else ""), title_justify="left")
     for c in ("op", "sizes", "dtype", "backend", "device", "best", "vs reference", "config", "toolchain", "run"):
         t.add_column(c)
     rows = [(e, "") for e in db.entries] + ([(e, " (stale)") for e in db.stale] if stale else [])
@@ -66,6 +68,12 @@ def cmd_export_db(args) -> int:
     if not db.path.exists():
         raise DBError(f"{db.path}: no tuning database; create it with `tuner db update RUNS...`")
     out = Path(args.out or "exported")
-    written = export(db, out, getattr(args, "backend", None), getattr(args, "device", None))
+    backend, device = getattr(args, "backend", None), getattr(args, "device", None)
+    written = export(db, out, backend, device)
     print("wrote " + ", ".join(str(p) for p in written))
+    for e in db.served(backend, device):
+        if slower_than_reference(e):
+            print(f"note: {e['op']} {'x'.join(str(v) for v in e['sizes'].values())} {e['dtype']} on {e['backend']} "
+                  f"ran at {e['speedup_vs_reference']:.2f}x torch's own implementation in run {e['run_id']}: "
+                  f"the runtime runs torch's at its sizes (`serve_slower=True` serves it)")
     return 0

@@ -184,7 +184,15 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
         medians = interleaved(fns, sync, rounds)
         ops = op_contributions(patched_model.tuner_patch, sync, rounds, per_forward)
         unpatch(patched_model)
-        notes += slower(medians)
+        if any(v[0] for v in stats.values()):  # with no call routed, a difference is the machine's noise
+            notes += slower(medians)
+        beaten = [e for e in getattr(table, "entries", ()) if getattr(table, "slower", lambda e: "")(e)]
+        if beaten:
+            notes.append("not served, torch's own implementation ran faster in their runs (`runtime.load(..., "
+                         "serve_slower=True)` serves them): " + ", ".join(
+                             f"{e['op']} {'x'.join(str(v) for v in e['sizes'].values())} {e['dtype']} "
+                             f"({e['speedup_vs_reference']:.2f}x)" for e in beaten[:6])
+                         + (f" and {len(beaten) - 6} more" if len(beaten) > 6 else ""))
         advice = eager_advice(ops)
         if advice:
             notes.append(advice)

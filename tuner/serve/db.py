@@ -53,6 +53,14 @@ def fingerprint(toolchain: dict[str, str]) -> str:
     return content_hash(json.dumps(items))
 
 
+def slower_than_reference(entry: dict) -> bool:
+    """Whether the entry's kernel lost to the op's torch implementation (the run's reference:
+    what a call runs without the kernel) in the same interleave of its run's final timing.
+    Unknown (no reference timed): False."""
+    sp = entry.get("speedup_vs_reference")
+    return isinstance(sp, (int, float)) and not isinstance(sp, bool) and sp < 1.0
+
+
 def entry_key(e: dict) -> tuple:
     """One entry per key: a backend that compiles two languages (cuda: Triton and CUDA C++)
     keeps the best of each, and the runtime serves the faster (its rank is by median)."""

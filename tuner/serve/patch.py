@@ -89,8 +89,7 @@ class Patched:
         # A module is replaced only for an op the table holds at some size: a route that can
         # never serve would cost every call a trip through Python (and, under torch.compile, an
         # opaque custom op the compiler cannot fuse).
-        entries = getattr(table, "entries", None)  # a table that lists none: every route is tried
-        held = None if entries is None else {e["op"] for e in entries}
+        held = table.ops() if hasattr(table, "ops") else None  # a table that lists none: every route is tried
         if self.ops is not None:
             held = set(self.ops) if held is None else held & self.ops
         for name, module in model.named_modules():

@@ -24,7 +24,12 @@ Which entry serves a call (the rule, in order):
 4. With `verify="nearest"` (the default) a config borrowed from another shape is checked once
    against the reference on random inputs of the call's shape before its first use; a wrong one
    is skipped for the next candidate (`verify="always"` checks exact ones too, `"never"` none).
-5. When nothing serves, a call runs the op's torch implementation (or raises `LookupError`
+5. An entry whose kernel ran slower than the op's torch implementation in its run's final
+   timing (its `speedup_vs_reference` < 1: the same interleave, the call it would replace)
+   serves nothing: at exactly its sizes torch's implementation runs (it was measured faster
+   there, and a config borrowed from another shape was not measured at all), and it is no
+   other shape's nearest. `serve_slower=True` serves such entries as any other.
+6. When nothing serves, a call runs the op's torch implementation (or raises `LookupError`
    with `strict=True`); `Table.explain` says why each candidate was passed over.
 
 Built kernels are cached in memory per (op, sizes, dtype, backend) and their compiled artifacts
@@ -47,7 +52,7 @@ from tuner.core.ops import arg_specs, load_op, render_context
 from tuner.core.settings import Settings
 from tuner.core.skeleton import Skeleton, SkeletonError
 from tuner.core.values import Config, OpSpec, Status
-from tuner.serve.db import fingerprint
+from tuner.serve.db import fingerprint, slower_than_reference
 from tuner.serve.graphs import LaunchGraphs
 
 # Where a built-in op's sizes are read from its inputs: (input index, size name per dim).
@@ -252,7 +257,7 @@ class Table:
 
     def __init__(self, data: dict | str | Path, backend: str | None = None, verify: str = "nearest",
                  strict: bool = False, cache_dir: str | None = None, check_toolchain: bool = True,
-                 base_dir: str | Path | None = None):
+                 base_dir: str | Path | None = None, serve_slower: bool = False):
         if not isinstance(data, dict):
             base_dir = base_dir or Path(data).parent
             data = _read_table(Path(data))
@@ -262,7 +267,7 @@ class Table:
         self.entries: list[dict] = _checked_entries(data.get("entries", []))
         self.skeletons: dict[str, dict] = dict(data.get("skeletons", {}))
         self.backend, self.verify, self.strict = backend, verify, strict
-        self.check_toolchain = check_toolchain
+        self.check_toolchain, self.serve_slower = check_toolchain, serve_slower
         self.cache_dir = Path(cache_dir or Settings().cache_dir)
         self._devices: dict[str, Any] = {}
         self._kernels: dict[tuple, Kernel | None] = {}
@@ -309,6 +314,19 @@ class Table:
 
     # ---- lookup ------------------------------------------------------------------------
 
+    def slower(self, entry: dict) -> str:
+        """Why `entry` serves nothing because torch's own implementation beat it (rule 5), or ""."""
+        if self.serve_slower or not slower_than_reference(entry):
+            return ""
+        return (f"ran at {entry['speedup_vs_reference']:.2f}x torch's own implementation in its run "
+                f"({entry.get('run_id', '?')}): torch's runs at its sizes")
+
+    def ops(self) -> set[str]:
+        """The ops some entry of the table may serve here: on a backend it uses (`backends`), not
+        one that torch beat."""
+        backends = set(self.backends())
+        return {e["op"] for e in self.entries if e["backend"] in backends and not self.slower(e)}
+
     def candidates(self, op: str, sizes: dict[str, int], dtype: str = "fp32",
                    backend: str | None = None) -> list[Candidate]:
         """Every entry of the op and dtype, best first by the rule; `why_not` set on those that
@@ -331,9 +349,18 @@ class Table:
                     why = (f"tuned with another toolchain ({_diff(e['toolchain'], dict(info.toolchain))}): "
                            f"stale here, never served")
                 else:
-                    why = self._forbidden(e, e["kernel"]) or ""
+                    why = self._forbidden(e, e["kernel"]) or self.slower(e)
                 d = distance(sizes, e["sizes"]) if not why or "size names" not in why else math.inf
                 out.append(Candidate(e, d, d == 0, why))
+            # Torch beat every kernel tuned at exactly these sizes on this backend: it runs them.
+            exact = [c for c in out if c.exact and c.entry["backend"] == b and c.why_not in ("", self.slower(c.entry))]
+            if exact and all(c.why_not for c in exact):
+                beaten = (f"torch's own implementation beat the kernel tuned at exactly these sizes "
+                          f"({exact[0].entry['speedup_vs_reference']:.2f}x in run {exact[0].entry.get('run_id', '?')}): "
+                          f"torch's runs them")
+                for c in out:
+                    if c.entry["backend"] == b and not c.why_not:
+                        c.why_not = beaten
         out.sort(key=lambda c: (bool(c.why_not), rank(sizes, c.entry["sizes"], c.entry["median_s"])
                                 if "size names" not in c.why_not else (math.inf,)))
         return out
