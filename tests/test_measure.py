@@ -663,3 +663,35 @@ def test_the_rotation_never_repeats_a_set_back_to_back_and_its_order_is_not_a_cy
     assert all(a != b for a, b in zip(order, order[1:]))
     assert len(set(order)) == 3
     assert any(order[i] != order[i + 3] for i in range(len(order) - 3))  # a cycle of three repeats every third
+
+
+def test_the_range_check_holds_a_kernel_where_torchs_own_is_right_and_nowhere_else(tmp_path):
+    """Inputs 16x larger: a softmax without the row max (right on the checks' inputs) gives NaN
+    there, where torch's softmax is right: wrong, saying what to fix; an honest one that
+    rounds otherwise (in another order) passes. An op whose own implementation overflows at
+    that range (exp in fp32) holds no kernel to it."""
+    from tuner.core.problem import spec_from_problem_file
+    op = load_op(builtin_spec("softmax", "32x256"))
+    backend = HostBackend()
+
+    def no_row_max(x, y):
+        e = torch.exp(x.float())
+        y.copy_(e / e.sum(-1, keepdim=True))
+
+    def reversed_sum(x, y):
+        e = torch.exp(x.float() - x.float().amax(-1, keepdim=True)).flip(-1)
+        y.copy_((e / e.cumsum(-1)[:, -1:]).flip(-1))
+
+    assert measure.check(backend, no_row_max, op, 7, measure._reference(op, 7))[0] is None  # the checks pass it
+    why = measure._range_check(backend, no_row_max, op)
+    assert why is not None and "NaN" in why and "scaled by 16" in why and "row max" in why
+    assert measure._range_check(backend, reversed_sum, op) is None
+    problem = tmp_path / "exp.py"
+    problem.write_text("import torch\nimport torch.nn as nn\nn = 256\n\n\nclass Model(nn.Module):\n"
+                       "    def forward(self, x):\n        return torch.exp(x)\n\n\n"
+                       "def get_inputs():\n    return [torch.randn(n) * 3]\n\n\ndef get_init_inputs():\n    return []\n")
+    exp_op = load_op(spec_from_problem_file(problem, "fp32", {}))
+
+    def clamped(x, y):  # inf in fp32 past 88: so is torch's own
+        y.copy_(torch.exp(x.clamp_max(80)))
+    assert measure._range_check(backend, clamped, exp_op) is None

@@ -7,6 +7,11 @@ be one it cannot tell from a checked one:
   before the launch with a poison drawn at random each time (NaN, or a random finite value:
   a kernel that computes only when it sees NaN is caught), every buffer between guard bands,
   inputs compared with their pristine copies afterwards, a per-dtype tolerance; two checks.
+* Range: one check more on inputs scaled by RANGE_SCALE (exact in binary floating point), held
+  to torch's own error there: a kernel correct only on inputs of the checks' magnitude (a
+  softmax or cross-entropy without the row max, an accumulation in a narrower type that
+  overflows) fails it, where torch's own implementation in the op's dtype stays finite (an op
+  whose own implementation overflows, or leaves its domain, at that range is not held to it).
 * Timing rotates over several buffer sets (distinct inputs, outputs and addresses), so no two
   consecutive calls see the same buffers, and each timed call's outputs are poisoned afresh
   before it, untimed (no call finds its own earlier result there to skip the work on); after
@@ -297,13 +302,14 @@ def _launch_once(backend, kernel, bufs: "_BufferSet") -> str | None:
     return None
 
 
-def _check_reference_after(backend, kernel, op: Op, seed: int) -> tuple[str | None, float, float]:
+def _check_reference_after(backend, kernel, op: Op, seed: int, scale: float = 1.0) -> tuple[str | None, float, float]:
     """A check whose reference does not exist while the kernel runs. On a GPU a kernel can read
     any device memory: the references of the pooled sets sit there, and a kernel that found
     the one for its inputs could copy it instead of computing. Here the inputs are new, the
     outputs are allocated from the op's shapes, and the float64 reference is made from the
-    untouched inputs after the kernel has returned."""
-    bufs = _unreferenced_set(backend, op, seed)
+    untouched inputs after the kernel has returned. `scale`: floating inputs multiplied by it
+    (the range check), the tolerance then torch's own error on such inputs."""
+    bufs = _unreferenced_set(backend, op, seed, scale)
     refused = _launch_once(backend, kernel, bufs)
     if refused:
         return refused, 0.0, 0.0
@@ -311,15 +317,45 @@ def _check_reference_after(backend, kernel, op: Op, seed: int) -> tuple[str | No
     return bufs.verdict()
 
 
-def _unreferenced_set(backend, op: Op, seed: int) -> "_BufferSet":
-    """A buffer set of `seed`'s inputs whose reference is not made yet (`_make_reference`, once
-    the kernel has run on it): its outputs allocated from the op's shapes."""
+RANGE_SCALE = 16.0  # a power of two: the scaled inputs are exact, no new rounding
+# The range check looks for a kernel that breaks there (non-finite outputs, an overflow, a
+# result off by its own magnitude), not for one that rounds otherwise than torch where the op
+# grows ill-conditioned with its inputs' scale (attention's scores: 256x larger at 16x q and k,
+# whose rounding exp turns into relative error): its tolerances are as many times wider as
+# its inputs are larger (an output that grows with them grows its rounding error alike).
+RANGE_LOOSENESS = RANGE_SCALE
+
+
+def _range_check(backend, kernel, op: Op) -> str | None:
+    """Why the kernel is wrong on inputs RANGE_SCALE times larger than the checks' where torch's
+    own implementation is right, or None (also where it is not: see `torch_slack`)."""
+    seed = _rng.randrange(1, 2**31)
+    why, _, _ = _check_reference_after(backend, kernel, op, seed, RANGE_SCALE)
+    return (f"{why} (on inputs scaled by {RANGE_SCALE:g}, seed {seed}, a range torch's own "
+            f"implementation in {op.spec.dtype} computes right: a kernel must be right there too, "
+            f"e.g. subtract the row max before exp, accumulate in a type that does not overflow)"
+            if why else None)
+
+
+def _scaled(xs: list, scale: float) -> list:
+    if scale != 1.0:
+        for x in xs:
+            if x.is_floating_point():
+                x.mul_(scale)
+    return xs
+
+
+def _unreferenced_set(backend, op: Op, seed: int, scale: float = 1.0) -> "_BufferSet":
+    """A buffer set of `seed`'s inputs (floating ones times `scale`) whose reference is not made
+    yet (`_make_reference`, once the kernel has run on it): its outputs allocated from the op's
+    shapes."""
     import torch
 
     from tuner.core.ops import arg_specs
     where = backend.data_device()
-    host = None if where is not None else op.make_inputs(seed)
-    xs = op.make_inputs(seed, where) if where is not None else [backend.to_device(x.clone()) for x in host]
+    host = None if where is not None else _scaled(op.make_inputs(seed), scale)
+    xs = (_scaled(op.make_inputs(seed, where), scale) if where is not None
+          else [backend.to_device(x.clone()) for x in host])
     if not backend.isolated_kernels:
         for t in xs:
             t._tuner_digest = _digest(t)
@@ -327,7 +363,7 @@ def _unreferenced_set(backend, op: Op, seed: int) -> "_BufferSet":
     _, outs = arg_specs(op)
     placeholders = [torch.empty(shape, dtype=torch.float64 if dt.is_floating_point else dt, device=ref_device)
                     for shape, dt in outs]
-    bufs = _BufferSet(backend, op, xs, placeholders)
+    bufs = _BufferSet(backend, op, xs, placeholders, "" if scale == 1.0 else f"x{scale:g}")
     bufs.host_inputs = host
     return bufs
 
@@ -346,8 +382,8 @@ class _BufferSet:
     poisoned; `verdict` says whether the last call on them did the work (and poisons the
     outputs again for the next one)."""
 
-    def __init__(self, backend, op: Op, pristine: list, ref_dev: list):
-        self.op, self.pristine, self.ref = op, pristine, ref_dev
+    def __init__(self, backend, op: Op, pristine: list, ref_dev: list, kind: str = ""):
+        self.op, self.pristine, self.ref, self.kind = op, pristine, ref_dev, kind  # kind: see torch_slack
         self.inputs = [_guarded(backend, x.shape, x.dtype, x.device) for x in pristine]
         for g, x in zip(self.inputs, pristine):
             g.view.copy_(x)
@@ -393,7 +429,7 @@ class _BufferSet:
                     return why, 0.0, 0.0
                 if all(torch.equal(g.view, k) for g, k in zip(self.outs, self.good)):
                     return None, *self.good_err
-            out = _verdict(self.op, self.pristine, self.ref, self.inputs, self.outs, self.poisons)
+            out = _verdict(self.op, self.pristine, self.ref, self.inputs, self.outs, self.poisons, self.kind)
             if out[0] is None:
                 self.good, self.good_err = [g.view.clone() for g in self.outs], out[1:]
             return out
@@ -416,18 +452,23 @@ def _intact(op: Op, pristine: list, inputs: list, outs: list) -> str | None:
 
 
 def _verdict(op: Op, pristine: list, ref_dev: list, inputs: list, outs: list,
-             poisons: list) -> tuple[str | None, float, float]:
+             poisons: list, kind: str = "") -> tuple[str | None, float, float]:
     """Why the outputs in `outs` are not `op`'s result on `pristine` (or the inputs or guard
-    bands were written), or None; with the max abs and rel error."""
+    bands were written), or None; with the max abs and rel error. `kind`: the inputs' range
+    (see torch_slack)."""
     import torch
     why = _intact(op, pristine, inputs, outs)
     if why is not None:
         return why, 0.0, 0.0
     atol, rtol = op.tolerance
     max_abs = max_rel = 0.0
-    slack = torch_slack(op, pristine, ref_dev)
+    slack = torch_slack(op, pristine, ref_dev, kind)
+    if slack is None:
+        return None, 0.0, 0.0  # a range the op's own implementation does not compute right
+    loose = RANGE_LOOSENESS if kind else 1.0
+    rtol *= loose
     for name, g, r, p, floor in zip(op.output_names, outs, ref_dev, poisons, slack):
-        atol = max(op.tolerance[0], floor)
+        atol = max(op.tolerance[0], floor) * loose
         # Compared where the reference is: on the device with it (no copy back), or on the host
         # for a backend that verifies there (Backend.verify_on_host).
         out = g.view if g.view.device == r.device else g.view.to(r.device)
@@ -451,7 +492,8 @@ def _verdict(op: Op, pristine: list, ref_dev: list, inputs: list, outs: list,
             note = (f"; {unwritten} still hold the value the buffer was filled with before the "
                     f"launch (never written)") if unwritten else ""
             raised = (f", raised from {op.tolerance[0]:g} to {SLACK_FACTOR:g}x torch's own error in "
-                      f"{op.spec.dtype}") if atol > op.tolerance[0] else ""
+                      f"{op.spec.dtype}") if atol > op.tolerance[0] * loose else ""
+            raised += f", {loose:g}x the checks' tolerance at this range" if kind else ""
             return (f"output {name}: {int(bad.sum())} of {o.numel()} elements off; first at {idx}: "
                     f"got {float(o[idx]):.6g}, expected {float(r[idx]):.6g} "
                     f"(atol {atol:g}{raised}, rtol {rtol:g}){note}", max_abs, max_rel)
@@ -462,27 +504,34 @@ SLACK_FACTOR = 8.0
 _slack: dict[str, list[float]] = {}
 
 
-def torch_slack(op: Op, pristine: list, ref: list) -> list[float]:
+def torch_slack(op: Op, pristine: list, ref: list, kind: str = "") -> list[float] | None:
     """Per output, the abs error a kernel is allowed besides the dtype's tolerance:
     SLACK_FACTOR x the largest error of torch's own implementation in the op's dtype (what a
-    user runs today) against the float64 reference, measured once per op on a verification
-    set. A sum, a scan or a dot product over thousands of fp32 terms is off by more than the
-    fixed 1e-5 in places (cancellation), in torch as in any honest kernel; a kernel that
-    skips work, or computes in a narrower type to go faster, is off by orders more. 0 for
-    integer outputs, and where torch's implementation cannot run on these inputs."""
-    key = _op_key(op)
+    user runs today) against the float64 reference, measured once per op and `kind` of inputs
+    ("": the checks' draw; "x16": scaled by 16, the range check) on a set of that kind. A
+    sum, a scan or a dot product over thousands of fp32 terms is off by more than the fixed
+    1e-5 in places (cancellation), in torch as in any honest kernel; a kernel that skips
+    work, or computes in a narrower type to go faster, is off by orders more. 0 for integer
+    outputs, and where torch's implementation cannot run on these inputs. For a scaled kind,
+    None where torch's own output is not finite where the reference is (or the reference
+    itself is not): a range the op does not compute in this dtype, held to nothing."""
+    key = _op_key(op) + kind
     if key not in _slack:
         import torch
-        out = [0.0] * len(op.output_names)
+        out: list[float] | None = [0.0] * len(op.output_names)
         try:
             with torch.no_grad():
                 got = (op.torch_call or op.torch_impl)([x.clone() for x in pristine])  # in-place ops
             for i, (g, r) in enumerate(zip(got, ref)):
                 if r.is_floating_point() and g.shape == r.shape:
-                    err = (g.to(r.device, torch.float64) - r).abs().nan_to_num(0.0, 0.0, 0.0)
+                    g = g.to(r.device, torch.float64)
+                    if kind and not (bool(torch.isfinite(r).all()) and bool(torch.isfinite(g).all())):
+                        out = None
+                        break
+                    err = (g - r).abs().nan_to_num(0.0, 0.0, 0.0)
                     out[i] = SLACK_FACTOR * float(err.max()) if err.numel() else 0.0
         except Exception:  # noqa: BLE001 - a torch implementation that cannot run here
-            pass
+            out = None if kind else out
         _slack[key] = out
     return _slack[key]
 
@@ -673,6 +722,9 @@ def measure(backend, artifact: str, spec: OpSpec, settings: Settings,
             if why:
                 return Measurement(Status.WRONG_RESULT, max_abs_err=a, max_rel_err=r,
                                    detail=f"{why} (input seed {seed})")
+        why = _forgiving_one_late_start("checks", lambda: _range_check(backend, kernel, op))
+        if why:
+            return Measurement(Status.WRONG_RESULT, max_abs_err=max_abs, max_rel_err=max_rel, detail=why)
         rotation = _Rotation(backend, kernel, op)
         t2 = time.perf_counter()
         samples, stopped = _forgiving_one_late_start(
