@@ -105,7 +105,8 @@ def test_emitted_sweep_and_problem_files_reproduce_the_calls(model, tmp_path):
     assert {("softmax", "32x32"), ("layernorm", "32x64"), ("matmul", "32x32x64"), ("matmul", "32x64x32")} <= tasks
     problems = sorted((tmp_path / "out" / "hot_problems").glob("*.py"))
     names = {p.stem.split("_", 1)[1] for p in problems}
-    assert {"linear", "gelu"} <= names
+    assert {"linear", "gelu", "add"} <= names  # add: its alpha is keyword-only in the schema
+    assert "torch.ops.aten.add(in0, in1, alpha=1)" in next(p for p in problems if p.stem.endswith("_add")).read_text()
     for p in problems:
         op = load_op(spec_from_problem_file(p))
         xs = op.make_inputs(3)

@@ -46,17 +46,19 @@ def problem_source(row: OpRow, model: str) -> str | None:
     lines += [f"{n} = {v}" for v, n in sizes.items()]
     params, call, draws = [], [], []
     k = 0
-    for a in row.args[:rebuilt.n_args]:  # trailing Nones that stand for defaults left out
+    first_keyword = rebuilt.n_args - len(rebuilt.keywords)
+    for i, a in enumerate(row.args[:rebuilt.n_args]):  # trailing Nones that stand for defaults left out
+        by = f"{rebuilt.keywords[i - first_keyword]}=" if i >= first_keyword else ""  # keyword-only in the schema
         if a.is_tensor:
             params.append(f"in{k}")
-            call.append(f"in{k}")
+            call.append(f"{by}in{k}")
             dims = ", ".join(sizes[e] for e in a.shape)
             draws.append(f"torch.randn({dims}{',' if len(a.shape) == 1 else ''}).to({_TORCH[a.dtype]})"
                          if a.shape else f"torch.randn(()).to({_TORCH[a.dtype]})")
             k += 1
         else:
             v = list(a.value) if isinstance(a.value, tuple) else a.value
-            call.append(repr(v))
+            call.append(f"{by}{v!r}")
     lines += ["", "", "class Model(nn.Module):",
               f"    def forward(self, {', '.join(params)}):",
               f"        return torch.ops.aten.{name}({', '.join(call)})",

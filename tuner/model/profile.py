@@ -392,31 +392,45 @@ def meta_call(row: OpRow):
     fn = getattr(torch.ops.aten, row.aten.split("::", 1)[1], None)
     if fn is None:
         return None
-    out = None
     # The record keeps no strings: an argument such as gelu's approximate="none" comes back as
     # None. Trailing Nones are dropped (their defaults) when the call with them fails.
-    n = len(args)
-    while out is None:
-        try:
-            with FlopCounterMode(display=False) as counter:
-                out = fn(*args[:n])
-        except Exception:  # noqa: BLE001 - not rebuildable from the record
-            if n == 0 or args[n - 1] is not None:
-                return None
-            n -= 1
-    if n < len(args):
-        return _Rebuilt(out, counter, n)
-    return _Rebuilt(out, counter, n)
+    for n in range(len(args), -1, -1):
+        for positional, names in _bindings(fn, n):
+            try:
+                with FlopCounterMode(display=False) as counter:
+                    out = fn(*args[:positional], **dict(zip(names, args[positional:n])))
+            except Exception:  # noqa: BLE001 - not rebuildable from the record this way
+                continue
+            return _Rebuilt(out, counter, n, names)
+        if n == 0 or args[n - 1] is not None:
+            return None
+    return None
+
+
+def _bindings(fn, n: int) -> list[tuple[int, tuple[str, ...]]]:
+    """How `n` recorded arguments (the record lists them in the schema's order) may be passed:
+    (how many positionally, the names of the rest). All positionally first; then, per overload
+    whose schema takes them so, the keyword-only ones by name (add's and sub's `alpha`: a call
+    that passes it positionally fails)."""
+    out: list[tuple[int, tuple[str, ...]]] = [(n, ())]
+    for overload in fn.overloads():
+        schema = getattr(fn, overload)._schema.arguments
+        pos = sum(not a.kwarg_only for a in schema)
+        kw = [a.name for a in schema if a.kwarg_only]
+        if pos < n <= pos + len(kw) and (pos, tuple(kw[:n - pos])) not in out:
+            out.append((pos, tuple(kw[:n - pos])))
+    return out
 
 
 class _Rebuilt(tuple):
-    """(outputs, FLOPs) of `meta_call`, and `n_args`: how many recorded arguments the call took."""
+    """(outputs, FLOPs) of `meta_call`, `n_args`: how many recorded arguments the call took,
+    and `keywords`: the names its last ones are passed by (keyword-only in the op's schema)."""
 
-    def __new__(cls, out, counter, n_args: int):
+    def __new__(cls, out, counter, n_args: int, keywords: tuple[str, ...] = ()):
         import torch
         outs = [o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, torch.Tensor)]
         self = super().__new__(cls, (outs, float(counter.get_total_flops()) or None))
-        self.n_args = n_args
+        self.n_args, self.keywords = n_args, keywords
         return self
 
 
