@@ -8,10 +8,11 @@ be one it cannot tell from a checked one:
   a kernel that computes only when it sees NaN is caught), every buffer between guard bands,
   inputs compared with their pristine copies afterwards, a per-dtype tolerance; two checks.
 * Range: one check more on inputs scaled by RANGE_SCALE (exact in binary floating point), held
-  to torch's own error there: a kernel correct only on inputs of the checks' magnitude (a
-  softmax or cross-entropy without the row max, an accumulation in a narrower type that
-  overflows) fails it, where torch's own implementation in the op's dtype stays finite (an op
-  whose own implementation overflows, or leaves its domain, at that range is not held to it).
+  to torch's own error there and to its sensitivity to its inputs' rounding (torch_slack): a
+  kernel correct only on inputs of the checks' magnitude (a softmax or cross-entropy without
+  the row max, an accumulation in a narrower type that overflows) fails it, where torch's own
+  implementation in the op's dtype stays finite (an op whose own implementation overflows, or
+  leaves its domain, at that range is not held to it).
 * Timing rotates over several buffer sets (distinct inputs, outputs and addresses), so no two
   consecutive calls see the same buffers, and each timed call's outputs are poisoned afresh
   before it, untimed (no call finds its own earlier result there to skip the work on); after
@@ -514,26 +515,50 @@ def torch_slack(op: Op, pristine: list, ref: list, kind: str = "") -> list[float
     work, or computes in a narrower type to go faster, is off by orders more. 0 for integer
     outputs, and where torch's implementation cannot run on these inputs. For a scaled kind,
     None where torch's own output is not finite where the reference is (or the reference
-    itself is not): a range the op does not compute in this dtype, held to nothing."""
+    itself is not): a range the op does not compute in this dtype, held to nothing; and the
+    error allowed is at least SLACK_FACTOR x how far torch's own output moves when every input
+    moves by one unit in its last place: where an op grows ill-conditioned at that range
+    (attention: scores 256x larger at 16x q and k, a near tie of two keys decided by one
+    rounding), an honest kernel that rounds an intermediate in the dtype is off by that much."""
     key = _op_key(op) + kind
     if key not in _slack:
         import torch
         out: list[float] | None = [0.0] * len(op.output_names)
+        impl = op.torch_call or op.torch_impl
         try:
             with torch.no_grad():
-                got = (op.torch_call or op.torch_impl)([x.clone() for x in pristine])  # in-place ops
-            for i, (g, r) in enumerate(zip(got, ref)):
+                got = impl([x.clone() for x in pristine])  # in-place ops
+                shaken = impl([_one_ulp_off(x) for x in pristine]) if kind else got
+            for i, (g, h, r) in enumerate(zip(got, shaken, ref)):
                 if r.is_floating_point() and g.shape == r.shape:
                     g = g.to(r.device, torch.float64)
                     if kind and not (bool(torch.isfinite(r).all()) and bool(torch.isfinite(g).all())):
                         out = None
                         break
                     err = (g - r).abs().nan_to_num(0.0, 0.0, 0.0)
+                    if kind:
+                        err = torch.maximum(err, (h.to(r.device, torch.float64) - g).abs().nan_to_num(0.0, 0.0, 0.0))
                     out[i] = SLACK_FACTOR * float(err.max()) if err.numel() else 0.0
         except Exception:  # noqa: BLE001 - a torch implementation that cannot run here
             out = None if kind else out
         _slack[key] = out
     return _slack[key]
+
+
+def _one_ulp_off(x):
+    """A copy of `x` with each floating element moved one unit in its last place, up or down at
+    random (an integer tensor: a copy)."""
+    import torch
+    if not x.is_floating_point():
+        return x.clone()
+    g = torch.Generator(device=x.device).manual_seed(_rng.randrange(2**31))
+    up = torch.rand(x.shape, generator=g, device=x.device) < 0.5
+    inf = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
+    try:
+        return torch.nextafter(x, torch.where(up, inf, -inf))
+    except RuntimeError:  # a dtype without nextafter on this device
+        eps = torch.finfo(x.dtype).eps
+        return (x.double() * torch.where(up, 1 + eps, 1 - eps)).to(x.dtype)
 
 
 class Caught(Exception):
