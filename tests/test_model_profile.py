@@ -252,7 +252,7 @@ def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "each routed call timed alone here" in out and "rmsnorm 32x64 fp32:" in out and "their sum:" in out
     # tuner run: the same table serves the model's forward; its outputs saved.
-    assert main(["run", "model.py", "--db", "exp/tuning.json", "--iterations", "2", "--save", "out.pt",
+    assert main(["run", "model.py", "--db", "exp/tuning.json", "--iterations", "2", "--save", "out.pt", "--serve-slower",
                  "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert ["rmsnorm 32x64 fp32", 1, 0] in [list(x) for x in r["routed"]] and r["forward_s"] > 0

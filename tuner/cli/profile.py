@@ -53,6 +53,8 @@ def _patched_model_args(p, dtype_default: str) -> None:
                    "database (tuning-db.json)")
     p.add_argument("--device", choices=("cpu", "cuda", "npu"), help="default: cuda if usable, else cpu")
     p.add_argument("--dtype", help=f"cast the model and its floating inputs (default: {dtype_default})")
+    p.add_argument("--serve-slower", action="store_true", help="also serve the entries whose kernel ran "
+                   "slower than torch's own in its run (left to torch by default)")
 
 
 def cmd_profile(args) -> int:
@@ -126,15 +128,15 @@ def profile_table(prof, top: int):
     return t
 
 
-def _table(path: str, backend: str):
+def _table(path: str, backend: str, serve_slower: bool = False):
     from pathlib import Path
 
     from tuner.serve.db import TuningDB
     from tuner.serve.runtime import Table
     data = json.loads(Path(path).read_text()) if Path(path).is_file() else None
     if isinstance(data, dict) and isinstance(data.get("entries"), list):
-        return Table.load(path, backend=backend)
-    return Table.from_db(TuningDB(path), backend=backend)
+        return Table.load(path, backend=backend, serve_slower=serve_slower)
+    return Table.from_db(TuningDB(path), backend=backend, serve_slower=serve_slower)
 
 
 def cmd_verify(args) -> int:
@@ -145,7 +147,7 @@ def cmd_verify(args) -> int:
     from tuner.model.verify import verify
     from tuner.run.report import fmt_time
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    table = _table(args.db, BACKEND[device])
+    table = _table(args.db, BACKEND[device], args.serve_slower)
     print(f"verifying {args.model} on {device} with {args.db}…", file=sys.stderr)
     v = verify(args.model, table, device, args.dtype, args.rounds, compile=not args.no_compile)
     if args.json:
@@ -191,7 +193,7 @@ def cmd_run(args) -> int:
     from tuner.model.verify import run_patched
     from tuner.run.report import fmt_time
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    table = _table(args.db, BACKEND[device])
+    table = _table(args.db, BACKEND[device], args.serve_slower)
     print(f"running {args.model} on {device} with {args.db}…", file=sys.stderr)
     r = run_patched(args.model, table, device, args.dtype, args.iterations, args.save)
     if args.json:

@@ -188,8 +188,8 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
             notes += slower(medians)
         beaten = [e for e in getattr(table, "entries", ()) if getattr(table, "slower", lambda e: "")(e)]
         if beaten:
-            notes.append("not served, torch's own implementation ran faster in their runs (`runtime.load(..., "
-                         "serve_slower=True)` serves them): " + ", ".join(
+            notes.append("not served, torch's own implementation ran faster in their runs (--serve-slower, "
+                         "`runtime.load(..., serve_slower=True)`, serves them): " + ", ".join(
                              f"{e['op']} {'x'.join(str(v) for v in e['sizes'].values())} {e['dtype']} "
                              f"({e['speedup_vs_reference']:.2f}x)" for e in beaten[:6])
                          + (f" and {len(beaten) - 6} more" if len(beaten) > 6 else ""))
