@@ -640,4 +640,3 @@ def test_a_noisy_winner_timing_is_flagged_in_the_summary(tmp_path, monkeypatch, 
     assert "torch's own is faster" not in shown(summary)
     summary["best"]["speedup_vs_reference"] = 0.8
     assert "0.80x" in shown(summary) and "torch's own is faster here" in " ".join(shown(summary).split())
-
