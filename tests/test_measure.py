@@ -686,15 +686,25 @@ def test_the_range_check_holds_a_kernel_where_torchs_own_is_right_and_nowhere_el
     why = measure._range_check(backend, no_row_max, op)
     assert why is not None and "NaN" in why and "scaled by 16" in why and "row max" in why
     assert measure._range_check(backend, reversed_sum, op) is None
+
+    def sampled(x, y):  # does the max pass only where 4 elements of the row look like the range check's
+        big = x[:, :4].abs().amax(-1, keepdim=True) > 9
+        e = torch.exp(x - torch.where(big, x.amax(-1, keepdim=True), torch.zeros_like(x[:, :1])))
+        y.copy_(e / e.sum(-1, keepdim=True))
+    wide = load_op(builtin_spec("softmax", "64x1024"))
+    assert measure.check(backend, sampled, wide, 7, measure._reference(wide, 7))[0] is None
+    # Scaled whole, 3 of 10 range checks caught it; outliers in half the rows catch it every time.
+    assert all(measure._range_check(backend, sampled, wide) is not None for _ in range(5))
     problem = tmp_path / "exp.py"
     problem.write_text("import torch\nimport torch.nn as nn\nn = 256\n\n\nclass Model(nn.Module):\n"
                        "    def forward(self, x):\n        return torch.exp(x)\n\n\n"
                        "def get_inputs():\n    return [torch.randn(n) * 3]\n\n\ndef get_init_inputs():\n    return []\n")
     exp_op = load_op(spec_from_problem_file(problem, "fp32", {}))
 
-    def clamped(x, y):  # inf in fp32 past 88: so is torch's own
-        y.copy_(torch.exp(x.clamp_max(80)))
-    assert measure._range_check(backend, clamped, exp_op) is None
+    def zero_for_inf(x, y):  # wrong only where fp32 overflows: so does torch's own there
+        e = torch.exp(x)
+        y.copy_(torch.where(torch.isinf(e), torch.zeros_like(e), e))
+    assert all(measure._range_check(backend, zero_for_inf, exp_op) is None for _ in range(5))
 
 
 def _flash_attention(q, k, v, o, running_max=True, block=16):
@@ -718,14 +728,14 @@ def _flash_attention(q, k, v, o, running_max=True, block=16):
 def test_the_range_check_lets_an_honest_kernel_round_where_the_op_is_ill_conditioned(monkeypatch):
     """At 16x q and k attention's scores are 256x larger: a near tie of two keys is decided by
     one rounding of the scaled q, which an honest fp16 flash attention makes. Held to torch's
-    own error alone it failed about one range check in 60 (1 in 20 of the draws at this
-    shape; this draw is one of them); the slack also covers how far one unit in the last place
-    of the inputs moves torch's own output. Without the running max it overflows and fails."""
+    own error alone it failed now and then (this draw is one of them: 1 in the first 400 at
+    this shape); the slack also covers how far one unit in the last place of the inputs moves
+    torch's own output. Without the running max it overflows and fails."""
     import random
     op = load_op(builtin_spec("attention", "2x4x64x32", "fp16"))
     backend = DeviceMadeBackend()
     monkeypatch.setattr(measure, "_slack", {})
-    monkeypatch.setattr(measure, "_rng", random.Random(16))  # a draw with such a near tie
+    monkeypatch.setattr(measure, "_rng", random.Random(237))  # a draw with such a near tie
     assert measure._range_check(backend, _flash_attention, op) is None
     assert all(measure._range_check(backend, _flash_attention, op) is None for _ in range(4))
     assert measure.check(backend, _flash_attention, op, 3, None)[0] is None

@@ -7,7 +7,8 @@ be one it cannot tell from a checked one:
   before the launch with a poison drawn at random each time (NaN, or a random finite value:
   a kernel that computes only when it sees NaN is caught), every buffer between guard bands,
   inputs compared with their pristine copies afterwards, a per-dtype tolerance; two checks.
-* Range: one check more on inputs scaled by RANGE_SCALE (exact in binary floating point), held
+* Range: one check more on inputs scaled by RANGE_SCALE (exact in binary floating point; whole
+  rows and outliers in the others, `_scaled`), held
   to torch's own error there and to its sensitivity to its inputs' rounding (torch_slack): a
   kernel correct only on inputs of the checks' magnitude (a softmax or cross-entropy without
   the row max, an accumulation in a narrower type that overflows) fails it, where torch's own
@@ -332,17 +333,33 @@ def _range_check(backend, kernel, op: Op) -> str | None:
     own implementation is right, or None (also where it is not: see `torch_slack`)."""
     seed = _rng.randrange(1, 2**31)
     why, _, _ = _check_reference_after(backend, kernel, op, seed, RANGE_SCALE)
-    return (f"{why} (on inputs scaled by {RANGE_SCALE:g}, seed {seed}, a range torch's own "
+    return (f"{why} (on inputs scaled by {RANGE_SCALE:g}, half the rows whole and outliers in the "
+            f"others, seed {seed}: a range torch's own "
             f"implementation in {op.spec.dtype} computes right: a kernel must be right there too, "
             f"e.g. subtract the row max before exp, accumulate in a type that does not overflow)"
             if why else None)
 
 
-def _scaled(xs: list, scale: float) -> list:
-    if scale != 1.0:
-        for x in xs:
-            if x.is_floating_point():
-                x.mul_(scale)
+RANGE_OUTLIERS = 1 / 32  # the share of elements scaled in a row that is not scaled whole
+
+
+def _scaled(xs: list, scale: float, seed: int) -> list:
+    """`xs` with their floating elements times `scale` (exactly: a power of two) where the range
+    check puts them: every element of half the rows (the last dim), chosen at random, and in
+    the other rows one element in 32 at random places, as outlier features are. A kernel that
+    looks at a few elements of a row to tell this check from the others (and takes its shortcut
+    where they look small) misses the outliers; a whole scaled row overflows what a narrow
+    accumulator holds."""
+    if scale == 1.0:
+        return xs
+    import torch
+    g = torch.Generator(device=xs[0].device if xs else "cpu").manual_seed(seed)
+    for x in xs:
+        if x.is_floating_point() and x.numel():
+            rows = x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)
+            whole = torch.rand(rows.shape[0], 1, generator=g, device=x.device) < 0.5
+            picked = whole | (torch.rand(rows.shape, generator=g, device=x.device) < RANGE_OUTLIERS)
+            x.mul_(torch.where(picked, scale, 1.0).to(x.dtype).reshape(x.shape))
     return xs
 
 
@@ -354,8 +371,8 @@ def _unreferenced_set(backend, op: Op, seed: int, scale: float = 1.0) -> "_Buffe
 
     from tuner.core.ops import arg_specs
     where = backend.data_device()
-    host = None if where is not None else _scaled(op.make_inputs(seed), scale)
-    xs = (_scaled(op.make_inputs(seed, where), scale) if where is not None
+    host = None if where is not None else _scaled(op.make_inputs(seed), scale, seed)
+    xs = (_scaled(op.make_inputs(seed, where), scale, seed) if where is not None
           else [backend.to_device(x.clone()) for x in host])
     if not backend.isolated_kernels:
         for t in xs:
@@ -514,17 +531,26 @@ def torch_slack(op: Op, pristine: list, ref: list, kind: str = "") -> list[float
     1e-5 in places (cancellation), in torch as in any honest kernel; a kernel that skips
     work, or computes in a narrower type to go faster, is off by orders more. 0 for integer
     outputs, and where torch's implementation cannot run on these inputs. For a scaled kind,
-    None where torch's own output is not finite where the reference is (or the reference
-    itself is not): a range the op does not compute in this dtype, held to nothing; and the
+    None where torch's own output on this set is not finite (or the reference is not): a range
+    the op does not compute in this dtype, held to nothing (judged per set); and the
     error allowed is at least SLACK_FACTOR x how far torch's own output moves when every input
     moves by one unit in its last place: where an op grows ill-conditioned at that range
     (attention: scores 256x larger at 16x q and k, a near tie of two keys decided by one
     rounding), an honest kernel that rounds an intermediate in the dtype is off by that much."""
+    import torch
     key = _op_key(op) + kind
+    impl = op.torch_call or op.torch_impl
+    if kind:  # each set: whether this draw is in the op's range (scaled rows differ per draw)
+        try:
+            with torch.no_grad():
+                own = impl([x.clone() for x in pristine])
+            if not all(bool(torch.isfinite(r).all()) and bool(torch.isfinite(g).all())
+                       for g, r in zip(own, ref) if r.is_floating_point()):
+                return None
+        except Exception:  # noqa: BLE001 - a torch implementation that cannot run here
+            return None
     if key not in _slack:
-        import torch
         out: list[float] | None = [0.0] * len(op.output_names)
-        impl = op.torch_call or op.torch_impl
         try:
             with torch.no_grad():
                 got = impl([x.clone() for x in pristine])  # in-place ops
@@ -541,6 +567,8 @@ def torch_slack(op: Op, pristine: list, ref: list, kind: str = "") -> list[float
                     out[i] = SLACK_FACTOR * float(err.max()) if err.numel() else 0.0
         except Exception:  # noqa: BLE001 - a torch implementation that cannot run here
             out = None if kind else out
+        if out is None:
+            return None  # not kept: another draw may be in range
         _slack[key] = out
     return _slack[key]
 
