@@ -362,3 +362,109 @@ def test_sdpa_at_a_decode_step_is_the_librarys_attention_decode(tmp_path):
     assert sdpa["2x4x1x16, 2x2x1x16, 2x2x1x16"].library is None
     tasks = {(t.op, t.shape) for t in load_plan(emit_sweep(prof, tmp_path / "hot.yaml", "cpu", min_share=0.0)).tasks}
     assert ("attention_decode", "2x4x2x40x16") in tasks
+
+
+OWN_MODULE = '''import torch
+import torch.nn as nn
+
+
+class TanhGELU(nn.Module):
+    """GPT-2's GELU written out: several elementwise ops, one kernel's work."""
+    def __init__(self, c=0.044715):
+        super().__init__()
+        self.c = c
+
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + self.c * x * x * x)))
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(64, 128)
+        self.act = TanhGELU()
+        self.other = TanhGELU(0.05)
+        self.relu = nn.ReLU()
+
+    def forward(self, x):
+        h = self.up(x)
+        return self.relu(self.act(h)) + self.other(h)
+
+
+def get_inputs():
+    return [torch.randn(32, 64)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+GELU_C = '''#include <stddef.h>
+#include <math.h>
+void tuner_kernel(const {{ ctype }} *in0, {{ ctype }} *out0) {
+    const size_t n = (size_t){{ n0 }} * {{ n1 }};
+    #pragma omp parallel for num_threads({{ THREADS }}) schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = in0[i];
+        out0[i] = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+    }
+}
+'''
+
+
+@pytest.fixture
+def no_grad_after():
+    yield
+    torch.set_grad_enabled(True)
+
+
+def test_a_models_own_module_is_extracted_whole_tuned_and_put_back(tmp_path, monkeypatch, no_grad_after):
+    """A leaf module without parameters whose forward runs several aten ops is one profile row
+    ("class::" its name and attributes; the same class with other attributes another row; a
+    one-op module stays its aten op's row), extracted as a problem file whose Model is the
+    module made again (`MODULE`), tuned like any problem file, and put back by `runtime.patch`
+    in place of every module with that recipe, only that one; reversible."""
+    from tuner import runtime
+    from tuner.core.ops import load_op
+    from tuner.core.problem import spec_from_problem_file
+    from tuner.model.profile import load_model
+    from tuner.serve.extracted import read
+    monkeypatch.chdir(tmp_path)
+    for k, v in {"CACHE_DIR": str(tmp_path / "cache"), "BENCH_BUDGET_S": "0.005", "WARMUP_S": "0",
+                 "MIN_REPS": "3", "MAX_REPS": "10", "REPORT": "0"}.items():
+        monkeypatch.setenv("TUNER_" + k, v)
+    (tmp_path / "model.py").write_text(OWN_MODULE)
+    prof = profile_model(tmp_path / "model.py", "cpu", iterations=1, peaks={"copy_gbps": 10.0, "fp32_gflops": 100.0})
+    rows = {r.aten: r for r in prof.rows}
+    assert rows["class::TanhGELU(c=0.044715)"].calls == 1 and rows["class::TanhGELU(c=0.044715)"].shapes == "32x128"
+    assert rows["class::TanhGELU(c=0.05)"].calls == 1
+    assert "aten::relu" in rows and "aten::tanh" not in rows and "aten::linear" in rows
+    emit_sweep(prof, tmp_path / "hot.yaml", "cpu", top=20, min_share=0.0)
+    problem = next(p for p in (tmp_path / "hot_problems").glob("*TanhGELU.py") if read(p)["attrs"]["c"] == 0.044715)
+    model, (x,) = load_model(tmp_path / "model.py")
+    model.eval()  # as profiled: `training` is one of the attributes matched
+    op = load_op(spec_from_problem_file(problem))
+    xs = op.make_inputs(1)
+    assert torch.equal(op.torch_impl(xs)[0], model.act(xs[0]))  # the Model is the module
+    (tmp_path / "gelu.c.j2").write_text(GELU_C)
+    (tmp_path / "gelu.yaml").write_text("language: c\nsizes: [n0, n1]\nparams:\n  THREADS: [1, 2]\n")
+    assert main(["tune", "--op", str(problem), "--template", "gelu.c.j2", "--space", "gelu.yaml", "--budget", "2",
+                 "--runs-dir", "runs"]) == 0
+    assert main(["db", "update", "runs", "--db", "db.json"]) == 0
+    assert main(["export", "--db", "db.json", "--out", "exp"]) == 0
+    table = runtime.load("exp/tuning.json", serve_slower=True)  # routing is what is checked, not the speed
+    torch.set_grad_enabled(False)  # a call autograd records is torch's own (set back by the fixture below)
+    ref = model(x)
+    runtime.patch(model, table)
+    p = model.tuner_patch
+    assert p.modules == {"act": problem.stem}  # `other` (c=0.05) is another op
+    assert torch.allclose(model(x), ref, atol=1e-5, rtol=1e-5)
+    assert dict(p.stats) == {f"{problem.stem} 32x128 fp32": [1, 0]}
+    h = torch.randn(32, 128)
+    assert torch.allclose(model.act(x=h), 0.5 * h * (1 + torch.tanh(0.7978845608 * (h + 0.044715 * h ** 3))), atol=1e-6)
+    assert dict(p.stats) == {f"{problem.stem} 32x128 fp32": [1, 0]}  # a keyword call: the module's own
+    h = torch.randn(16, 128)  # other sizes: the runtime's rule (the nearest tuned config, checked here)
+    assert torch.allclose(model.act(h), model.other.__class__(0.044715)(h), atol=1e-5)
+    assert p.stats[f"{problem.stem} 16x128 fp32"] == [1, 0]
+    runtime.unpatch(model)
+    assert "forward" not in model.act.__dict__ and torch.allclose(model(x), ref)

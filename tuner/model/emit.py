@@ -9,6 +9,12 @@ file) or let a model write one (`tuner tune --op FILE --llm MODEL`). The files' 
 module-level constants, one per distinct extent (extents of equal value share one, as a
 matmul's K does), so `--size` resizes them consistently.
 
+A model's own module that the profile shows whole ("class::<name>": a leaf without
+parameters whose forward runs several aten ops, such as an activation written as a formula)
+becomes a problem file whose Model is that module, made again from its recipe
+(`tuner.serve.extracted`), which the file keeps as `MODULE`: `runtime.patch` puts the kernel
+tuned for the file in place of every such module of a model.
+
 Not extracted, and said so in the sweep file: calls with integer or boolean tensor inputs (the
 values that are valid, e.g. indices below a table's length, are the model's to know), in-place
 ops, and calls the record cannot rebuild.
@@ -67,6 +73,36 @@ def problem_source(row: OpRow, model: str) -> str | None:
     return "\n".join(lines)
 
 
+def module_problem_source(row: OpRow, recipe: dict, model: str) -> str | None:
+    """A problem file whose Model is the module `recipe` describes, on inputs of `row`'s
+    shapes (floating tensors only), or None."""
+    tensors = [a for a in row.args if a.is_tensor]
+    if not tensors or len(tensors) != len(row.args) or any(a.dtype not in _TORCH for a in tensors):
+        return None
+    sizes: dict[int, str] = {}
+    for a in tensors:
+        for extent in a.shape:
+            sizes.setdefault(extent, f"n{len(sizes)}")
+    params = [f"in{k}" for k in range(len(tensors))]
+    draws = [f"torch.randn({', '.join(sizes[e] for e in a.shape)}{',' if len(a.shape) == 1 else ''}).to({_TORCH[a.dtype]})"
+             if a.shape else f"torch.randn(()).to({_TORCH[a.dtype]})" for a in tensors]
+    lines = [f'"""{row.aten[len("class::"):]} as {model} calls it, whole: inputs {row.shapes} ({row.dtypes}); '
+             f"{row.calls} call(s) per",
+             f"iteration, {row.share:.1%} of the model's time when profiled (tuner profile). The Model is the model's",
+             "own module, made again from MODULE (its class and attributes), which `runtime.patch` reads to put",
+             "the kernel tuned here in place of each such module. The sizes are one constant per distinct",
+             'extent: --size NAME=VALUE changes every dim that had that extent."""',
+             "", "import torch", "import torch.nn as nn", "", "from tuner.serve.extracted import build", ""]
+    lines += [f"{n} = {v}" for v, n in sizes.items()]
+    lines += [f"MODULE = {recipe!r}", "", "",
+              "class Model(nn.Module):", "    def __init__(self):", "        super().__init__()",
+              "        self.module = build(MODULE)", "",
+              f"    def forward(self, {', '.join(params)}):", f"        return self.module({', '.join(params)})",
+              "", "", "def get_inputs():", f"    return [{', '.join(draws)}]",
+              "", "", "def get_init_inputs():", "    return []", ""]
+    return "\n".join(lines)
+
+
 def emit_sweep(profile: Profile, out: str | Path, backend: str | None = None, top: int = 10,
                min_share: float = 0.01, also=None) -> Path:
     """Write the sweep file `out` (and its problem files beside it) for the `top` hottest rows
@@ -97,13 +133,16 @@ def emit_sweep(profile: Profile, out: str | Path, backend: str | None = None, to
                             f"has no skeleton in this backend's language (it has: "
                             f"{', '.join(sorted(library_skeletons().get(op, ()))) or 'none'})")
             continue
-        source = problem_source(row, Path(profile.model).name)
+        recipe = profile.recipe(row) if row.aten.startswith("class::") else None
+        source = (module_problem_source(row, recipe, Path(profile.model).name) if recipe is not None
+                  else problem_source(row, Path(profile.model).name))
         if source is None:
             comments.append(f"# not extracted: {row.aten} at {row.shapes} ({row.share:.1%}): integer inputs, "
                             f"in place, or not rebuildable from the record")
             continue
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{i:02d}_{re.sub(r'[^A-Za-z0-9_]', '_', row.aten.split('::', 1)[1])}.py"
+        stem = row.aten.split("::", 1)[1].split("(", 1)[0]
+        path = folder / f"{i:02d}_{re.sub(r'[^A-Za-z0-9_]', '_', stem)}.py"
         path.write_text(source)
         rel = path.relative_to(out.parent)
         comments.append(f"# {row.aten} at {row.shapes} ({row.share:.1%} of the time): no library skeleton; "

@@ -85,6 +85,13 @@ class Profile:
     total_s: float  # per iteration, all top-level ops
     rows: tuple[OpRow, ...] = field(default_factory=tuple)
     peaks: tuple[tuple[str, float], ...] = ()
+    # "class::<name>" rows (a model's own module, extracted whole: tuner.serve.extracted) -> the
+    # module's recipe as JSON
+    recipes: tuple[tuple[str, str], ...] = ()
+
+    def recipe(self, row: "OpRow") -> dict | None:
+        import json
+        return next((json.loads(r) for name, r in self.recipes if name == row.aten), None)
 
 
 # ---- loading the model --------------------------------------------------------------------
@@ -234,12 +241,14 @@ def profile_model(path: str | Path, device: str = "cpu", dtype: str | None = Non
         warnings.simplefilter("ignore")
         events = prof.events()
     raw = None if events and hasattr(events[0], "input_dtypes") else _kineto_dtypes(prof)
+    top = _top_level(events)
+    modules.count(top)
     module_calls: dict[tuple, int] = {}
     for e in events:
-        key = modules.key(e.name)
+        key = modules.row_of(e)
         if key is not None:
             module_calls[key] = module_calls.get(key, 0) + 1
-    for e in _top_level(events):
+    for e in top:
         t = (getattr(e, "device_time_total", None) or 0.0) if on_device else e.cpu_time_total
         key = modules.absorbing(e)
         if key is None:
@@ -255,8 +264,11 @@ def profile_model(path: str | Path, device: str = "cpu", dtype: str | None = Non
         rows.append(_assess(OpRow(name, args, calls // iterations or 1, t / iterations,
                                   t / total if total else 0.0), peaks or {}))
     rows.sort(key=lambda r: -r.total_s)
+    import json
+    recipes = tuple((name, json.dumps(r, sort_keys=True)) for name, r in modules.recipes.items()
+                    if any(row.aten == name for row in rows))
     return Profile(str(path), device, dtype, iterations, total / iterations, tuple(rows),
-                   tuple(sorted((peaks or {}).items())))
+                   tuple(sorted((peaks or {}).items())), recipes)
 
 
 class _ModuleRanges:
@@ -266,7 +278,11 @@ class _ModuleRanges:
     row, "module::<op>" at the op's shapes, which the library's op matches; what the route
     leaves to torch (a gated MLP's projections) stays rows of its own. The same for the
     model's own functions the patch takes over (`routes.model_functions`: transformers'
-    apply_rotary_pos_emb), wrapped while profiling, a range per distinct call signature."""
+    apply_rotary_pos_emb), wrapped while profiling, a range per distinct call signature.
+    And every extractable module (`tuner.serve.extracted.recipe`: a leaf without parameters, a
+    GELU written as a formula) not inside one of those: a call of it whose range holds two or
+    more of the model's aten ops is one row, "class::<its name>" at its inputs' shapes (one
+    op's call stays that op's row, which a library op may match)."""
 
     PREFIX = "tuner.module::"
 
@@ -287,6 +303,23 @@ class _ModuleRanges:
             own = vars(pymod)[fname]
             self._swapped.append((pymod, fname, own))
             setattr(pymod, fname, self._ranged(f"{pymod.__name__}.{fname}", op, own))
+        from tuner.serve.extracted import recipe, short_name
+        self.recipes: dict[str, dict] = {}  # "class::<name>" -> recipe
+        self._children: dict[int, int] = {}  # id of a class:: range event -> the model's aten ops in it
+        routed = tuple(n + "." for n in self.ops)
+        for name, module in model.named_modules():
+            if not name or name in self.ops or name.startswith(routed):
+                continue  # the model itself, or what a library route computes whole
+            r = recipe(module)
+            if r is None:
+                continue
+            row = "class::" + short_name(r)
+            while row in self.recipes and self.recipes[row] != r:
+                row += "'"  # another class of the same name
+            self.recipes[row] = r
+            self._hooks.append(module.register_forward_pre_hook(functools.partial(self._enter_class, name, row),
+                                                                with_kwargs=True))
+            self._hooks.append(module.register_forward_hook(self._exit_class))
 
     def _ranged(self, fname: str, op: str, own):
         import torch
@@ -334,6 +367,45 @@ class _ModuleRanges:
         if self._open:
             self._open.pop().__exit__(None, None, None)
 
+    def _enter_class(self, name: str, row: str, module, args, kwargs) -> None:
+        import torch
+
+        from tuner.serve.calls import dtype_of
+        r = None
+        if not kwargs and args and all(isinstance(x, torch.Tensor) and dtype_of(x) for x in args):
+            key = tuple(Arg(tuple(x.shape), dtype_of(x)) for x in args)
+            rname = next((n for n, a in self.args.items() if n.startswith(name + "#") and a == key), None)
+            if rname is None:
+                rname = f"{name}#{sum(n.startswith(name + '#') for n in self.args)}"
+                self.args[rname], self.ops[rname] = key, (row, None)
+            r = torch.autograd.profiler.record_function(self.PREFIX + rname)
+            r.__enter__()
+        self._open.append(r)  # None: a call not extracted (keywords, or not all floating tensors)
+
+    def _exit_class(self, module, args, out) -> None:
+        if self._open:
+            r = self._open.pop()
+            if r is not None:
+                r.__exit__(None, None, None)
+
+    def count(self, top_level) -> None:
+        """Count the model's aten ops in each class:: range (before `row_of` and `absorbing`)."""
+        for e in top_level:
+            p = e.cpu_parent
+            while p is not None:
+                if p.name.startswith(self.PREFIX):
+                    self._children[id(p)] = self._children.get(id(p), 0) + 1
+                    break
+                p = p.cpu_parent
+
+    def row_of(self, event) -> tuple | None:
+        """The row key of a module range's event (a class:: range only when it holds two or more
+        aten ops), or None for any other event."""
+        key = self.key(event.name)
+        if key is not None and key[0].startswith("class::") and self._children.get(id(event), 0) < 2:
+            return None
+        return key
+
     def remove(self) -> None:
         for h in self._hooks:
             h.remove()
@@ -347,7 +419,8 @@ class _ModuleRanges:
         name = event_name[len(self.PREFIX):]
         if name not in self.ops or name not in self.args:
             return None
-        return (f"module::{self.ops[name][0]}", self.args[name])
+        op = self.ops[name][0]
+        return (op if op.startswith("class::") else f"module::{op}", self.args[name])
 
     def absorbing(self, event) -> tuple | None:
         """The module row an aten event belongs to (it ran inside a routed module's range and is
@@ -356,6 +429,8 @@ class _ModuleRanges:
         while p is not None:
             key = self.key(p.name)
             if key is not None:
+                if key[0].startswith("class::"):
+                    return self.row_of(p)
                 return None if event.name in self.keeps.get(self.ops[p.name[len(self.PREFIX):]][0], ()) else key
             p = p.cpu_parent
         return None
@@ -445,8 +520,9 @@ def _assess(row: OpRow, peaks: dict[str, float]) -> OpRow:
     size = {"int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1, **DTYPE_BYTES}
     moved = sum(_nbytes(a.shape, size.get(a.dtype, 4)) for a in row.args if a.is_tensor)
     flops = None
-    called = None if row.aten.startswith("module::") else meta_call(row)
-    if row.aten.startswith("module::"):  # its outputs: the shape of its first input (rope: of q and k)
+    whole = row.aten.startswith(("module::", "class::"))
+    called = None if whole else meta_call(row)
+    if whole:  # its outputs: the shape of its first input (rope: of q and k)
         for a in row.args[:2 if row.aten == "module::rope" else 1]:
             moved += _nbytes(a.shape, size.get(a.dtype, 4))
     if called is not None:

@@ -41,6 +41,11 @@ Two ways in, both per call:
   custom op: the compiler computes the others itself, fused with their neighbours. On by
   default only when the table serves an op only they reach (FUNCTION_ONLY: softmax, matmul,
   attention_decode, rope; `patch(..., functions=)`).
+- A model's own modules, extracted whole by `tuner profile --emit` (`tuner.serve.extracted`):
+  where the table holds a kernel tuned for such a problem file, every module of the model
+  with the file's recipe (`MODULE`: the same class, the same attributes) is replaced; a call
+  with positional tensors only runs the kernel where the table serves its sizes, else the
+  module's own forward, which is also what torch.compile traces.
 A call is routed when the table has a kernel for its sizes and dtype that takes these inputs
 (`Table.kernel`, its lookup rule), resolved once per call signature (op, each input's shape,
 dtype and device) and remembered: a routed call pays a dict lookup, not the table's rule and
@@ -57,7 +62,7 @@ import weakref
 from collections import defaultdict
 from typing import Any
 
-from tuner.serve.calls import LIVE, SIZES, TORCH, custom_op, dtype_of
+from tuner.serve.calls import LIVE, SIZES, TORCH, custom_op, dtype_of, records_grad
 from tuner.serve.routes import (FUNCTION_ONLY, HANDLERS, MODULE_ROUTES, UNDER_COMPILE_FUNCTIONS, RouteUnderCompile,
                                 TakenOver, entry_points, model_functions, rotary_producers)
 
@@ -71,8 +76,9 @@ class Patched:
 
     def __init__(self, model, table, functions: bool | None = None, under_compile=None, ops=None):
         self.model, self.table = model, table
-        self.under_compile = None if under_compile is None else _op_names(under_compile)
-        self.ops = None if ops is None else _op_names(ops, "ops")
+        named = _extracted(table)  # op -> recipe: the table's modules extracted whole
+        self.under_compile = None if under_compile is None else _op_names(under_compile, also=named)
+        self.ops = None if ops is None else _op_names(ops, "ops", also=named)
         # A string, not an int: Dynamo may turn an int it saw change between compiles of one
         # code object (the routes' forwards, shared by every patch) into a symbolic value,
         # which the trace-time lookup (`_may_serve`, a constant function) cannot take.
@@ -86,6 +92,7 @@ class Patched:
         self._halves: dict[tuple[int, int], tuple] = {}  # rope_halves' checked pairs
         self._made: dict[int, tuple] = {}  # id -> (weakref, version): cos and sin a rotary producer returned
         self._hooks: list = []
+        self._own: dict[str, Any] = {}  # extracted op -> a module it replaced: torch's definition of the op
         # A module is replaced only for an op the table holds at some size: a route that can
         # never serve would cost every call a trip through Python (and, under torch.compile, an
         # opaque custom op the compiler cannot fuse).
@@ -101,6 +108,16 @@ class Patched:
                     self._replace(module, forward)
                     self.modules[name or "(the model)"] = route.__name__.removeprefix("_route_")
                     break
+        from tuner.serve.extracted import same
+        wanted = {op: r for op, r in named.items() if (held is None or op in held)}
+        for name, module in model.named_modules():
+            if not wanted or (name or "(the model)") in self.modules:
+                continue
+            op = next((op for op, r in wanted.items() if same(module, r)), None)
+            if op is not None:
+                self._own.setdefault(op, module)
+                self._replace(module, self._whole(op, module.forward))
+                self.modules[name or "(the model)"] = op
         if self.modules:
             custom_op()
         if functions is None:  # see `patch`
@@ -128,6 +145,22 @@ class Patched:
                     return original(*args, **kwargs)
             self._replace(model, forward)
             custom_op()
+
+    def _whole(self, op: str, own):
+        """The forward of a module the table's `op` computes whole (an extracted module)."""
+        def forward(*args, **kwargs):
+            import torch
+            if kwargs or not args or torch.compiler.is_compiling() \
+                    or not all(isinstance(x, torch.Tensor) for x in args) or records_grad(*args):
+                return own(*args, **kwargs)
+            xs = list(args)
+            k = self.kernel(op, xs)
+            return k._launch(xs) if k is not None else own(*args)
+        return forward
+
+    def torch_of(self, op: str):
+        """torch's definition of `op`: the library op's, or the module an extracted op replaced."""
+        return TORCH[op] if op in TORCH else self._own[op]
 
     def _replace(self, module, forward) -> None:
         self._replaced.append((module, module.__dict__.get("forward")))
@@ -163,13 +196,17 @@ class Patched:
         try:
             k, counts = self._routes[sig]
         except KeyError:
-            sizes = SIZES[op](inputs)
+            try:
+                sizes = SIZES[op](inputs) if op in SIZES else self.table.sizes_of(op, inputs)
+            except LookupError:  # an extracted op's inputs that do not show its sizes: torch's own
+                sizes = None
             dtype = dtype_of(inputs[0])
-            k = self.table.kernel(op, sizes, dtype) if dtype and all(v > 0 for v in sizes.values()) \
+            k = self.table.kernel(op, sizes, dtype) if sizes and dtype and all(v > 0 for v in sizes.values()) \
                 and (self.ops is None or op in self.ops) else None
             if k is not None and k.mismatch(inputs) is not None:
                 k = None
-            counts = self.stats[f"{op} {'x'.join(str(v) for v in sizes.values())} {dtype}"]
+            shape = sizes.values() if sizes else inputs[0].shape
+            counts = self.stats[f"{op} {'x'.join(str(v) for v in shape)} {dtype}"]
             self._routes[sig] = k, counts
         if count:
             counts[0 if k is not None else 1] += 1
@@ -228,16 +265,36 @@ def _version(t) -> int | None:
     return None if t.is_inference() else t._version
 
 
-def _op_names(ops, what: str = "under_compile") -> frozenset:
-    """`under_compile` or `ops` checked: library op names the patch routes (a typo would
-    otherwise leave every op to the compiler, or torch, without a word)."""
+def _op_names(ops, what: str = "under_compile", also=()) -> frozenset:
+    """`under_compile` or `ops` checked: library op names the patch routes, or `also` (the
+    table's extracted modules) (a typo would otherwise leave every op to the compiler, or
+    torch, without a word)."""
     if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
         raise TypeError(f"{what}={ops!r}: a set of op names, e.g. {{'swiglu'}} (or () for none)")
-    unknown = sorted(set(ops) - set(SIZES))
+    unknown = sorted(set(ops) - set(SIZES) - set(also))
     if unknown:
         raise ValueError(f"{what}: {', '.join(unknown)} is not an op the patch routes; "
-                         f"one of {', '.join(sorted(SIZES))}")
+                         f"one of {', '.join(sorted(set(SIZES) | set(also)))}")
     return frozenset(ops)
+
+
+def _extracted(table) -> dict[str, dict]:
+    """op -> recipe of each problem-file op of `table` whose file is a module extracted whole
+    (its `MODULE`), read once per table."""
+    found = getattr(table, "_extracted_modules", None)
+    if found is None:
+        from tuner.serve.extracted import read
+        found = {}
+        for e in getattr(table, "entries", ()):
+            if e.get("kind") == "kernelbench" and e["op"] not in found:
+                r = read(table.source(e))
+                if r is not None:
+                    found[e["op"]] = r
+        try:
+            table._extracted_modules = found
+        except AttributeError:
+            pass
+    return found
 
 
 def patch(model, table, functions: bool | None = None, under_compile=None, ops=None):
