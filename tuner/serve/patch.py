@@ -160,7 +160,7 @@ class Patched:
 
     def torch_of(self, op: str):
         """torch's definition of `op`: the library op's, or the module an extracted op replaced."""
-        return TORCH[op] if op in TORCH else self._own[op]
+        return self._own[op] if op in self._own else TORCH[op]
 
     def _replace(self, module, forward) -> None:
         self._replaced.append((module, module.__dict__.get("forward")))
