@@ -468,3 +468,12 @@ def test_a_models_own_module_is_extracted_whole_tuned_and_put_back(tmp_path, mon
     assert p.stats[f"{problem.stem} 16x128 fp32"] == [1, 0]
     runtime.unpatch(model)
     assert "forward" not in model.act.__dict__ and torch.allclose(model(x), ref)
+    # A problem file whose MODULE names the module but whose Model computes something else (a
+    # file is only text): the probe leaves the module alone, and says why.
+    import shutil
+    shutil.copytree(tmp_path / "exp", tmp_path / "exp2")
+    copy = next((tmp_path / "exp2" / "problems").glob("*.py"))
+    copy.write_text(copy.read_text().replace("return self.module(in0)", "return self.module(in0) * 1.001"))
+    runtime.patch(model, runtime.load("exp2/tuning.json", serve_slower=True))
+    assert model.tuner_patch.modules == {} and "does not compute what the module does" in model.tuner_patch.refused[problem.stem]
+    runtime.unpatch(model)

@@ -181,6 +181,8 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
                 fns["patched + torch.compile"] = lambda: patched_compiled(*xs)
             except Exception as e:  # noqa: BLE001 - said, and the rest measured
                 notes.append(f"patched + torch.compile not measured: {type(e).__name__}: {str(e)[:200]}")
+        for op, why in getattr(patched_model.tuner_patch, "refused", {}).items():
+            notes.append(f"{op}: its modules were left as they are: {why}")
         medians = interleaved(fns, sync, rounds)
         ops = op_contributions(patched_model.tuner_patch, sync, rounds, per_forward)
         unpatch(patched_model)

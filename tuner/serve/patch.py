@@ -110,14 +110,21 @@ class Patched:
                     break
         from tuner.serve.extracted import same
         wanted = {op: r for op, r in named.items() if (held is None or op in held)}
+        self.refused: dict[str, str] = {}  # extracted op -> why its modules were left alone (the probe)
         for name, module in model.named_modules():
             if not wanted or (name or "(the model)") in self.modules:
                 continue
             op = next((op for op, r in wanted.items() if same(module, r)), None)
-            if op is not None:
-                self._own.setdefault(op, module)
-                self._replace(module, self._whole(op, module.forward))
-                self.modules[name or "(the model)"] = op
+            if op is None or op in self.refused:
+                continue
+            if op not in self._own:
+                why = _probe_whole(table, op, module)
+                if why:
+                    self.refused[op] = why
+                    continue
+                self._own[op] = module
+            self._replace(module, self._whole(op, module.forward))
+            self.modules[name or "(the model)"] = op
         if self.modules:
             custom_op()
         if functions is None:  # see `patch`
@@ -276,6 +283,38 @@ def _op_names(ops, what: str = "under_compile", also=()) -> frozenset:
         raise ValueError(f"{what}: {', '.join(unknown)} is not an op the patch routes; "
                          f"one of {', '.join(sorted(set(SIZES) | set(also)))}")
     return frozenset(ops)
+
+
+def _probe_whole(table, op: str, module) -> str:
+    """Why `module` is not what the table's problem file `op` computes, or "": its own forward
+    against the file's Model on the file's inputs (each size at most 64, on the host), within
+    the dtype's tolerance. The recipe says the class and attributes are the same; the probe
+    says the file's Model is that module (a problem file's MODULE is only text)."""
+    import torch
+
+    from tuner.core.op import TOLERANCE
+    from tuner.core.ops import load_op
+    entry = next(e for e in table.entries if e["op"] == op)
+    def run(sizes):
+        ref = load_op(table._spec(entry, sizes))
+        xs = ref.make_inputs(0)
+        want = ref.torch_impl(list(xs))
+        with torch.no_grad():
+            return module(*xs), want
+    try:
+        try:
+            got, want = run({k: min(int(v), 64) for k, v in entry["sizes"].items()})
+        except Exception:  # noqa: BLE001 - a file whose sizes do not shrink: at its own
+            got, want = run(dict(entry["sizes"]))
+    except Exception as e:  # noqa: BLE001 - whatever stops the probe: the module stays as it is
+        return f"the probe failed: {type(e).__name__}: {str(e)[:200]}"
+    got = list(got) if isinstance(got, (tuple, list)) else [got]
+    atol, rtol = TOLERANCE.get(entry["dtype"], (1e-5, 1e-5))
+    if len(got) != len(want) or not all(isinstance(g, torch.Tensor) and g.shape == w.shape
+                                        and torch.allclose(g.double(), w.double(), atol=atol, rtol=rtol, equal_nan=True)
+                                        for g, w in zip(got, want)):
+        return f"its problem file's Model ({table.source(entry)}) does not compute what the module does"
+    return ""
 
 
 def _extracted(table) -> dict[str, dict]:
