@@ -463,6 +463,8 @@ def test_a_models_own_module_is_extracted_whole_tuned_and_put_back(tmp_path, mon
     h = torch.randn(32, 128)
     assert torch.allclose(model.act(x=h), 0.5 * h * (1 + torch.tanh(0.7978845608 * (h + 0.044715 * h ** 3))), atol=1e-6)
     assert dict(p.stats) == {f"{problem.stem} 32x128 fp32": [1, 0]}  # a keyword call: the module's own
+    p.torch_of(problem.stem)(h)  # torch's definition, for verify's timing: the module's own forward
+    assert dict(p.stats) == {f"{problem.stem} 32x128 fp32": [1, 0]}
     h = torch.randn(16, 128)  # other sizes: the runtime's rule (the nearest tuned config, checked here)
     assert torch.allclose(model.act(h), model.other.__class__(0.044715)(h), atol=1e-5)
     assert p.stats[f"{problem.stem} 16x128 fp32"] == [1, 0]

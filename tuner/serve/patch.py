@@ -92,7 +92,7 @@ class Patched:
         self._halves: dict[tuple[int, int], tuple] = {}  # rope_halves' checked pairs
         self._made: dict[int, tuple] = {}  # id -> (weakref, version): cos and sin a rotary producer returned
         self._hooks: list = []
-        self._own: dict[str, Any] = {}  # extracted op -> a module it replaced: torch's definition of the op
+        self._own: dict[str, Any] = {}  # extracted op -> the own forward of a module it replaced: torch's definition
         # A module is replaced only for an op the table holds at some size: a route that can
         # never serve would cost every call a trip through Python (and, under torch.compile, an
         # opaque custom op the compiler cannot fuse).
@@ -122,7 +122,7 @@ class Patched:
                 if why:
                     self.refused[op] = why
                     continue
-                self._own[op] = module
+                self._own[op] = module.forward  # its own, not the route put in its place below
             self._replace(module, self._whole(op, module.forward))
             self.modules[name or "(the model)"] = op
         if self.modules:
@@ -166,7 +166,8 @@ class Patched:
         return forward
 
     def torch_of(self, op: str):
-        """torch's definition of `op`: the library op's, or the module an extracted op replaced."""
+        """torch's definition of `op`: the library op's, or the own forward of a module an
+        extracted op replaced."""
         return self._own[op] if op in self._own else TORCH[op]
 
     def _replace(self, module, forward) -> None:
