@@ -384,11 +384,12 @@ class Model(nn.Module):
         self.up = nn.Linear(64, 128)
         self.act = TanhGELU()
         self.other = TanhGELU(0.05)
+        self.again = TanhGELU()
         self.relu = nn.ReLU()
 
     def forward(self, x):
         h = self.up(x)
-        return self.relu(self.act(h)) + self.other(h)
+        return self.relu(self.act(h)) + self.other(h) + self.again(h)
 
 
 def get_inputs():
@@ -436,11 +437,13 @@ def test_a_models_own_module_is_extracted_whole_tuned_and_put_back(tmp_path, mon
     (tmp_path / "model.py").write_text(OWN_MODULE)
     prof = profile_model(tmp_path / "model.py", "cpu", iterations=1, peaks={"copy_gbps": 10.0, "fp32_gflops": 100.0})
     rows = {r.aten: r for r in prof.rows}
-    assert rows["class::TanhGELU(c=0.044715)"].calls == 1 and rows["class::TanhGELU(c=0.044715)"].shapes == "32x128"
+    assert rows["class::TanhGELU(c=0.044715)"].calls == 2 and rows["class::TanhGELU(c=0.044715)"].shapes == "32x128"
     assert rows["class::TanhGELU(c=0.05)"].calls == 1
     assert "aten::relu" in rows and "aten::tanh" not in rows and "aten::linear" in rows
     emit_sweep(prof, tmp_path / "hot.yaml", "cpu", top=20, min_share=0.0)
+    assert len(list((tmp_path / "hot_problems").glob("*TanhGELU*.py"))) == 2  # act and again: one op
     problem = next(p for p in (tmp_path / "hot_problems").glob("*TanhGELU.py") if read(p)["attrs"]["c"] == 0.044715)
+    assert "#       def forward(self, x):" in problem.read_text()  # the class's source, for whoever writes the kernel
     model, (x,) = load_model(tmp_path / "model.py")
     model.eval()  # as profiled: `training` is one of the attributes matched
     op = load_op(spec_from_problem_file(problem))
@@ -457,14 +460,14 @@ def test_a_models_own_module_is_extracted_whole_tuned_and_put_back(tmp_path, mon
     ref = model(x)
     runtime.patch(model, table)
     p = model.tuner_patch
-    assert p.modules == {"act": problem.stem}  # `other` (c=0.05) is another op
+    assert p.modules == {"act": problem.stem, "again": problem.stem}  # `other` (c=0.05) is another op
     assert torch.allclose(model(x), ref, atol=1e-5, rtol=1e-5)
-    assert dict(p.stats) == {f"{problem.stem} 32x128 fp32": [1, 0]}
+    assert dict(p.stats) == {f"{problem.stem} 32x128 fp32": [2, 0]}
     h = torch.randn(32, 128)
     assert torch.allclose(model.act(x=h), 0.5 * h * (1 + torch.tanh(0.7978845608 * (h + 0.044715 * h ** 3))), atol=1e-6)
-    assert dict(p.stats) == {f"{problem.stem} 32x128 fp32": [1, 0]}  # a keyword call: the module's own
+    assert dict(p.stats) == {f"{problem.stem} 32x128 fp32": [2, 0]}  # a keyword call: the module's own
     p.torch_of(problem.stem)(h)  # torch's definition, for verify's timing: the module's own forward
-    assert dict(p.stats) == {f"{problem.stem} 32x128 fp32": [1, 0]}
+    assert dict(p.stats) == {f"{problem.stem} 32x128 fp32": [2, 0]}
     h = torch.randn(16, 128)  # other sizes: the runtime's rule (the nearest tuned config, checked here)
     assert torch.allclose(model.act(h), model.other.__class__(0.044715)(h), atol=1e-5)
     assert p.stats[f"{problem.stem} 16x128 fp32"] == [1, 0]

@@ -94,7 +94,11 @@ def module_problem_source(row: OpRow, recipe: dict, model: str) -> str | None:
              'extent: --size NAME=VALUE changes every dim that had that extent."""',
              "", "import torch", "import torch.nn as nn", "", "from tuner.serve.extracted import build", ""]
     lines += [f"{n} = {v}" for v, n in sizes.items()]
-    lines += [f"MODULE = {recipe!r}", "", "",
+    source = recipe.get("source")
+    if source:
+        lines += ["", "# What the kernel computes: the module's class, as its source has it:"]
+        lines += [f"#   {line}".rstrip() for line in source.rstrip().splitlines()]
+    lines += [f"MODULE = {({k: v for k, v in recipe.items() if k != 'source'})!r}", "", "",
               "class Model(nn.Module):", "    def __init__(self):", "        super().__init__()",
               "        self.module = build(MODULE)", "",
               f"    def forward(self, {', '.join(params)}):", f"        return self.module({', '.join(params)})",

@@ -288,6 +288,7 @@ class _ModuleRanges:
 
     def __init__(self, model):
         import functools
+        import inspect
 
         from tuner.serve.routes import MODULE_KEEPS, model_functions, module_ops
         self.ops = module_ops(model)
@@ -313,6 +314,10 @@ class _ModuleRanges:
             r = recipe(module)
             if r is None:
                 continue
+            try:  # for the problem file's reader (a person, or a model writing the kernel)
+                r["source"] = inspect.getsource(type(module))
+            except (OSError, TypeError):
+                pass
             row = "class::" + short_name(r)
             while row in self.recipes and self.recipes[row] != r:
                 row += "'"  # another class of the same name
