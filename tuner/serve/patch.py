@@ -296,6 +296,7 @@ def _probe_whole(table, op: str, module) -> str:
     from tuner.core.op import TOLERANCE
     from tuner.core.ops import load_op
     entry = next(e for e in table.entries if e["op"] == op)
+
     def run(sizes):
         ref = load_op(table._spec(entry, sizes))
         xs = ref.make_inputs(0)
