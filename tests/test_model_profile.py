@@ -378,6 +378,17 @@ class TanhGELU(nn.Module):
         return 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + self.c * x * x * x)))
 
 
+class EpsNorm(nn.Module):
+    """An RMSNorm at eps 1e-5 (the library's rmsnorm is at 1e-6): a leaf with a weight."""
+    def __init__(self, n, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.eps = eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
@@ -386,10 +397,11 @@ class Model(nn.Module):
         self.other = TanhGELU(0.05)
         self.again = TanhGELU()
         self.relu = nn.ReLU()
+        self.norm = EpsNorm(128)
 
     def forward(self, x):
         h = self.up(x)
-        return self.relu(self.act(h)) + self.other(h) + self.again(h)
+        return self.norm(self.relu(self.act(h)) + self.other(h) + self.again(h))
 
 
 def get_inputs():
@@ -398,6 +410,20 @@ def get_inputs():
 
 def get_init_inputs():
     return []
+'''
+
+NORM_C = '''#include <stddef.h>
+#include <math.h>
+void tuner_kernel(const {{ ctype }} *in0, const {{ ctype }} *w, {{ ctype }} *out0) {
+    #pragma omp parallel for num_threads({{ THREADS }})
+    for (size_t r = 0; r < {{ n0 }}; r++) {
+        const {{ ctype }} *x = in0 + r * {{ n1 }};
+        double s = 0;
+        for (size_t i = 0; i < {{ n1 }}; i++) s += (double)x[i] * x[i];
+        float inv = 1.0f / sqrtf((float)(s / {{ n1 }}) + 1e-5f);
+        for (size_t i = 0; i < {{ n1 }}; i++) out0[r * {{ n1 }} + i] = w[i] * (x[i] * inv);
+    }
+}
 '''
 
 GELU_C = '''#include <stddef.h>
@@ -491,3 +517,39 @@ def test_verify_says_patched_compile_is_slower_only_where_a_call_is_routed_under
     medians = {"eager": 1.0, "patched eager": 0.8, "torch.compile": 1.0, "patched + torch.compile": 1.1}
     assert [n.split(" is")[0] for n in slower(medians)] == ["patched + torch.compile"]
     assert slower(medians, compiled=False) == []
+
+
+def test_a_leaf_module_with_a_weight_is_extracted_and_runs_with_the_models_own_weight(tmp_path, monkeypatch,
+                                                                                     no_grad_after):
+    """A leaf with a parameter (an RMSNorm at an eps the library's op does not have): its
+    problem file's Model draws the weight at the shape the module had (a size constant); the
+    patched module's kernel is passed the model's own weight, not the Model's."""
+    from tuner import runtime
+    from tuner.model.profile import load_model
+    monkeypatch.chdir(tmp_path)
+    for k, v in {"CACHE_DIR": str(tmp_path / "cache"), "BENCH_BUDGET_S": "0.005", "WARMUP_S": "0",
+                 "MIN_REPS": "3", "MAX_REPS": "10", "REPORT": "0"}.items():
+        monkeypatch.setenv("TUNER_" + k, v)
+    (tmp_path / "model.py").write_text(OWN_MODULE)
+    prof = profile_model(tmp_path / "model.py", "cpu", iterations=1, peaks={"copy_gbps": 10.0, "fp32_gflops": 100.0})
+    row = next(r for r in prof.rows if r.aten == "class::EpsNorm(eps=1e-05)")
+    assert row.calls == 1 and row.shapes == "32x128" and "aten::rsqrt" not in {r.aten for r in prof.rows}
+    emit_sweep(prof, tmp_path / "hot.yaml", "cpu", top=20, min_share=0.0)
+    problem = next((tmp_path / "hot_problems").glob("*EpsNorm.py"))
+    assert "build(MODULE, {'weight': (n1,)})" in problem.read_text()
+    (tmp_path / "norm.c.j2").write_text(NORM_C)
+    (tmp_path / "norm.yaml").write_text("language: c\nsizes: [n0, n1]\nparams:\n  THREADS: [1]\n")
+    assert main(["tune", "--op", str(problem), "--template", "norm.c.j2", "--space", "norm.yaml", "--budget", "1",
+                 "--runs-dir", "runs"]) == 0
+    assert main(["db", "update", "runs", "--db", "db.json"]) == 0
+    assert main(["export", "--db", "db.json", "--out", "exp"]) == 0
+    model, (x,) = load_model(tmp_path / "model.py")
+    model.eval()
+    torch.set_grad_enabled(False)
+    model.norm.weight.copy_(torch.randn(128))  # the model's own: the kernel must be given these
+    ref = model(x)
+    runtime.patch(model, runtime.load("exp/tuning.json", serve_slower=True))
+    assert model.tuner_patch.modules == {"norm": problem.stem}, model.tuner_patch.refused
+    assert torch.allclose(model(x), ref, atol=1e-5, rtol=1e-5)
+    assert dict(model.tuner_patch.stats) == {f"{problem.stem} 32x128 fp32": [1, 0]}
+    runtime.unpatch(model)

@@ -80,10 +80,13 @@ def module_problem_source(row: OpRow, recipe: dict, model: str) -> str | None:
     if not tensors or len(tensors) != len(row.args) or any(a.dtype not in _TORCH for a in tensors):
         return None
     sizes: dict[int, str] = {}
-    for a in tensors:
-        for extent in a.shape:
+    shapes = recipe.get("shapes", {})  # the module's parameters'
+    for shape in [a.shape for a in tensors] + list(shapes.values()):
+        for extent in shape:
             sizes.setdefault(extent, f"n{len(sizes)}")
     params = [f"in{k}" for k in range(len(tensors))]
+    made = "build(MODULE" + (", {" + ", ".join(f"{n!r}: ({''.join(sizes[e] + ', ' for e in shape).rstrip(' ')})"
+                                                 for n, shape in shapes.items()) + "})" if shapes else ")")
     draws = [f"torch.randn({', '.join(sizes[e] for e in a.shape)}{',' if len(a.shape) == 1 else ''}).to({_TORCH[a.dtype]})"
              if a.shape else f"torch.randn(()).to({_TORCH[a.dtype]})" for a in tensors]
     lines = [f'"""{row.aten[len("class::"):]} as {model} calls it, whole: inputs {row.shapes} ({row.dtypes}); '
@@ -98,9 +101,9 @@ def module_problem_source(row: OpRow, recipe: dict, model: str) -> str | None:
     if source:
         lines += ["", "# What the kernel computes: the module's class, as its source has it:"]
         lines += [f"#   {line}".rstrip() for line in source.rstrip().splitlines()]
-    lines += [f"MODULE = {({k: v for k, v in recipe.items() if k != 'source'})!r}", "", "",
+    lines += [f"MODULE = {({k: v for k, v in recipe.items() if k not in ('source', 'shapes')})!r}", "", "",
               "class Model(nn.Module):", "    def __init__(self):", "        super().__init__()",
-              "        self.module = build(MODULE)", "",
+              f"        self.module = {made}", "",
               f"    def forward(self, {', '.join(params)}):", f"        return self.module({', '.join(params)})",
               "", "", "def get_inputs():", f"    return [{', '.join(draws)}]",
               "", "", "def get_init_inputs():", "    return []", ""]

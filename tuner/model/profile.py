@@ -314,6 +314,7 @@ class _ModuleRanges:
             r = recipe(module)
             if r is None:
                 continue
+            r["shapes"] = {n: list(p.shape) for n, p in module.named_parameters(recurse=False)}  # for emit
             try:  # for the problem file's reader (a person, or a model writing the kernel)
                 r["source"] = inspect.getsource(type(module))
             except (OSError, TypeError):

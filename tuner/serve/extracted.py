@@ -3,12 +3,14 @@ leaf module whose forward runs several aten ops (an activation written out as a 
 as GPT-2's tanh GELU: five elementwise ops, one fused kernel's work), and what `runtime.patch`
 reads to put the kernel tuned for that file in place of each such module of a model.
 
-A module is extractable when it is a leaf (no submodules), holds no parameters or buffers,
-its class can be found again (importable by its module's name, or defined in the model file,
+A module is extractable when it is a leaf (no submodules), holds no buffers (parameters, as
+an RMSNorm's weight, are fine: the kernel takes them after the inputs, as it takes a problem
+file's Model's), its class can be found again (importable by its module's name, or defined in the model file,
 loaded again from its path), and every attribute of its own is a plain value (a number, a
 string, a bool, None, a tuple of those) or a function importable by name (`recipe`). The
-recipe names the class and those attributes; `build` makes the module again (without calling
-its __init__: the attributes are what it set). `MODULE = {...}` in the problem file is the
+recipe names the class, those attributes and its parameters (names; their shapes are sizes,
+the problem file's); `build` makes the module again (without calling its __init__: the
+attributes are what it set; the parameters drawn at random, as a problem file's Model's are). `MODULE = {...}` in the problem file is the
 recipe, read back without running the file (`read`). Two modules are the same op when their
 recipes are equal: the same class, the same attributes (GELU(approximate="tanh") is not
 GELU()).
@@ -61,8 +63,8 @@ def _find(mod: str, qual: str) -> Any:
 def recipe(module) -> dict | None:
     """The module's recipe (see the module docstring), or None when it is not extractable."""
     cls = type(module)
-    if next(module.children(), None) is not None or next(module.parameters(), None) is not None \
-            or next(module.buffers(), None) is not None or "<" in cls.__qualname__:
+    if next(module.children(), None) is not None or next(module.buffers(), None) is not None \
+            or "<" in cls.__qualname__ or not all(p.is_floating_point() for p in module.parameters()):
         return None
     where: dict[str, str] = {}
     if cls.__module__.startswith(MODEL_PREFIX):
@@ -80,14 +82,15 @@ def recipe(module) -> dict | None:
             attrs[k] = _plain(v)
         except ValueError:
             return None
-    return {"class": f"{cls.__module__}:{cls.__qualname__}", **where, "attrs": attrs}
+    return {"class": f"{cls.__module__}:{cls.__qualname__}", **where, "attrs": attrs,
+            "params": [n for n, _ in module.named_parameters(recurse=False)]}
 
 
 def same(module, wanted: dict) -> bool:
     """Whether `module` is the op `wanted` (a recipe) describes: its recipe, the class found by
     name or by its file, and the attributes equal."""
     mine = recipe(module)
-    if mine is None or mine["attrs"] != wanted.get("attrs"):
+    if mine is None or mine["attrs"] != wanted.get("attrs") or mine["params"] != wanted.get("params", []):
         return False
     if "file" in wanted or "file" in mine:
         return (mine.get("file") == wanted.get("file")
@@ -95,9 +98,11 @@ def same(module, wanted: dict) -> bool:
     return mine["class"] == wanted["class"]
 
 
-def build(r: dict):
+def build(r: dict, shapes: dict | None = None):
     """The module a recipe describes, made again (its __init__ not called: the attributes are
-    what it set). ValueError when its class cannot be found."""
+    what it set), each parameter of `shapes[name]` drawn at random. ValueError when its class
+    cannot be found or a parameter's shape is not given."""
+    import torch
     import torch.nn as nn
     mod, qual = r["class"].split(":", 1)
     if "file" in r:
@@ -122,6 +127,10 @@ def build(r: dict):
     m = cls.__new__(cls)
     nn.Module.__init__(m)
     m.__dict__.update({k: _value(v) for k, v in r["attrs"].items()})
+    for name in r.get("params", []):
+        if name not in (shapes or {}):
+            raise ValueError(f"{r['class']}: the shape of its parameter {name!r} is not given")
+        m.register_parameter(name, nn.Parameter(1 + 0.1 * torch.randn(tuple(shapes[name]))))
     return m
 
 

@@ -92,7 +92,8 @@ class Patched:
         self._halves: dict[tuple[int, int], tuple] = {}  # rope_halves' checked pairs
         self._made: dict[int, tuple] = {}  # id -> (weakref, version): cos and sin a rotary producer returned
         self._hooks: list = []
-        self._own: dict[str, Any] = {}  # extracted op -> the own forward of a module it replaced: torch's definition
+        # extracted op -> (the own forward of a module it replaced, its parameter count): torch's definition
+        self._own: dict[str, tuple[Any, int]] = {}
         # A module is replaced only for an op the table holds at some size: a route that can
         # never serve would cost every call a trip through Python (and, under torch.compile, an
         # opaque custom op the compiler cannot fuse).
@@ -122,8 +123,8 @@ class Patched:
                 if why:
                     self.refused[op] = why
                     continue
-                self._own[op] = module.forward  # its own, not the route put in its place below
-            self._replace(module, self._whole(op, module.forward))
+                self._own[op] = (module.forward, len(list(module.parameters(recurse=False))))  # its own, not the route
+            self._replace(module, self._whole(op, module))
             self.modules[name or "(the model)"] = op
         if self.modules:
             custom_op()
@@ -153,22 +154,32 @@ class Patched:
             self._replace(model, forward)
             custom_op()
 
-    def _whole(self, op: str, own):
-        """The forward of a module the table's `op` computes whole (an extracted module)."""
+    def _whole(self, op: str, module):
+        """The forward of a module the table's `op` computes whole (an extracted module): the
+        kernel takes the call's tensors, then the module's parameters (as a problem file's
+        kernel takes its Model's)."""
+        own = module.forward
+
         def forward(*args, **kwargs):
             import torch
             if kwargs or not args or torch.compiler.is_compiling() \
-                    or not all(isinstance(x, torch.Tensor) for x in args) or records_grad(*args):
+                    or not all(isinstance(x, torch.Tensor) for x in args):
                 return own(*args, **kwargs)
-            xs = list(args)
+            xs = list(args) + list(module.parameters(recurse=False))
+            if records_grad(*xs):
+                return own(*args)
             k = self.kernel(op, xs)
             return k._launch(xs) if k is not None else own(*args)
         return forward
 
     def torch_of(self, op: str):
-        """torch's definition of `op`: the library op's, or the own forward of a module an
-        extracted op replaced."""
-        return self._own[op] if op in self._own else TORCH[op]
+        """torch's definition of `op`, called as its kernel is: the library op's, or the own
+        forward of a module an extracted op replaced (on the call's tensors; its parameters
+        are its own)."""
+        if op not in self._own:
+            return TORCH[op]
+        own, n_params = self._own[op]
+        return lambda *xs: own(*xs[:len(xs) - n_params])
 
     def _replace(self, module, forward) -> None:
         self._replaced.append((module, module.__dict__.get("forward")))
@@ -288,8 +299,9 @@ def _op_names(ops, what: str = "under_compile", also=()) -> frozenset:
 
 def _probe_whole(table, op: str, module) -> str:
     """Why `module` is not what the table's problem file `op` computes, or "": its own forward
-    against the file's Model on the file's inputs (each size at most 64, on the host), within
-    the dtype's tolerance. The recipe says the class and attributes are the same; the probe
+    against the file's Model on the file's inputs (each size at most 64, on the host; with the
+    module's parameters in the Model's place, at the sizes tuned), within the dtype's
+    tolerance. The recipe says the class and attributes are the same; the probe
     says the file's Model is that module (a problem file's MODULE is only text)."""
     import torch
 
@@ -297,15 +309,18 @@ def _probe_whole(table, op: str, module) -> str:
     from tuner.core.ops import load_op
     entry = next(e for e in table.entries if e["op"] == op)
 
+    params = list(module.parameters(recurse=False))
+
     def run(sizes):
         ref = load_op(table._spec(entry, sizes))
-        xs = ref.make_inputs(0)
-        want = ref.torch_impl(list(xs))
-        with torch.no_grad():
+        xs = list(ref.make_inputs(0))
+        xs = [x.to(params[0].device) for x in xs[:len(xs) - len(params)]] if params else xs
+        with torch.no_grad():  # with the module's own parameters in place of the Model's
+            want = ref.torch_call(xs + params) if params and ref.torch_call else ref.torch_impl(xs)
             return module(*xs), want
     try:
-        try:
-            got, want = run({k: min(int(v), 64) for k, v in entry["sizes"].items()})
+        try:  # a module with parameters at the sizes tuned (its parameters' shapes are sizes)
+            got, want = run(dict(entry["sizes"]) if params else {k: min(int(v), 64) for k, v in entry["sizes"].items()})
         except Exception:  # noqa: BLE001 - a file whose sizes do not shrink: at its own
             got, want = run(dict(entry["sizes"]))
     except Exception as e:  # noqa: BLE001 - whatever stops the probe: the module stays as it is
