@@ -534,6 +534,7 @@ def test_a_leaf_module_with_a_weight_is_extracted_and_runs_with_the_models_own_w
     prof = profile_model(tmp_path / "model.py", "cpu", iterations=1, peaks={"copy_gbps": 10.0, "fp32_gflops": 100.0})
     row = next(r for r in prof.rows if r.aten == "class::EpsNorm(eps=1e-05)")
     assert row.calls == 1 and row.shapes == "32x128" and "aten::rsqrt" not in {r.aten for r in prof.rows}
+    assert row.bytes == 4 * (32 * 128 + 32 * 128 + 128)  # its input, its output (on meta tensors), its weight
     emit_sweep(prof, tmp_path / "hot.yaml", "cpu", top=20, min_share=0.0)
     problem = next((tmp_path / "hot_problems").glob("*EpsNorm.py"))
     assert "build(MODULE, {'weight': (n1,)})" in problem.read_text()

@@ -262,7 +262,7 @@ def profile_model(path: str | Path, device: str = "cpu", dtype: str | None = Non
     rows = []
     for (name, args), (calls, t) in groups.items():
         rows.append(_assess(OpRow(name, args, calls // iterations or 1, t / iterations,
-                                  t / total if total else 0.0), peaks or {}))
+                                  t / total if total else 0.0), peaks or {}, modules.costs.get((name, args))))
     rows.sort(key=lambda r: -r.total_s)
     import json
     recipes = tuple((name, json.dumps(r, sort_keys=True)) for name, r in modules.recipes.items()
@@ -306,6 +306,7 @@ class _ModuleRanges:
             setattr(pymod, fname, self._ranged(f"{pymod.__name__}.{fname}", op, own))
         from tuner.serve.extracted import recipe, short_name
         self.recipes: dict[str, dict] = {}  # "class::<name>" -> recipe
+        self.costs: dict[tuple, tuple[float, float] | None] = {}  # row key -> (FLOPs, bytes out and of parameters)
         self._children: dict[int, int] = {}  # id of a class:: range event -> the model's aten ops in it
         routed = tuple(n + "." for n in self.ops)
         for name, module in model.named_modules():
@@ -384,6 +385,7 @@ class _ModuleRanges:
             if rname is None:
                 rname = f"{name}#{sum(n.startswith(name + '#') for n in self.args)}"
                 self.args[rname], self.ops[rname] = key, (row, None)
+                self.costs.setdefault((row, key), _meta_cost(module, args))
             r = torch.autograd.profiler.record_function(self.PREFIX + rname)
             r.__enter__()
         self._open.append(r)  # None: a call not extracted (keywords, or not all floating tensors)
@@ -440,6 +442,23 @@ class _ModuleRanges:
                 return None if event.name in self.keeps.get(self.ops[p.name[len(self.PREFIX):]][0], ()) else key
             p = p.cpu_parent
         return None
+
+
+def _meta_cost(module, args) -> tuple[float, float] | None:
+    """(FLOPs torch counts, bytes of the outputs and the parameters) of `module` on `args`,
+    run on meta tensors (nothing computed), or None where it cannot run there."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    try:
+        params = {n: torch.empty_like(p, device="meta") for n, p in module.named_parameters(recurse=False)}
+        metas = tuple(torch.empty_like(x, device="meta") for x in args)
+        with FlopCounterMode(display=False) as counter:
+            out = torch.func.functional_call(module, params, metas)
+    except Exception:  # noqa: BLE001 - a forward that needs data: bytes of its input's shape, as before
+        return None
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, torch.Tensor)]
+    moved = sum(float(t.numel()) * t.element_size() for t in outs + list(params.values()))
+    return float(counter.get_total_flops()), moved
 
 
 def _npu_activities():
@@ -519,7 +538,9 @@ def _nbytes(shape, dtype_bytes: int) -> float:
     return float(math.prod(shape)) * dtype_bytes
 
 
-def _assess(row: OpRow, peaks: dict[str, float]) -> OpRow:
+def _assess(row: OpRow, peaks: dict[str, float], cost: tuple[float, float] | None = None) -> OpRow:
+    """`row` with its bound and what a perfect kernel could save. `cost`: (FLOPs, bytes of the
+    outputs and parameters) of a module extracted whole, from its forward on meta tensors."""
     import dataclasses
 
     from tuner.core.op import DTYPE_BYTES
@@ -528,7 +549,10 @@ def _assess(row: OpRow, peaks: dict[str, float]) -> OpRow:
     flops = None
     whole = row.aten.startswith(("module::", "class::"))
     called = None if whole else meta_call(row)
-    if whole:  # its outputs: the shape of its first input (rope: of q and k)
+    if cost is not None:
+        flops, out_bytes = cost
+        moved += out_bytes
+    elif whole:  # its outputs: the shape of its first input (rope: of q and k)
         for a in row.args[:2 if row.aten == "module::rope" else 1]:
             moved += _nbytes(a.shape, size.get(a.dtype, 4))
     if called is not None:
