@@ -307,6 +307,7 @@ class _ModuleRanges:
         from tuner.serve.extracted import recipe, short_name
         self.recipes: dict[str, dict] = {}  # "class::<name>" -> recipe
         self.costs: dict[tuple, tuple[float, float] | None] = {}  # row key -> (FLOPs, bytes out and of parameters)
+        self._costed: dict[tuple, tuple] = {}  # row key -> (module, [(shape, dtype)]): costed once profiling is over
         self._children: dict[int, int] = {}  # id of a class:: range event -> the model's aten ops in it
         routed = tuple(n + "." for n in self.ops)
         for name, module in model.named_modules():
@@ -385,7 +386,7 @@ class _ModuleRanges:
             if rname is None:
                 rname = f"{name}#{sum(n.startswith(name + '#') for n in self.args)}"
                 self.args[rname], self.ops[rname] = key, (row, None)
-                self.costs.setdefault((row, key), _meta_cost(module, args))
+                self._costed.setdefault((row, key), (module, [(tuple(x.shape), x.dtype) for x in args]))
             r = torch.autograd.profiler.record_function(self.PREFIX + rname)
             r.__enter__()
         self._open.append(r)  # None: a call not extracted (keywords, or not all floating tensors)
@@ -415,8 +416,12 @@ class _ModuleRanges:
         return key
 
     def remove(self) -> None:
+        """Take the hooks off, then cost the modules extracted whole (their forwards on meta
+        tensors: run while profiling, they would be calls of their own)."""
         for h in self._hooks:
             h.remove()
+        for key, (module, shapes) in self._costed.items():
+            self.costs[key] = _meta_cost(module, shapes)
         for pymod, fname, own in reversed(self._swapped):
             setattr(pymod, fname, own)
 
@@ -444,14 +449,15 @@ class _ModuleRanges:
         return None
 
 
-def _meta_cost(module, args) -> tuple[float, float] | None:
-    """(FLOPs torch counts, bytes of the outputs and the parameters) of `module` on `args`,
-    run on meta tensors (nothing computed), or None where it cannot run there."""
+def _meta_cost(module, shapes: list[tuple]) -> tuple[float, float] | None:
+    """(FLOPs torch counts, bytes of the outputs and the parameters) of `module` on inputs of
+    `shapes` ((shape, dtype) each), run on meta tensors (nothing computed), or None where it
+    cannot run there."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
     try:
         params = {n: torch.empty_like(p, device="meta") for n, p in module.named_parameters(recurse=False)}
-        metas = tuple(torch.empty_like(x, device="meta") for x in args)
+        metas = tuple(torch.empty(shape, dtype=dt, device="meta") for shape, dt in shapes)
         with FlopCounterMode(display=False) as counter:
             out = torch.func.functional_call(module, params, metas)
     except Exception:  # noqa: BLE001 - a forward that needs data: bytes of its input's shape, as before
