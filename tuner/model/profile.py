@@ -279,7 +279,7 @@ class _ModuleRanges:
     leaves to torch (a gated MLP's projections) stays rows of its own. The same for the
     model's own functions the patch takes over (`routes.model_functions`: transformers'
     apply_rotary_pos_emb), wrapped while profiling, a range per distinct call signature.
-    And every extractable module (`tuner.serve.extracted.recipe`: a leaf without parameters, a
+    And every extractable module (`tuner.serve.extracted.recipe`: a leaf without buffers, a
     GELU written as a formula) not inside one of those: a call of it whose range holds two or
     more of the model's aten ops is one row, "class::<its name>" at its inputs' shapes (one
     op's call stays that op's row, which a library op may match)."""
