@@ -301,16 +301,18 @@ def _op_names(ops, what: str = "under_compile", also=()) -> frozenset:
 
 def _probe_whole(table, op: str, module) -> str:
     """Why `module` is not what the table's problem file `op` computes, or "": its own forward
-    against the file's Model on the file's inputs (each size at most 64, on the host; with the
-    module's parameters in the Model's place, at the sizes tuned), within the dtype's
-    tolerance. The recipe says the class and attributes are the same; the probe
-    says the file's Model is that module (a problem file's MODULE is only text)."""
+    against the file's Model on the file's inputs (on the host, at the sizes tuned where their
+    product is at most 2^24, else each at most 64; with the module's parameters in the Model's
+    place), within the dtype's tolerance. The recipe says the class and attributes are the
+    same; the probe says the file's Model is that module (a problem file's MODULE is only
+    text)."""
+    import math
+
     import torch
 
     from tuner.core.op import TOLERANCE
     from tuner.core.ops import load_op
     entry = next(e for e in table.entries if e["op"] == op)
-
     params = list(module.parameters(recurse=False))
 
     def run(sizes):
@@ -321,8 +323,12 @@ def _probe_whole(table, op: str, module) -> str:
             want = ref.torch_call(xs + params) if params and ref.torch_call else ref.torch_impl(xs)
             return module(*xs), want
     try:
-        try:  # a module with parameters at the sizes tuned (its parameters' shapes are sizes)
-            got, want = run(dict(entry["sizes"]) if params else {k: min(int(v), 64) for k, v in entry["sizes"].items()})
+        # At the sizes tuned, where that is small (and always for a module with parameters: their
+        # shapes are sizes); else each size at most 64.
+        tuned = dict(entry["sizes"])
+        small = params or math.prod(int(v) for v in tuned.values()) <= 1 << 24
+        try:
+            got, want = run(tuned if small else {k: min(int(v), 64) for k, v in tuned.items()})
         except Exception:  # noqa: BLE001 - a file whose sizes do not shrink: at its own
             got, want = run(dict(entry["sizes"]))
     except Exception as e:  # noqa: BLE001 - whatever stops the probe: the module stays as it is
