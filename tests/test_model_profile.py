@@ -221,7 +221,8 @@ def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, monkeypatch, capsys):
     assert rows["module::rmsnorm"].library == ("rmsnorm", "32x64", "fp32") and rows["module::rmsnorm"].calls == 1
     assert rows["module::swiglu"].library == ("swiglu", "32x96", "fp32")
     assert sum(r.aten == "aten::linear" for r in prof.rows) == 2  # the MLP's projections stay rows
-    assert "aten::rsqrt" in rows  # NoWeightNorm's ops: not absorbed into a module row
+    # NoWeightNorm's ops: not the library's rmsnorm row, but a module of the model's own, whole
+    assert rows["class::NoWeightNorm(variance_epsilon=1e-06)"].library is None and "aten::rsqrt" not in rows
     # A routed module whose op has no skeleton in a backend's language is said so, not extracted.
     from tuner.cli.profile import with_skeletons
     elsewhere = emit_sweep(with_skeletons(prof, "no_such_language"), tmp_path / "elsewhere.yaml", "cpu", min_share=0.0)
