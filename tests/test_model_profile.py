@@ -1,6 +1,8 @@
 """`tuner profile`: a model's operator calls ranked by time, matched to library ops, and the
 hot ones written out as a sweep and as problem files that reproduce each call exactly."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -203,7 +205,17 @@ def get_init_inputs():
 '''
 
 
-def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """The commands run in tmp_path with a cache of its own and short timings."""
+    monkeypatch.chdir(tmp_path)
+    for k, v in {"CACHE_DIR": str(tmp_path / "cache"), "BENCH_BUDGET_S": "0.005", "WARMUP_S": "0",
+                 "MIN_REPS": "3", "MAX_REPS": "10", "REPORT": "0"}.items():
+        monkeypatch.setenv("TUNER_" + k, v)
+    return tmp_path
+
+
+def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, in_tmp, capsys):
     """The whole path a user takes from a model, through the commands: profile (an RMSNorm and
     a gated MLP written as transformers writes them are rows of the library's ops, a module
     that ignores its weight is not), emit, sweep, db update, export, verify (outputs held to
@@ -211,10 +223,6 @@ def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, monkeypatch, capsys):
     run the tuned C kernels)."""
     import json
     import yaml
-    monkeypatch.chdir(tmp_path)
-    for k, v in {"CACHE_DIR": str(tmp_path / "cache"), "BENCH_BUDGET_S": "0.005", "WARMUP_S": "0",
-                 "MIN_REPS": "3", "MAX_REPS": "10", "REPORT": "0"}.items():
-        monkeypatch.setenv("TUNER_" + k, v)
     (tmp_path / "model.py").write_text(HF_STYLE)
     prof = profile_model(tmp_path / "model.py", "cpu", iterations=1, peaks={"copy_gbps": 10.0, "fp32_gflops": 100.0})
     rows = {r.aten: r for r in prof.rows}
@@ -440,13 +448,23 @@ void tuner_kernel(const {{ ctype }} *in0, {{ ctype }} *out0) {
 '''
 
 
+def _tune_and_export(problem, template: str, threads: list[int]) -> None:
+    """`problem` tuned with a C skeleton (one config per THREADS value), into exp/tuning.json."""
+    Path("k.c.j2").write_text(template)
+    Path("k.yaml").write_text(f"language: c\nsizes: [n0, n1]\nparams:\n  THREADS: {threads}\n")
+    assert main(["tune", "--op", str(problem), "--template", "k.c.j2", "--space", "k.yaml",
+                 "--budget", str(len(threads)), "--runs-dir", "runs"]) == 0
+    assert main(["db", "update", "runs", "--db", "db.json"]) == 0
+    assert main(["export", "--db", "db.json", "--out", "exp"]) == 0
+
+
 @pytest.fixture
 def no_grad_after():
     yield
     torch.set_grad_enabled(True)
 
 
-def test_a_models_own_module_is_extracted_whole_tuned_and_put_back(tmp_path, monkeypatch, no_grad_after):
+def test_a_models_own_module_is_extracted_whole_tuned_and_put_back(tmp_path, in_tmp, no_grad_after):
     """A leaf module without parameters whose forward runs several aten ops is one profile row
     ("class::" its name and attributes; the same class with other attributes another row; a
     one-op module stays its aten op's row), extracted as a problem file whose Model is the
@@ -457,10 +475,6 @@ def test_a_models_own_module_is_extracted_whole_tuned_and_put_back(tmp_path, mon
     from tuner.core.problem import spec_from_problem_file
     from tuner.model.profile import load_model
     from tuner.serve.extracted import read
-    monkeypatch.chdir(tmp_path)
-    for k, v in {"CACHE_DIR": str(tmp_path / "cache"), "BENCH_BUDGET_S": "0.005", "WARMUP_S": "0",
-                 "MIN_REPS": "3", "MAX_REPS": "10", "REPORT": "0"}.items():
-        monkeypatch.setenv("TUNER_" + k, v)
     (tmp_path / "model.py").write_text(OWN_MODULE)
     prof = profile_model(tmp_path / "model.py", "cpu", iterations=1, peaks={"copy_gbps": 10.0, "fp32_gflops": 100.0})
     rows = {r.aten: r for r in prof.rows}
@@ -476,12 +490,7 @@ def test_a_models_own_module_is_extracted_whole_tuned_and_put_back(tmp_path, mon
     op = load_op(spec_from_problem_file(problem))
     xs = op.make_inputs(1)
     assert torch.equal(op.torch_impl(xs)[0], model.act(xs[0]))  # the Model is the module
-    (tmp_path / "gelu.c.j2").write_text(GELU_C)
-    (tmp_path / "gelu.yaml").write_text("language: c\nsizes: [n0, n1]\nparams:\n  THREADS: [1, 2]\n")
-    assert main(["tune", "--op", str(problem), "--template", "gelu.c.j2", "--space", "gelu.yaml", "--budget", "2",
-                 "--runs-dir", "runs"]) == 0
-    assert main(["db", "update", "runs", "--db", "db.json"]) == 0
-    assert main(["export", "--db", "db.json", "--out", "exp"]) == 0
+    _tune_and_export(problem, GELU_C, [1, 2])
     table = runtime.load("exp/tuning.json", serve_slower=True)  # routing is what is checked, not the speed
     torch.set_grad_enabled(False)  # a call autograd records is torch's own (set back by the fixture below)
     ref = model(x)
@@ -520,17 +529,13 @@ def test_verify_says_patched_compile_is_slower_only_where_a_call_is_routed_under
     assert slower(medians, compiled=False) == []
 
 
-def test_a_leaf_module_with_a_weight_is_extracted_and_runs_with_the_models_own_weight(tmp_path, monkeypatch,
+def test_a_leaf_module_with_a_weight_is_extracted_and_runs_with_the_models_own_weight(tmp_path, in_tmp,
                                                                                      no_grad_after):
     """A leaf with a parameter (an RMSNorm at an eps the library's op does not have): its
     problem file's Model draws the weight at the shape the module had (a size constant); the
     patched module's kernel is passed the model's own weight, not the Model's."""
     from tuner import runtime
     from tuner.model.profile import load_model
-    monkeypatch.chdir(tmp_path)
-    for k, v in {"CACHE_DIR": str(tmp_path / "cache"), "BENCH_BUDGET_S": "0.005", "WARMUP_S": "0",
-                 "MIN_REPS": "3", "MAX_REPS": "10", "REPORT": "0"}.items():
-        monkeypatch.setenv("TUNER_" + k, v)
     (tmp_path / "model.py").write_text(OWN_MODULE)
     prof = profile_model(tmp_path / "model.py", "cpu", iterations=1, peaks={"copy_gbps": 10.0, "fp32_gflops": 100.0})
     row = next(r for r in prof.rows if r.aten == "class::EpsNorm(eps=1e-05)")
@@ -539,12 +544,7 @@ def test_a_leaf_module_with_a_weight_is_extracted_and_runs_with_the_models_own_w
     emit_sweep(prof, tmp_path / "hot.yaml", "cpu", top=20, min_share=0.0)
     problem = next((tmp_path / "hot_problems").glob("*EpsNorm.py"))
     assert "build(MODULE, {'weight': (n1,)})" in problem.read_text()
-    (tmp_path / "norm.c.j2").write_text(NORM_C)
-    (tmp_path / "norm.yaml").write_text("language: c\nsizes: [n0, n1]\nparams:\n  THREADS: [1]\n")
-    assert main(["tune", "--op", str(problem), "--template", "norm.c.j2", "--space", "norm.yaml", "--budget", "1",
-                 "--runs-dir", "runs"]) == 0
-    assert main(["db", "update", "runs", "--db", "db.json"]) == 0
-    assert main(["export", "--db", "db.json", "--out", "exp"]) == 0
+    _tune_and_export(problem, NORM_C, [1])
     model, (x,) = load_model(tmp_path / "model.py")
     model.eval()
     torch.set_grad_enabled(False)
