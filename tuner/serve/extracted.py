@@ -5,15 +5,15 @@ reads to put the kernel tuned for that file in place of each such module of a mo
 
 A module is extractable when it is a leaf (no submodules), holds no buffers (parameters, as
 an RMSNorm's weight, are fine: the kernel takes them after the inputs, as it takes a problem
-file's Model's), its class can be found again (importable by its module's name, or defined in the model file,
-loaded again from its path), and every attribute of its own is a plain value (a number, a
-string, a bool, None, a tuple of those) or a function importable by name (`recipe`). The
-recipe names the class, those attributes and its parameters (names; their shapes are sizes,
-the problem file's); `build` makes the module again (without calling its __init__: the
-attributes are what it set; the parameters drawn at random, as a problem file's Model's are). `MODULE = {...}` in the problem file is the
-recipe, read back without running the file (`read`). Two modules are the same op when their
-recipes are equal: the same class, the same attributes (GELU(approximate="tanh") is not
-GELU()).
+file's Model's), its class can be found again (importable by its module's name, or defined in
+the model file, loaded again from its path), and every attribute of its own is a plain value
+(a number, a string, a bool, None, a tuple of those) or a function importable by name
+(`recipe`). The recipe names the class, those attributes and its parameters (names; their
+shapes are sizes, the problem file's); `build` makes the module again (without calling its
+__init__: the attributes are what it set; the parameters drawn at random, as a problem file's
+Model's are). `MODULE = {...}` in the problem file is the recipe, read back without running
+the file (`read`). Two modules are the same op when their recipes are equal: the same class,
+the same attributes and parameter names (GELU(approximate="tanh") is not GELU()).
 """
 
 from __future__ import annotations
