@@ -486,7 +486,7 @@ def test_a_models_own_module_is_extracted_whole_tuned_and_put_back(tmp_path, in_
     problem = next(p for p in (tmp_path / "hot_problems").glob("*TanhGELU.py") if read(p)["attrs"]["c"] == 0.044715)
     assert "#       def forward(self, x):" in problem.read_text()  # the class's source, for whoever writes the kernel
     model, (x,) = load_model(tmp_path / "model.py")
-    model.eval()  # as profiled: `training` is one of the attributes matched
+    model.eval()  # as profiled (a module in training mode runs its own forward: below)
     op = load_op(spec_from_problem_file(problem))
     xs = op.make_inputs(1)
     assert torch.equal(op.torch_impl(xs)[0], model.act(xs[0]))  # the Model is the module
@@ -504,6 +504,10 @@ def test_a_models_own_module_is_extracted_whole_tuned_and_put_back(tmp_path, in_
     assert dict(p.stats) == {f"{problem.stem} 32x128 fp32": [2, 0]}  # a keyword call: the module's own
     p.torch_of(problem.stem)(h)  # torch's definition, for verify's timing: the module's own forward
     assert dict(p.stats) == {f"{problem.stem} 32x128 fp32": [2, 0]}
+    model.train()  # the file was profiled and tuned in eval mode
+    model.act(h)
+    assert dict(p.stats) == {f"{problem.stem} 32x128 fp32": [2, 0]}
+    model.eval()
     h = torch.randn(16, 128)  # other sizes: the runtime's rule (the nearest tuned config, checked here)
     assert torch.allclose(model.act(h), model.other.__class__(0.044715)(h), atol=1e-5)
     assert p.stats[f"{problem.stem} 16x128 fp32"] == [1, 0]

@@ -164,9 +164,9 @@ class Patched:
 
         def forward(*args, **kwargs):
             import torch
-            if kwargs or not args or torch.compiler.is_compiling() \
+            if kwargs or not args or module.training or torch.compiler.is_compiling() \
                     or not all(isinstance(x, torch.Tensor) for x in args):
-                return own(*args, **kwargs)
+                return own(*args, **kwargs)  # training: the file was profiled, and tuned, in eval mode
             xs = list(args) + list(module.parameters(recurse=False))
             if records_grad(*xs):
                 return own(*args)
