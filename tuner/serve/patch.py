@@ -45,9 +45,9 @@ Two ways in, both per call:
   where the table holds a kernel tuned for such a problem file, every module of the model
   with the file's recipe (`MODULE`: the same class, the same attributes and parameter names)
   is replaced, once a probe agrees that the file's Model computes what the module does
-  (`_probe_whole`); a call with positional tensors only runs the kernel (on those, then the
-  module's own parameters) where the table serves its sizes, else the module's own forward,
-  which is also what torch.compile traces.
+  (`_probe_whole`); a call with positional tensors only, in eval mode, runs the kernel (on
+  those, then the module's own parameters) where the table serves its sizes, else the
+  module's own forward, which is also what torch.compile traces.
 A call is routed when the table has a kernel for its sizes and dtype that takes these inputs
 (`Table.kernel`, its lookup rule), resolved once per call signature (op, each input's shape,
 dtype and device) and remembered: a routed call pays a dict lookup, not the table's rule and
