@@ -118,7 +118,8 @@ def profile_table(prof, top: int):
         t.add_column(c)
     for i, r in enumerate(prof.rows[:top], 1):
         calls = library_calls(r)
-        lib = f"{calls[0][0]} {' + '.join(c[1] for c in calls)}" if calls else "no"
+        lib = (f"{calls[0][0]} {' + '.join(c[1] for c in calls)}" if calls
+               else "no: the module, whole (--emit)" if prof.recipe(r) is not None else "no")
         t.add_row(str(i), r.aten.replace("aten::", ""), r.shapes, r.dtypes, str(r.calls), fmt_time(r.total_s),
                   f"{r.share:.1%}", fmt_time(r.bound_s) if r.bound_s else "-",
                   f"{r.saving:.1%}" if r.saving is not None else "-", lib)
