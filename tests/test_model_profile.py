@@ -407,10 +407,11 @@ class Model(nn.Module):
         self.again = TanhGELU()
         self.relu = nn.ReLU()
         self.norm = EpsNorm(128)
+        self.narrow = EpsNorm(64)
 
     def forward(self, x):
         h = self.up(x)
-        return self.norm(self.relu(self.act(h)) + self.other(h) + self.again(h))
+        return self.norm(self.relu(self.act(h)) + self.other(h) + self.again(h)) + self.narrow(x).sum()
 
 
 def get_inputs():
@@ -537,7 +538,8 @@ def test_a_leaf_module_with_a_weight_is_extracted_and_runs_with_the_models_own_w
                                                                                      no_grad_after):
     """A leaf with a parameter (an RMSNorm at an eps the library's op does not have): its
     problem file's Model draws the weight at the shape the module had (a size constant); the
-    patched module's kernel is passed the model's own weight, not the Model's."""
+    patched module's kernel is passed the model's own weight, not the Model's. Two widths of
+    one recipe are two problem files, and each module runs the kernel of its own."""
     from tuner import runtime
     from tuner.model.profile import load_model
     (tmp_path / "model.py").write_text(OWN_MODULE)
@@ -546,16 +548,21 @@ def test_a_leaf_module_with_a_weight_is_extracted_and_runs_with_the_models_own_w
     assert row.calls == 1 and row.shapes == "32x128" and "aten::rsqrt" not in {r.aten for r in prof.rows}
     assert row.bytes == 4 * (32 * 128 + 32 * 128 + 128)  # its input, its output (on meta tensors), its weight
     emit_sweep(prof, tmp_path / "hot.yaml", "cpu", top=20, min_share=0.0)
-    problem = next((tmp_path / "hot_problems").glob("*EpsNorm.py"))
+    norms = {p.read_text().split("n1 = ", 1)[1].split("\n", 1)[0]: p for p in (tmp_path / "hot_problems").glob("*EpsNorm.py")}
+    problem, narrow = norms["128"], norms["64"]  # the same recipe, weights of two widths: two files
     assert "build(MODULE, {'weight': (n1,)})" in problem.read_text()
     _tune_and_export(problem, NORM_C, [1])
+    _tune_and_export(narrow, NORM_C, [1])
     model, (x,) = load_model(tmp_path / "model.py")
     model.eval()
     torch.set_grad_enabled(False)
     model.norm.weight.copy_(torch.randn(128))  # the model's own: the kernel must be given these
+    model.narrow.weight.copy_(torch.randn(64))
     ref = model(x)
     runtime.patch(model, runtime.load("exp/tuning.json", serve_slower=True))
-    assert model.tuner_patch.modules == {"norm": problem.stem}, model.tuner_patch.refused
-    assert torch.allclose(model(x), ref, atol=1e-5, rtol=1e-5)
-    assert dict(model.tuner_patch.stats) == {f"{problem.stem} 32x128 fp32": [1, 0]}
+    # each module gets the op of its own width (the other's probe does not agree)
+    assert model.tuner_patch.modules == {"norm": problem.stem, "narrow": narrow.stem}, model.tuner_patch.refused
+    assert model.tuner_patch.refused == {}
+    assert torch.allclose(model(x), ref, atol=1e-4, rtol=1e-5)
+    assert dict(model.tuner_patch.stats) == {f"{problem.stem} 32x128 fp32": [1, 0], f"{narrow.stem} 32x64 fp32": [1, 0]}
     runtime.unpatch(model)

@@ -113,19 +113,26 @@ class Patched:
                     break
         from tuner.serve.extracted import same
         wanted = {op: r for op, r in named.items() if (held is None or op in held)}
-        self.refused: dict[str, str] = {}  # extracted op -> why its modules were left alone (the probe)
+        self.refused: dict[str, str] = {}  # extracted op -> why a module of its recipe was left alone (the probe)
+        probed: dict[tuple, str] = {}  # (op, the module's parameter shapes) -> the probe's answer
         for name, module in model.named_modules():
             if not wanted or (name or "(the model)") in self.modules:
                 continue
-            op = next((op for op, r in wanted.items() if same(module, r)), None)
-            if op is None or op in self.refused:
+            # The ops of its recipe (one per size its parameters had when profiled): the first
+            # whose probe agrees.
+            op, why = None, {}
+            for candidate in (o for o, r in wanted.items() if same(module, r)):
+                key = (candidate, tuple(tuple(p.shape) for p in module.parameters(recurse=False)))
+                if key not in probed:
+                    probed[key] = _probe_whole(table, candidate, module)
+                if not probed[key]:
+                    op = candidate
+                    break
+                why[candidate] = probed[key]
+            if op is None:
+                self.refused.update(why)
                 continue
-            if op not in self._own:
-                why = _probe_whole(table, op, module)
-                if why:
-                    self.refused[op] = why
-                    continue
-                self._own[op] = (module.forward, len(list(module.parameters(recurse=False))))  # its own, not the route
+            self._own.setdefault(op, (module.forward, len(list(module.parameters(recurse=False)))))  # its own
             self._replace(module, self._whole(op, module))
             self.modules[name or "(the model)"] = op
         if self.modules:
