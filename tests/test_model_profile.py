@@ -566,3 +566,21 @@ def test_a_leaf_module_with_a_weight_is_extracted_and_runs_with_the_models_own_w
     assert torch.allclose(model(x), ref, atol=1e-4, rtol=1e-5)
     assert dict(model.tuner_patch.stats) == {f"{problem.stem} 32x128 fp32": [1, 0], f"{narrow.stem} 32x64 fp32": [1, 0]}
     runtime.unpatch(model)
+
+
+@pytest.mark.parametrize("text", ["MODULE = " + "[" * 200000 + "]" * 200000, "MODULE = 10 ** 10 ** 10",
+                                  "MODULE = __import__('os').system('false')", "MODULE = {'class': 1}", "x = (",
+                                  "MODULE = {'class': 'a:B', 'attrs': {}}\nMODULE = 3"])
+def test_a_problem_files_module_is_read_as_a_literal_only(tmp_path, text):
+    """`MODULE` is read without running the file: nesting built to exhaust the parser, an
+    expression built to run for ever, a call, a wrong shape: none of it runs, each reads as
+    no recipe, at once (the first MODULE of a file counts)."""
+    import time
+
+    from tuner.serve.extracted import read
+    p = tmp_path / "p.py"
+    p.write_text(text)
+    t0 = time.perf_counter()
+    r = read(p)
+    assert time.perf_counter() - t0 < 1.0
+    assert r == ({"class": "a:B", "attrs": {}} if text.endswith("= 3") else None)
