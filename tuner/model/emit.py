@@ -9,11 +9,12 @@ file) or let a model write one (`tuner tune --op FILE --llm MODEL`). The files' 
 module-level constants, one per distinct extent (extents of equal value share one, as a
 matmul's K does), so `--size` resizes them consistently.
 
-A model's own module that the profile shows whole ("class::<name>": a leaf without
-parameters whose forward runs several aten ops, such as an activation written as a formula)
-becomes a problem file whose Model is that module, made again from its recipe
-(`tuner.serve.extracted`), which the file keeps as `MODULE`: `runtime.patch` puts the kernel
-tuned for the file in place of every such module of a model.
+A model's own module that the profile shows whole ("class::<name>": a leaf without buffers
+whose forward runs several aten ops, such as an activation written as a formula, or a norm
+with its weight) becomes a problem file whose Model is that module, made again from its
+recipe (`tuner.serve.extracted`; its parameters drawn at the shapes it had), which the file
+keeps as `MODULE`: `runtime.patch` puts the kernel tuned for the file in place of every such
+module of a model.
 
 Not extracted, and said so in the sweep file: calls with integer or boolean tensor inputs (the
 values that are valid, e.g. indices below a table's length, are the model's to know), in-place

@@ -191,8 +191,10 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
         ops = op_contributions(patched_model.tuner_patch, sync, rounds, per_forward)
         unpatch(patched_model)
         from tuner.serve.calls import SIZES
+        # the ops routed under torch.compile too (a module extracted whole is the compiler's there)
+        routed_ops = sorted({k.split(" ")[0] for k, v in stats.items() if v[0]} & set(SIZES))
         if any(v[0] for v in stats.values()):  # with no call routed, a difference is the machine's noise
-            notes += slower(medians, compiled=any(v[0] and k.split(" ")[0] in SIZES for k, v in stats.items()))
+            notes += slower(medians, compiled=bool(routed_ops))
         beaten = [e for e in getattr(table, "entries", ()) if getattr(table, "slower", lambda e: "")(e)]
         if beaten:
             notes.append("not served, torch's own implementation ran faster in their runs (--serve-slower, "
@@ -204,8 +206,6 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
         if advice:
             notes.append(advice)
         singles: list[tuple[str, float, float]] = []
-        # the ops routed under torch.compile too (a module extracted whole is the compiler's there)
-        routed_ops = sorted({k.split(" ")[0] for k, v in stats.items() if v[0]} & set(SIZES))
         if routed_ops and "torch.compile" in medians and medians.get("patched + torch.compile", 0.0) > \
                 medians["torch.compile"] * (1 + SAME_WITHIN):
             if len(routed_ops) > 1:
