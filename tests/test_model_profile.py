@@ -1,6 +1,7 @@
 """`tuner profile`: a model's operator calls ranked by time, matched to library ops, and the
 hot ones written out as a sweep and as problem files that reproduce each call exactly."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -221,7 +222,6 @@ def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, in_tmp, capsys):
     that ignores its weight is not), emit, sweep, db update, export, verify (outputs held to
     float64, eager / compile / patched / patched + compile timed; the norm and the MLP's gate
     run the tuned C kernels)."""
-    import json
     import yaml
     (tmp_path / "model.py").write_text(HF_STYLE)
     prof = profile_model(tmp_path / "model.py", "cpu", iterations=1, peaks={"copy_gbps": 10.0, "fp32_gflops": 100.0})
@@ -551,6 +551,13 @@ def test_a_leaf_module_with_a_weight_is_extracted_and_runs_with_the_models_own_w
     norms = {p.read_text().split("n1 = ", 1)[1].split("\n", 1)[0]: p for p in (tmp_path / "hot_problems").glob("*EpsNorm.py")}
     problem, narrow = norms["128"], norms["64"]  # the same recipe, weights of two widths: two files
     assert "build(MODULE, {'weight': (n1,)})" in problem.read_text()
+    # A kernel that ignores the weight it is given (the Model's are drawn near 1, not 1) fails.
+    Path("bad.c.j2").write_text(NORM_C.replace("w[i] * (x[i] * inv)", "(x[i] * inv)"))
+    Path("k.yaml").write_text("language: c\nsizes: [n0, n1]\nparams:\n  THREADS: [1]\n")
+    assert main(["tune", "--op", str(problem), "--template", "bad.c.j2", "--space", "k.yaml", "--budget", "1",
+                 "--runs-dir", "bad_runs"]) == 0
+    summary = json.loads(next(Path("bad_runs").glob("*/summary.json")).read_text())
+    assert summary["best"] is None and "WRONG_RESULT" in summary["failures"]
     _tune_and_export(problem, NORM_C, [1])
     _tune_and_export(narrow, NORM_C, [1])
     model, (x,) = load_model(tmp_path / "model.py")
