@@ -24,27 +24,14 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tuner.core.op import OpError
+from tuner.model.ranges import Arg  # noqa: F401 - a row's arguments, also imported from here
 
 DTYPES = {"float": "fp32", "double": "fp64", "c10::Half": "fp16", "c10::BFloat16": "bf16",
           "long int": "int64", "int": "int32", "short int": "int16", "signed char": "int8",
           "unsigned char": "uint8", "bool": "bool"}
 _NOT_TENSOR = {"Scalar", "ScalarList", "", "TensorList", "GenericList"}
-
-
-@dataclass(frozen=True)
-class Arg:
-    """One argument of a recorded call: a tensor (shape, dtype) or a scalar value."""
-
-    shape: tuple[int, ...] | None = None  # None: not a tensor
-    dtype: str | None = None  # fp32, bf16, int64 ... of a tensor
-    value: Any = None  # a scalar argument's value (None also for an omitted optional)
-
-    @property
-    def is_tensor(self) -> bool:
-        return self.shape is not None
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,21 @@ model runs (`ModuleRanges`), and what such a module costs at best (`meta_cost`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from tuner.model.profile import Arg
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of a recorded call: a tensor (shape, dtype) or a scalar value."""
+
+    shape: tuple[int, ...] | None = None  # None: not a tensor
+    dtype: str | None = None  # fp32, bf16, int64 ... of a tensor
+    value: Any = None  # a scalar argument's value (None also for an omitted optional)
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.shape is not None
 
 
 class ModuleRanges:

@@ -126,10 +126,9 @@ def summary_table(s: dict[str, Any], run_dir: str = "") -> Table:
         if c:
             t.add_row("% of ceiling", f"{c['percent']:.1f} % of {c['value']:g} {c['unit']} ({c['what']})")
         if best.get("speedup_vs_reference"):
-            from tuner.serve.db import slower_than_reference  # the runtime's rule, in one place
             how = ", timed interleaved with the winner" if ref.get("interleaved") else ""
             slower = ("; torch's own is faster here: an export of it serves torch's at these sizes "
-                      "(README, 'Tuning database')" if slower_than_reference(best) else "")
+                      "(README, 'Tuning database')" if best["speedup_vs_reference"] < 1.0 else "")
             t.add_row(f"vs {ref.get('what', 'reference')}",
                       f"{best['speedup_vs_reference']:.2f}x (reference {fmt_time(ref.get('median_s'))}{how}){slower}")
     sandbox = s.get("sandbox") or {}
