@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tuner.cli.main import NO_WINNER
+
 
 def run(tree: str, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
@@ -27,7 +29,7 @@ def run(tree: str, args) -> dict:
         root = str(Path(tree).resolve())
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=3600)
-        if out.returncode != 0:
+        if out.returncode not in (0, NO_WINNER):
             raise SystemExit(f"{tree}: {out.stderr[-2000:]}")
         summary = json.loads(out.stdout)
         run_dir = next(Path(tmp).iterdir())

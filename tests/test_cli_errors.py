@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tests.conftest import FIXTURES
-from tuner.cli.main import main
+from tuner.cli.main import NO_WINNER, main
 from tuner.core.values import Status
 from tuner.run.store import Store
 
@@ -274,7 +274,7 @@ def test_text_with_brackets_is_shown_as_it_is(capsys, tmp_path, monkeypatch):
     rc = main(["tune", "--op", str(FIXTURES / "kernelbench/linear.py"), "--template", str(tpl),
                "--space", str(FIXTURES / "kernelbench/linear.yaml"), "--budget", "1"])
     out, err = capsys.readouterr()
-    assert rc == 0 and "Traceback" not in err, err
+    assert rc == NO_WINNER and "Traceback" not in err, err
     assert "linear [batch=8 in_features=64 out_features=32] fp32" in out
     assert "closing tag [/] and [bold]markup[/bold]" in out
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuner.cli.main import main
+from tuner.cli.main import NO_WINNER, main
 from tuner.model.emit import emit_sweep
 from tuner.model.profile import profile_model
 
@@ -555,7 +555,7 @@ def test_a_leaf_module_with_a_weight_is_extracted_and_runs_with_the_models_own_w
     Path("bad.c.j2").write_text(NORM_C.replace("w[i] * (x[i] * inv)", "(x[i] * inv)"))
     Path("k.yaml").write_text("language: c\nsizes: [n0, n1]\nparams:\n  THREADS: [1]\n")
     assert main(["tune", "--op", str(problem), "--template", "bad.c.j2", "--space", "k.yaml", "--budget", "1",
-                 "--runs-dir", "bad_runs"]) == 0
+                 "--runs-dir", "bad_runs"]) == NO_WINNER
     summary = json.loads(next(Path("bad_runs").glob("*/summary.json")).read_text())
     assert summary["best"] is None and "WRONG_RESULT" in summary["failures"]
     _tune_and_export(problem, NORM_C, [1])

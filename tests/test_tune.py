@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES, ROOT
-from tuner.cli.main import main
+from tuner.cli.main import NO_WINNER, main
 from tuner.core.values import Status
 from tuner.run.store import Store
 
@@ -554,7 +554,7 @@ def test_a_skeleton_broken_for_every_config_stops_the_search_and_says_so(tmp_pat
     broken.write_text((FIXTURES / "null/landscape.txt.j2").read_text() + "\n{{ NO_SUCH_PARAM * 2 }}\n")
     runs = tmp_path / "runs"
     assert main(["tune", "softmax", "--shape", "256x512", "--backend", "null", "--template", str(broken),
-                 "--space", str(FIXTURES / "null/landscape.yaml"), "--budget", "40", "--runs-dir", str(runs)]) == 0
+                 "--space", str(FIXTURES / "null/landscape.yaml"), "--budget", "40", "--runs-dir", str(runs)]) == NO_WINNER
     summary = json.loads((only_run(runs) / "summary.json").read_text())
     from tuner.run.tune import SAME_FAILURE_STOP
     assert SAME_FAILURE_STOP <= summary["evaluations"] < 40

@@ -91,6 +91,9 @@ def choose_skeleton(args, spec: OpSpec, backend: str, language: str | None = Non
     return library_skeleton(spec.name, language)
 
 
+NO_WINNER = 3  # `tuner tune`'s exit code when the search ran and no config passed verification
+
+
 def cmd_tune(args) -> int:
     from tuner.run.report import console, summary_table
     store, summary = tune_from_args(args)
@@ -102,7 +105,9 @@ def cmd_tune(args) -> int:
             console.print(rounds_table(summary))
             if summary.get("stopped"):
                 print(f"note: {summary['stopped']}", file=sys.stderr)
-    return 0
+    # The exit code says whether there is a kernel to use: a search that ran but passed no
+    # config is not a success a script may build on (NO_WINNER, distinct from bad input's 2).
+    return 0 if summary.get("best") else NO_WINNER
 
 
 def tune_from_args(args) -> tuple[Store, dict]:
@@ -407,7 +412,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"tuner {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("tune", help="tune an operator")
+    t = sub.add_parser("tune", help="tune an operator", epilog=(
+        "exit code: 0 a config passed; 3 the search ran and none passed; 2 bad input; "
+        "1 the run could not go on; 130 interrupted (the work is kept: --resume)"))
     t.add_argument("op", nargs="?", help=f"a built-in op ({', '.join(BUILTINS)}) or a problem file")
     t.add_argument("--op", dest="op_file", metavar="FILE", help="a KernelBench-format problem file")
     t.add_argument("--shape", help="sizes of a built-in op, e.g. 4096x1024 (matmul: MxNxK)")
