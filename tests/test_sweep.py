@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES
-from tuner.cli.main import main
+from tuner.cli.main import NO_WINNER, main
 from tuner.run.store import Store
 from tuner.sweeps.plan import SweepError, load_plan
 
@@ -96,6 +96,19 @@ def test_bad_sweep_files_fail_before_any_run(tmp_path, capsys, text, words):
         load_plan(f, "null" if "backend" not in text else None)
     assert main(["sweep", str(f), "--out", str(tmp_path / "out"), "--quiet"]) == 2
     assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_whose_task_passes_no_config_says_so_in_its_exit_code(tmp_path, capsys):
+    f = tmp_path / "s.yaml"
+    f.write_text(SWEEP.read_text().replace("../null/", str(FIXTURES / "null") + "/") + f"""
+  broken:
+    op: softmax
+    shapes: [16x64]
+    template: {FIXTURES / "faulty/nocompile.c.j2"}
+    space: {FIXTURES / "faulty/nocompile.yaml"}
+""")
+    assert main(["sweep", str(f), "--out", str(tmp_path / "out"), "--quiet"]) == NO_WINNER
+    assert "no config passed" in capsys.readouterr().out
 
 
 def test_local_sweep_runs_resumes_and_summarises(tmp_path, capsys):

@@ -14,7 +14,9 @@ from tuner.sweeps.plan import load_plan
 def add_cli(sub) -> None:
     s = sub.add_parser("sweep", help="tune ops x shapes x dtypes from a sweep file (resumable)",
                        description="Run every task of a sweep file; re-run the same command to resume. "
-                                   "Sweep file format: see tuner/sweeps/plan.py or the README, 'Sweeps'.")
+                                   "Sweep file format: see tuner/sweeps/plan.py or the README, 'Sweeps'.",
+                       epilog="exit code: 0 every task passed a config; 3 every task ran and one or more "
+                              "passed none; 1 a task failed, was skipped or interrupted; 2 bad input")
     s.add_argument("file", help="the sweep file (YAML)")
     s.add_argument("--out", help="the sweep folder (default: the file's `out:`, else sweeps/<name>)")
     s.add_argument("--backend", help="override the file's backend")
@@ -34,6 +36,7 @@ def add_cli(sub) -> None:
 def cmd_sweep(args) -> int:
     import json as _json
 
+    from tuner.cli.main import NO_WINNER
     from tuner.run.report import console, sweep_table
     summary = sweep_from_args(args)
     if args.json:
@@ -42,7 +45,11 @@ def cmd_sweep(args) -> int:
         console.print(sweep_table(summary, summary.get("folder", "")))
         if summary.get("report"):
             print(f"report: {summary['report']}")
-    return 0 if all(r["state"] == "done" for r in summary["tasks"]) else 1
+    # As `tuner tune`: 1 when a task did not finish (failed, skipped, interrupted), else
+    # NO_WINNER when a finished task passed no config, else 0.
+    if not all(r["state"] == "done" for r in summary["tasks"]):
+        return 1
+    return 0 if all(r["best_s"] is not None for r in summary["tasks"]) else NO_WINNER
 
 
 def sweep_from_args(args) -> dict:
