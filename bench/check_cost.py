@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tuner.cli.main import NO_WINNER
+from tuner.cli import NO_WINNER
 
 
 def run(tree: str, args) -> dict:

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.llm_server import ScriptedServer  # noqa: E402
-from tuner.cli.main import NO_WINNER  # noqa: E402
+from tuner.cli import NO_WINNER  # noqa: E402
 
 LANG = {"cpu": "c", "cuda": "triton", "null": "script"}
 # Sizes for the default problems on a GPU (the files' own sizes are CPU-sized).

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from tests.conftest import FIXTURES
-from tuner.cli.main import NO_WINNER, main
+from tuner.cli import NO_WINNER
+from tuner.cli.main import main
 from tuner.core.values import Status
 from tuner.run.store import Store
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuner.cli.main import NO_WINNER, main
+from tuner.cli import NO_WINNER
+from tuner.cli.main import main
 from tuner.model.emit import emit_sweep
 from tuner.model.profile import profile_model
 

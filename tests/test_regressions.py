@@ -5,7 +5,8 @@ import json
 import pytest
 
 from tests.conftest import FIXTURES
-from tuner.cli.main import NO_WINNER, main
+from tuner.cli import NO_WINNER
+from tuner.cli.main import main
 from tuner.core.ops import builtin_spec
 from tuner.core.skeleton import load_skeleton
 from tuner.core.values import Config, Status

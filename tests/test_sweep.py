@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES
-from tuner.cli.main import NO_WINNER, main
+from tuner.cli import NO_WINNER
+from tuner.cli.main import main
 from tuner.run.store import Store
 from tuner.sweeps.plan import SweepError, load_plan
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tuner import __version__
 from tuner.backends import BACKENDS, BackendUnavailable, backend_class, default_backend, get_backend
+from tuner.cli import NO_WINNER
 from tuner.cli.argv import redacted_argv
 from tuner.core.landscape import LandscapeError
 from tuner.core.ops import BUILTINS, OpError, builtin_spec, load_op, parse_sizes, render_context
@@ -89,9 +90,6 @@ def choose_skeleton(args, spec: OpSpec, backend: str, language: str | None = Non
             f"and may read the sizes as template variables: "
             f"{', '.join('{{ %s }}' % k for k, _ in spec.sizes) or '(none)'}.")
     return library_skeleton(spec.name, language)
-
-
-NO_WINNER = 3  # `tuner tune`'s exit code when the search ran and no config passed verification
 
 
 def cmd_tune(args) -> int:

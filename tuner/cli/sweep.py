@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 
+from tuner.cli import NO_WINNER
 from tuner.core.settings import Settings
 from tuner.run.store import Store
 from tuner.sweeps.execute import run_sweep
@@ -36,7 +37,6 @@ def add_cli(sub) -> None:
 def cmd_sweep(args) -> int:
     import json as _json
 
-    from tuner.cli.main import NO_WINNER
     from tuner.run.report import console, sweep_table
     summary = sweep_from_args(args)
     if args.json:
