@@ -515,6 +515,10 @@ def test_a_models_own_module_is_extracted_whole_tuned_and_put_back(tmp_path, in_
     assert p.stats[f"{problem.stem} 16x128 fp32"] == [1, 0]
     runtime.unpatch(model)
     assert "forward" not in model.act.__dict__ and torch.allclose(model(x), ref)
+    with pytest.raises(ValueError, match="extracted whole; under torch.compile its own forward"):
+        runtime.patch(model, table, under_compile={problem.stem})  # would be accepted, then ignored
+    assert runtime.patch(model, table, ops={problem.stem}).tuner_patch.modules  # routed in eager: fine
+    runtime.unpatch(model)
     # A problem file whose MODULE names the module but whose Model computes something else (a
     # file is only text): the probe leaves the module alone, and says why.
     import shutil

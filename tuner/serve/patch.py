@@ -80,6 +80,11 @@ class Patched:
         self.model, self.table = model, table
         named = _extracted(table)  # op -> recipe: the table's modules extracted whole
         self.under_compile = None if under_compile is None else _op_names(under_compile, also=named)
+        whole = sorted((self.under_compile or set()) & set(named))
+        if whole:  # accepted and then ignored would be worse than refused
+            raise ValueError(f"under_compile: {', '.join(whole)} is a module extracted whole; under "
+                             f"torch.compile its own forward is traced (the compiler fuses it), never "
+                             f"routed: leave it out (it is routed in eager mode)")
         self.ops = None if ops is None else _op_names(ops, "ops", also=named)
         # A string, not an int: Dynamo may turn an int it saw change between compiles of one
         # code object (the routes' forwards, shared by every patch) into a symbolic value,
@@ -373,9 +378,10 @@ def patch(model, table, functions: bool | None = None, under_compile=None, ops=N
     replaces the first. `functions`: route torch function calls too (each call of a
     taken-over entry point pays the route's checks, served or not: a few microseconds);
     None: when the table serves an op only they reach (softmax, matmul, attention_decode, rope).
-    `under_compile`: the ops (e.g. {"swiglu"}) whose calls stay routed while torch.compile
-    traces the model; the others are left to the compiler there and routed
-    in eager mode only; None: every op. `ops`: the only ops routed at all (e.g. what `tuner
+    `under_compile`: the library ops (e.g. {"swiglu"}) whose calls stay routed while
+    torch.compile traces the model; the others are left to the compiler there and routed
+    in eager mode only; None: every op. A module extracted whole is always its own forward
+    under torch.compile (naming one here is refused). `ops`: the only ops routed at all (e.g. what `tuner
     verify` found pays in eager mode); None: every op the table holds."""
     if ATTR in model.__dict__:
         unpatch(model)
