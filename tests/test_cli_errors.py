@@ -118,6 +118,17 @@ def test_not_a_run_directory(capsys, tmp_path):
     assert rc == 2 and "not a run directory" in err
 
 
+def test_resume_refuses_flags_that_would_be_ignored(capsys, tmp_path):
+    """A resume continues the run as it was created: a new shape, dtype, seed or skeleton would
+    be silently ignored; refused, before the run is opened (nothing written)."""
+    for extra, words in ((["--shape", "128x128"], "--shape would be ignored"),
+                         (["softmax", "--dtype", "bf16", "--seed", "3"], "OP, --dtype, --seed would be ignored"),
+                         (["--template", "t.c.j2", "--sampler", "tpe"], "--template, --sampler would be ignored")):
+        rc, err = run(capsys, "tune", "--resume", str(tmp_path), *extra)
+        assert rc == 2 and words in err and "start a new run without --resume" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_run_from_another_format_version(capsys, tmp_path):
     (tmp_path / "run.json").write_text('{"format_version": 0}')
     rc, err = run(capsys, "tune", "--resume", str(tmp_path))

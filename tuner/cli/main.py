@@ -115,6 +115,7 @@ def tune_from_args(args) -> tuple[Store, dict]:
     settings = Settings.from_env(runs_dir=args.runs_dir, run_timeout_s=args.run_timeout,
                                  compile_timeout_s=args.compile_timeout, stop_gain=args.stop_gain)
     if args.resume:
+        _refuse_new_run_flags(args)
         store = Store.open(args.resume)
         with store.lock():  # before the repair: another process may be appending a record
             store.repair()
@@ -188,6 +189,25 @@ def tune_from_args(args) -> tuple[Store, dict]:
                                   **({"backend_options": options} if options else {})})
         with store.lock():
             return _tune_one(args, settings, store)
+
+
+# What a run was created with (its run.json): a resume continues that run, so these flags
+# would be ignored there; how long it goes on (budget, patience, timeouts, parallel, executor)
+# and the model's endpoint settings are the resume's own.
+NEW_RUN_FLAGS = ("op", "op_file", "shape", "size", "dtype", "backend", "chip", "language", "template",
+                 "space", "sampler", "seed", "warm_start", "fresh", "storage", "study_name", "proposer",
+                 "llm", "candidates", "repairs", "validate_configs", "llm_prompts")
+
+
+def _refuse_new_run_flags(args) -> None:
+    defaults = parser().parse_args(["tune"])
+    given = [k for k in NEW_RUN_FLAGS if getattr(args, k, None) != getattr(defaults, k)]
+    if given:
+        flags = ", ".join(("--op" if k == "op_file" else "OP" if k == "op" else "--" + k.replace("_", "-"))
+                          for k in given)
+        raise StoreError(f"--resume continues {args.resume} as it was created; {flags} would be ignored "
+                         f"there: leave {'it' if len(given) == 1 else 'them'} out, or start a new run "
+                         f"without --resume")
 
 
 def _tune_one(args, settings: Settings, store: Store) -> tuple[Store, dict]:
@@ -454,7 +474,8 @@ def parser() -> argparse.ArgumentParser:
                         "URL (sqlite:///study.db) or a .journal file path")
     t.add_argument("--study-name", help="the study's name in --storage (default: the run's id)")
     t.add_argument("--runs-dir", help="where runs go (default: runs/)")
-    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run that was stopped or killed")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run that was stopped or killed (as it was created: "
+                   "--budget, --patience, timeouts and --parallel may change, not what it tunes)")
     t.add_argument("--run-timeout", type=float, help="seconds to verify and time one config")
     t.add_argument("--compile-timeout", type=float, help="seconds to compile one config")
     t.add_argument("--json", action="store_true", help="print the summary as JSON")
