@@ -129,6 +129,17 @@ def test_resume_refuses_flags_that_would_be_ignored(capsys, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["tune", "softmax", "--shape", "8x8", "--stop-gain", "0.01"], "--stop-gain says when a --patience stall"),
+    (["tune", "softmax", "--shape", "8x8", "--devices", "2"], "--devices is for --executor ray"),
+    (["sweep", "s.yaml", "--ray-address", "127.0.0.1:1"], "--ray-address is for --executor ray"),
+    (["sweep", "s.yaml", "--concurrency", "4"], "--concurrency is for --executor ray"),
+])
+def test_a_flag_that_would_do_nothing_is_refused(capsys, tmp_path, argv, words):
+    rc, err = run(capsys, *argv, *(["--runs-dir", str(tmp_path)] if argv[0] == "tune" else []))
+    assert rc == 2 and words in err and list(tmp_path.iterdir()) == []
+
+
 def test_run_from_another_format_version(capsys, tmp_path):
     (tmp_path / "run.json").write_text('{"format_version": 0}')
     rc, err = run(capsys, "tune", "--resume", str(tmp_path))

@@ -570,6 +570,19 @@ def _bad_number(args) -> str | None:
             return f"--{name.replace('_', '-')} must be a positive number of seconds, got {v}"
     if getattr(args, "seed", None) is not None and args.seed >= 2**32:
         return f"--seed must be below 2**32, got {args.seed}"
+    return _idle_flag(args)
+
+
+def _idle_flag(args) -> str | None:
+    """A flag that does nothing without another (accepted and then ignored would mislead), or
+    None. A resume's --stop-gain may rest on the run's own --patience."""
+    if getattr(args, "executor", "local") != "ray":
+        for name in ("ray_address", "devices", "concurrency"):
+            if getattr(args, name, None) is not None:
+                return f"--{name.replace('_', '-')} is for --executor ray; add --executor ray or leave it out"
+    if getattr(args, "stop_gain", None) and not getattr(args, "patience", None) and not getattr(args, "resume", None):
+        return ("--stop-gain says when a --patience stall may stop the search; add --patience N "
+                "(e.g. --patience 10) or leave it out")
     return None
 
 
