@@ -22,7 +22,7 @@ def add_cli(sub) -> None:
     p.add_argument("--top", type=int, default=15, help="rows shown (default 15)")
     p.add_argument("--emit", metavar="SWEEP.yaml", help="write a sweep of the hot operators (and problem files "
                    "for those without a library skeleton, beside it)")
-    p.add_argument("--min-share", type=float, default=0.01, help="with --emit: operators below this share of "
+    p.add_argument("--min-share", type=float, help="with --emit: operators below this share of "
                    "the time are left out (default 0.01)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--report", metavar="FILE.html", help="also write the profile as an HTML page with a plot "
@@ -61,8 +61,11 @@ def cmd_profile(args) -> int:
     import torch
 
     from tuner.backends import get_backend
+    from tuner.core.ops import OpError
     from tuner.model.emit import emit_sweep
     from tuner.model.profile import profile_model
+    if args.min_share is not None and not args.emit:
+        raise OpError("--min-share picks the operators --emit writes; add --emit SWEEP.yaml or leave it out")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     print(f"profiling {args.model} on {device}…", file=sys.stderr)
     peaks = dict(get_backend(BACKEND[device], 0).device_info().peaks)
@@ -74,7 +77,7 @@ def cmd_profile(args) -> int:
         from tuner.run.report import console
         console.print(profile_table(prof, args.top))
     if args.emit:
-        path = emit_sweep(prof, args.emit, BACKEND[device], top=args.top, min_share=args.min_share,
+        path = emit_sweep(prof, args.emit, BACKEND[device], top=args.top, min_share=0.01 if args.min_share is None else args.min_share,
                           also=other_languages(BACKEND[device]))
         print(f"wrote {path}: tune it with `tuner sweep {path}`", file=sys.stderr)
     if args.report:
