@@ -141,6 +141,12 @@ def test_cli_db_and_export(runs, tmp_path, capsys):
     assert main(["export", str(paths[0]), "--out", str(tmp_path / "one")]) == 0
     assert main(["export", "--db", str(tmp_path / "missing.json")]) == 2
     assert "tuner db update" in capsys.readouterr().err
+    # What would be ignored, or would show an empty table as if the runs had nothing, is refused.
+    assert main(["db", "list", "--db", str(tmp_path / "missing.json")]) == 2
+    assert "no tuning database" in capsys.readouterr().err
+    assert main(["db", "list", str(folder), "--db", dbf]) == 2
+    assert f"first with `tuner db update {folder}`" in capsys.readouterr().err
+    assert main(["db", "update", str(folder), "--db", dbf, "--stale"]) == 2
     empty = TuningDB(tmp_path / "empty.json")
     with pytest.raises(DBError, match="no entries"):
         export(empty, tmp_path / "none")

@@ -24,7 +24,14 @@ def add_cli(sub) -> None:
 def cmd_db(args) -> int:
     from tuner.core.settings import Settings
     from tuner.run.report import console
+    if args.action == "list" and args.paths:
+        raise DBError(f"`tuner db list` shows the database (--db, default {DEFAULT_DB}), not runs: collect "
+                      f"{' '.join(args.paths)} first with `tuner db update {' '.join(args.paths)}`")
+    if args.action == "update" and args.stale:
+        raise DBError("--stale is for `tuner db list` (update keeps the stale entries: they show with list --stale)")
     db = TuningDB(args.db)
+    if args.action == "list" and not db.path.exists():
+        raise DBError(f"{db.path}: no tuning database; create it with `tuner db update RUNS...`")
     if args.action == "update":
         paths = args.paths or [Settings.from_env().runs_dir]
         results = db.collect(paths)
