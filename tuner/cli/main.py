@@ -306,6 +306,10 @@ def rounds_table(summary: dict):
 
 def cmd_show(args) -> int:
     from tuner.run.report import console, summary_table
+    views = [f for f, on in (("--feedback", args.feedback), ("--json", args.json),
+                             ("--csv/--parquet", args.csv or args.parquet)) if on]
+    if len(views) > 1:  # each prints its own view and returns: the others would be ignored
+        raise StoreError(f"{' and '.join(views)} are different views of a run; ask for one at a time")
     store = Store.open(args.run)
     summary = store.read_json("summary.json")
     if summary is not None and not (isinstance(summary, dict) and all(k in summary for k in SUMMARY_KEYS)):
