@@ -99,7 +99,7 @@ def kernel_tuner_trace(land, strategy: str, seed: int, budget: int, noise) -> re
 
 
 def one(job: tuple) -> tuple:
-    path, shape, sampler, rule, seed, budget, noise, guided, anchor, twice = job
+    path, shape, sampler, rule, seed, budget, noise, guided, anchor, twice, patience = job
     import warnings
     warnings.simplefilter("ignore")
     import optuna
@@ -111,14 +111,16 @@ def one(job: tuple) -> tuple:
         except Exception as e:  # Kernel Tuner's own error (hybrid_vndx on some spaces): counted, left out
             return f"{type(e).__name__}: {e}"[:200]
         return (t.named_within(0.03), t.named_within(0.01), t.named_s / t.best_s - 1, t.evaluations_to(0.03), 0, 0,
-                t.evaluations_to(0.01))
+                t.evaluations_to(0.01), len(t.times))
     options = {"sampler_options": dict(guided)} if sampler == "guided" and guided else {}
+    if patience:
+        options["patience"] = patience
     t = replay.replay_search(land, sampler, seed, budget=budget, noise=noise, finalists=RULES[rule],
                              anchor_margin=anchor, **options)
     if twice:
         return same_command_twice(land, t, sampler, seed, budget, noise, RULES[rule], anchor, guided)
     return (t.named_within(0.03), t.named_within(0.01), t.named_s / t.best_s - 1, t.evaluations_to(0.03), t.retimed,
-            t.anchored, t.evaluations_to(0.01))
+            t.anchored, t.evaluations_to(0.01), len(t.times))
 
 
 def same_command_twice(land, first, sampler, seed, budget, noise, rule, anchor, guided) -> tuple:
@@ -184,7 +186,12 @@ def main() -> None:
     ap.add_argument("--anchor", type=float, metavar="MARGIN",
                     help="time configs within MARGIN of the best again against the incumbent in one "
                          "interleave (run_search's anchor_margin; default: off)")
+    ap.add_argument("--patience", type=int, metavar="N",
+                    help="stop a search once N evaluations in a row found nothing 0.5 %% faster (as "
+                         "`tuner tune --patience`; the budget still caps it)")
     a = ap.parse_args()
+    if a.patience and a.twice:
+        raise SystemExit("--patience with --twice is not replayed")
     noise = None if a.noise == "none" else replay.Noise.parse(a.noise)
     if a.twice and any(s.strip().startswith("kt:") for s in a.strategies.split(",")):
         raise SystemExit("--twice replays this tool's searches only (a run's records are its warm start)")
@@ -199,7 +206,8 @@ def main() -> None:
             for rule in a.rules.split(","):
                 for seed in range(a.seeds):
                     sampler = s.strip() if s.strip().startswith("kt:") else SAMPLERS[s.strip()]
-                    jobs.append((path, shape, sampler, rule, seed, a.budget, noise, guided, a.anchor, a.twice))
+                    jobs.append((path, shape, sampler, rule, seed, a.budget, noise, guided, a.anchor, a.twice,
+                                 a.patience))
                     keys.append((label, s.strip(), rule))
     t0 = time.monotonic()
     if a.jobs > 1:
@@ -212,15 +220,15 @@ def main() -> None:
     crashed: dict[tuple, list] = {}
     for k, r in zip(keys, results):
         (crashed if isinstance(r, str) else rows).setdefault(k, []).append(r)
-    print(f"noise: {noise}; budget {a.budget}; {a.seeds} seeds; guided options {dict(guided) or 'default'}; "
-          f"anchor margin {a.anchor}\n")
+    print(f"noise: {noise}; budget {a.budget}; patience {a.patience}; {a.seeds} seeds; guided options "
+          f"{dict(guided) or 'default'}; anchor margin {a.anchor}\n")
     if a.twice:
         twice_table(rows)
         print(f"\n{len(jobs)} runs in {time.monotonic() - t0:.0f} s")
         return
     print("| landscape | strategy | naming | named within 3 % | within 1 % | gap median | gap worst | "
-          "evals to 3 % (median / p90) | evals to 1 % | re-timed | anchored |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "evals to 3 % (median / p90) | evals to 1 % | re-timed | anchored | evaluated (mean) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for (label, s, rule), res in rows.items():
         e3, e1 = [r[3] for r in res], [r[6] for r in res]
         print(f"| {label} | {s} | {rule} | {100 * sum(r[0] for r in res) / len(res):.0f} % | "
@@ -228,7 +236,7 @@ def main() -> None:
               f"{100 * max(r[2] for r in res):.1f} % | "
               f"{statistics.median(e3):g} / {pct(e3, 0.9):g} | {statistics.median(e1):g} / {pct(e1, 0.9):g} | "
               f"{statistics.mean(r[4] for r in res):.1f} | "
-              f"{statistics.mean(r[5] for r in res):.1f} |")
+              f"{statistics.mean(r[5] for r in res):.1f} | {statistics.mean(r[7] for r in res):.1f} |")
     for (label, s, rule), errors in crashed.items():
         print(f"\n{s} crashed on {len(errors)} of {a.seeds} seeds at {label} (left out above): {errors[0]}")
     if "guided" in {s for _, s, _ in rows}:
