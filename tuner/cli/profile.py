@@ -77,7 +77,8 @@ def cmd_profile(args) -> int:
         from tuner.run.report import console
         console.print(profile_table(prof, args.top))
     if args.emit:
-        path = emit_sweep(prof, args.emit, BACKEND[device], top=args.top, min_share=0.01 if args.min_share is None else args.min_share,
+        share = 0.01 if args.min_share is None else args.min_share
+        path = emit_sweep(prof, args.emit, BACKEND[device], top=args.top, min_share=share,
                           also=other_languages(BACKEND[device]))
         print(f"wrote {path}: tune it with `tuner sweep {path}`", file=sys.stderr)
     if args.report:
