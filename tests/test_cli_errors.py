@@ -136,6 +136,8 @@ def test_resume_refuses_flags_that_would_be_ignored(capsys, tmp_path):
     (["sweep", "s.yaml", "--concurrency", "4"], "--concurrency is for --executor ray"),
     (["profile", "m.py", "--min-share", "0.05"], "--min-share picks the operators --emit writes"),
     (["show", "r", "--json", "--csv", "-"], "--json and --csv/--parquet are different views"),
+    (["export", "r", "--db", "x.json"], "give a run (r) or --db (x.json), not both"),
+    (["export", "r", "--backend", "cpu"], "--backend and --device pick entries of --db"),
 ])
 def test_a_flag_that_would_do_nothing_is_refused(capsys, tmp_path, argv, words):
     rc, err = run(capsys, *argv, *(["--runs-dir", str(tmp_path)] if argv[0] == "tune" else []))

@@ -147,6 +147,7 @@ def test_cli_db_and_export(runs, tmp_path, capsys):
     assert main(["db", "list", str(folder), "--db", dbf]) == 2
     assert f"first with `tuner db update {folder}`" in capsys.readouterr().err
     assert main(["db", "update", str(folder), "--db", dbf, "--stale"]) == 2
+    assert "--stale is for `tuner db list`" in capsys.readouterr().err
     empty = TuningDB(tmp_path / "empty.json")
     with pytest.raises(DBError, match="no entries"):
         export(empty, tmp_path / "none")
