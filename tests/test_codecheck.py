@@ -27,6 +27,8 @@ CHEATS = {
                                      "        pass\n    n = x.numel()"),
     "nested jit": GOOD.replace("    n = x.numel()", "    @triton.jit\n    def f(p):\n        pass\n    n = x.numel()"),
     "module annotation": GOOD.replace("SCALE = 2.0", "SCALE: __import__('os').system('true') = 2.0"),
+    # The kernel's own name bound to a tensor method: `k()` then passed as a call of the kernel.
+    "rebound kernel name": GOOD.replace("    n = x.numel()", "    k = x.untyped_storage\n    n = k()"),
 }
 
 

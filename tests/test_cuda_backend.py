@@ -69,6 +69,17 @@ def test_a_plain_module_passes():
     (("def launch(x, y):", "def launch(x, y=open('f')):"), "non-constant default"),
     (("def launch(x, y):", "def launch(x, y: open('f')):"), "annotations"),
     (("    n = x.numel()", "    global SCALE"), "global"),
+    # A name the call rules trust (this module's function, an import) bound to something else:
+    # `k(...)`/`k[grid](...)`/`tl(...)` would call whatever it now holds, past the method list.
+    (("    n = x.numel()", "    k = x.untyped_storage\n    n = k()"), "'k' is bound again"),
+    (("    n = x.numel()", "    k = {0: x.add_}\n    n = k[0](1)"), "'k' is bound again"),
+    (("    n = x.numel()", "    n = [tl() for tl in [x.untyped_storage]]"), "'tl' is bound again"),
+    (("    n = x.numel()", "    n = (lambda launch: launch())(x.untyped_storage)"), "'launch' is bound again"),
+    (("    n = x.numel()", "    for math in [x.untyped_storage]:\n        n = math()"), "'math' is bound again"),
+    (("def launch(x, y):", "def launch(x, k):"), "'k' is bound again"),
+    (("    n = x.numel()", "    def k():\n        pass\n    n = 1"), "'k' is bound again"),
+    (("    n = x.numel()", "    match x.untyped_storage:\n        case k:\n            n = k()"), "match"),
+    (("    n = x.numel()", "    try:\n        n = 1\n    except* ValueError:\n        n = 2"), "try/except*"),
 ])
 def test_forbidden_modules_are_rejected(change, words):
     old, new = change

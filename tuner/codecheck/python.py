@@ -22,7 +22,11 @@ module's AST is checked before anything in it runs:
   tensor writes), no `out=` arguments, no `**kwargs`, calls only of builtins from a short list,
   of imported functions and of this module's functions and kernels;
 * nowhere: dunder names or private attributes, `eval`/`exec`/`open`/`getattr`/`__import__`
-  and the like, `global`/`nonlocal`, classes, `with`, `try`, `del`, async code, generators.
+  and the like, `global`/`nonlocal`, classes, `with`, `try`, `del`, `match`, async code,
+  generators; nor a name of the module's functions or imports bound again (an assignment, a
+  loop or comprehension variable, a parameter, a nested `def`): the call rules above trust
+  such a name to be that function or module, and `helper = x.untyped_storage; helper()`
+  would call whatever it was bound to.
 
 Every violation is a `Finding` with its line; the module must also define `launch`.
 """
@@ -240,7 +244,20 @@ class _Checker(ast.NodeVisitor):
 
     # ---- names and attributes ---------------------------------------------------------
 
+    def _rebinds(self, node: ast.AST, name: str) -> None:
+        """A binding of `name`: refused where it is one of the module's functions or imports,
+        which calls and attribute paths are trusted to be."""
+        if name in self.functions or name in self.aliases:
+            self.fail(node, f"{name!r} is bound again here, but it names this module's "
+                            f"{'function' if name in self.functions else 'import'} {name!r}: "
+                            f"a call through it is trusted to be that one; use another name")
+
+    def visit_arg(self, node: ast.arg) -> None:  # a lambda's parameters (a def's: visit_FunctionDef)
+        self._rebinds(node, node.arg)
+
     def visit_Name(self, node: ast.Name) -> None:
+        if not isinstance(node.ctx, ast.Load):
+            self._rebinds(node, node.id)
         if node.id.startswith("__") or node.id in FORBIDDEN_NAMES:
             self.fail(node, f"name {node.id!r} is not allowed in a kernel")
         elif self.in_jit and self.aliases.get(node.id, "").split(".")[0] == "torch":
@@ -333,11 +350,15 @@ class _Checker(ast.NodeVisitor):
                 self.fail(d, f"decorator {ast.unparse(d)!r}; only @triton.jit")
             if isinstance(d, ast.Call) and (d.args or not all(_const(k.value) for k in d.keywords)):
                 self.fail(d, "@triton.jit(...) takes constant keyword arguments only")
+        if self.depth:
+            self._rebinds(node, node.name)
         for default in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
             if not _const(default):
                 self.fail(default, "non-constant default argument")
         args = node.args
         for a in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]:
+            if a is not None:
+                self._rebinds(a, a.arg)
             if a is not None and a.annotation is not None:
                 if _dotted(a.annotation) is None:
                     self.fail(a, "annotations must be plain names such as tl.constexpr")
@@ -417,4 +438,6 @@ class _Checker(ast.NodeVisitor):
     visit_YieldFrom = _no("yield from")
     visit_Delete = _no("del")
     visit_Try = _no("try/except (a silent fallback)")
+    visit_TryStar = _no("try/except* (a silent fallback)")
+    visit_Match = _no("a match statement")  # its patterns bind names without an assignment
     del _no
