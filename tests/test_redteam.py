@@ -42,6 +42,7 @@ C_CASES = {
     "far_store": (Status.RUNTIME_ERROR, "SIGSEGV"),
     "hidden_fork": (Status.COMPILE_ERROR, "'fork'"),
     "hidden_ctor": (Status.COMPILE_ERROR, ".init_array"),
+    "hidden_ifunc": (Status.COMPILE_ERROR, "an indirect function"),
     "python_api": (Status.COMPILE_ERROR, "'PyEval_GetBuiltins'"),
     "digraph_system": (Status.COMPILE_ERROR, "system"),
     # Work on after the call returns (a team left running, GOMP_parallel_start without its
@@ -145,6 +146,10 @@ OBJECTS = {
     "split_team": ("void GOMP_parallel_start(void (*)(void *), void *, unsigned);\n"
                    "static void f(void *p) { ((float *)p)[0] = 1; }\n"
                    "void tuner_kernel(float *x) { GOMP_parallel_start(f, x, 2); }", "'GOMP_parallel_start'"),
+    # An indirect function: the loader runs its resolver (the object's own code) when it binds it.
+    "ifunc": ("static float one(void) { return 1; }\nstatic void *pick(void) { return (void *)one; }\n"
+              "float chosen(void) __attribute__((ifunc(\"pick\")));\n"
+              "void tuner_kernel(float *x) { x[0] = chosen(); }", "an indirect function"),
     "clean": ("#include <math.h>\nvoid tuner_kernel(float *x) { x[0] = expf(x[1]); }", None),
     # What the compiler emits for OpenMP's pragmas passes: the libgomp allowlist refuses no honest kernel.
     "pragmas": ("#include <omp.h>\nvoid tuner_kernel(float *x) { float s = 0;\n"

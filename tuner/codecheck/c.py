@@ -2,7 +2,7 @@
 
 `#include` only of standard math/OpenMP/stdlib/SIMD headers; no calls to
 system/exec*/fork/popen/fopen/dlopen/syscall/socket/getenv and kin; no inline asm, no
-constructor/destructor attributes, no token pasting (`##`) or computed includes that would
+constructor/destructor/ifunc attributes, no token pasting (`##`) or computed includes that would
 hide a forbidden name. A source-level check: it names the line to fix. (What the compiled
 object may link and contain is the backend's check of the object itself.)
 """
@@ -82,7 +82,7 @@ def check_c(source: str) -> list[Finding]:
                 bad(i, f"{name!r}: a kernel may not place code or data in a section of its choosing")
             elif name.startswith(("GOMP_", "omp_")) and not allowed_symbol(name):
                 bad(i, f"{name!r}: {_OPENMP_WHY}")
-        m = re.search(r"__attribute__\s*\(\(.*\b(constructor|destructor)\b", code)
+        m = re.search(r"__attribute__\s*\(\(.*\b(constructor|destructor|ifunc)\b", code)
         if m:
             bad(i, f"__attribute__(({m.group(1)})) runs code when the library loads")
         if "_Pragma" in code:
@@ -205,6 +205,9 @@ def check_object(path: str, entry: str = "tuner_kernel") -> list[Finding]:
             continue
         if name == entry and kind == "FUNC":
             defined_entry = True
+        if kind == "IFUNC":  # its resolver runs when the loader binds it, before any call
+            bad(f"an indirect function ({name}, __attribute__((ifunc))): its resolver runs code of the "
+                f"object's own when it is loaded; a kernel does its work when it is called")
         # objdump prints a data symbol's bytes as data, never as instructions: in an executable
         # section they would run unread by the instruction check below.
         if ndx.isdigit() and kind in ("OBJECT", "TLS") and "X" in sections.get(int(ndx), ("", "", 0))[1]:
