@@ -19,8 +19,10 @@ module's AST is checked before anything in it runs:
 * no torch inside a @triton.jit function;
 * outside @triton.jit functions: tensor methods only from a short list that computes nothing
   (`stride`, `size`, `view`, ...), no `@`, no augmented or subscript assignment (no in-place
-  tensor writes), no `out=` arguments, no `**kwargs`, calls only of builtins from a short list,
-  of imported functions and of this module's functions and kernels;
+  tensor writes), no `out=` arguments, no `**kwargs`, no `key=`/`file=` other than a lambda
+  (a builtin would call what it is given), calls only of builtins from a short list, of
+  imported functions and of this module's functions and kernels, and no attribute of this
+  module's functions (a JIT function's state: `k.cache` tells the first launch from later ones);
 * nowhere: dunder names or private attributes, `eval`/`exec`/`open`/`getattr`/`__import__`
   and the like, `global`/`nonlocal`, classes, `with`, `try`, `del`, `match`, async code,
   generators; nor a name of the module's functions or imports bound again (an assignment, a
@@ -267,6 +269,12 @@ class _Checker(ast.NodeVisitor):
         if node.attr.startswith("_"):
             self.fail(node, f"private or dunder attribute {node.attr!r}")
             return
+        if isinstance(node.value, ast.Name) and node.value.id in self.functions:
+            # A @triton.jit function's attributes are the JIT's state (`k.cache` fills on the
+            # first launch: a launch could tell the checked first call from the timed ones).
+            self.fail(node, f"{node.value.id}.{node.attr}: a function of the module is called or "
+                            f"launched (kernel[grid](...)), never looked into")
+            return
         full = self._resolve(node)
         if full is not None:
             self._check_module_path(node, full)
@@ -396,6 +404,9 @@ class _Checker(ast.NodeVisitor):
                 self.fail(node, "**kwargs in a call")
             elif k.arg == "out" and not self.in_jit:
                 self.fail(node, "out= argument")
+            elif k.arg in ("key", "file") and not self.in_jit and not isinstance(k.value, ast.Lambda):
+                # max(..., key=y.copy_) calls what it is given, past the call rules
+                self.fail(node, f"{k.arg}= argument other than a lambda outside a @triton.jit function")
         if not self.in_jit:
             self._check_host_call(node)
         self.generic_visit(node)
