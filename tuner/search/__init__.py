@@ -1,1 +1,2 @@
-"""Choosing the next config: the Searcher over Optuna's samplers (searcher) and the guided search (guided, with gp, encoding, prior)."""
+"""Choosing the next config: the Searcher over Optuna's samplers (searcher) and the guided search
+(guided, with gp, encoding, prior)."""
