@@ -5,7 +5,7 @@ with the line to change; templates can name the inputs' actual extents."""
 import pytest
 
 from tuner.core.op import OpError
-from tuner.core.ops import load_op, render_context
+from tuner.core.ops import BUILTINS, arg_specs, builtin_spec, load_op, render_context, torch_dtype
 from tuner.core.problem import size_positions, spec_from_problem_file
 
 PROBLEM = """import torch
@@ -173,3 +173,21 @@ def test_the_template_can_read_what_get_init_inputs_gives_the_model(fixtures):
     (init0, init1) and by the constructor's parameter names."""
     ctx = render_context(load_op(spec_from_problem_file(fixtures / "kernelbench/linear.py")))
     assert (ctx["in_features"], ctx["out_features"], ctx["init0"], ctx["init1"]) == (64, 32, 64, 32)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTINS))
+def test_a_builtins_written_argument_shapes_are_what_its_op_makes(name):
+    """`arg_specs` reads a built-in's shapes from BUILTIN_ARGS (no torch op runs); they must be
+    what its inputs and its reference give, at odd sizes where a swapped dim would show."""
+    import torch
+    sizes = dict(zip(BUILTINS[name].size_names, (6, 10, 14, 8, 12)))
+    if name == "attention_decode":
+        sizes.update(H=8, KH=2)
+    for dtype in ("fp32", "bf16"):
+        op = load_op(builtin_spec(name, "x".join(str(sizes[k]) for k in BUILTINS[name].size_names), dtype))
+        xs = op.make_inputs(0)
+        outs = op.reference([x.double() if x.is_floating_point() else x for x in xs])
+        made = ([(tuple(x.shape), x.dtype) for x in xs],
+                [(tuple(o.shape), torch_dtype(dtype) if o.is_floating_point() else o.dtype) for o in outs])
+        assert arg_specs(op) == made
+        assert all(dt is torch.int64 or dt == torch_dtype(dtype) for _, dt in made[0] + made[1])

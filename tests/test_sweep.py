@@ -327,7 +327,11 @@ def test_ctrl_c_stops_a_sweep_promptly_and_a_rerun_resumes_it(tmp_path):
     import subprocess
     import sys
     import time
-    text = SWEEP.read_text().replace("../null/", str(FIXTURES / "null") + "/").replace("budget: 6", "budget: 150")
+    # The first task long enough to be stopped in; the two after it as short as the fixture's.
+    text = SWEEP.read_text().replace("../null/", str(FIXTURES / "null") + "/").replace(
+        "    shapes: [256x512, 512x512]\n", "    shapes: [256x512]\n    budget: 60\n", 1)
+    text += (f"  softmax_later:\n    op: softmax\n    shapes: [512x512]\n"
+             f"    template: {FIXTURES / 'null/landscape.txt.j2'}\n    space: {FIXTURES / 'null/landscape.yaml'}\n")
     (tmp_path / "s.yaml").write_text(text)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "tuner", "sweep", str(tmp_path / "s.yaml"), "--out", str(out)]
@@ -354,6 +358,6 @@ def test_ctrl_c_stops_a_sweep_promptly_and_a_rerun_resumes_it(tmp_path):
     assert not (out / "tasks" / "softmax-256x512-fp32-null" / "summary.json").exists()
     def evaluated():
         return [r.config.key for r in Store(first.parent).records() if r.status.value != "INVALID"]
-    assert 1 <= len(evaluated()) < 150
+    assert 1 <= len(evaluated()) < 60
     assert main(["sweep", str(tmp_path / "s.yaml"), "--out", str(out), "--quiet", "--json"]) == 0
-    assert len(evaluated()) == len(set(evaluated())) == 150  # resumed: nothing evaluated twice
+    assert len(evaluated()) == len(set(evaluated())) == 60  # resumed: nothing evaluated twice

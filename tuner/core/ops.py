@@ -51,6 +51,26 @@ BUILTINS = {
 }
 RMS_EPS, LN_EPS = 1e-6, 1e-5
 
+# Each built-in op's arguments (inputs, then outputs, in BUILTINS' order) as the harness
+# allocates them: dims in the op's size names ("D/2": half of D), and `int64` where the
+# argument is not of the op's dtype. What `make` and the reference produce, written down so
+# that `arg_specs` runs no torch op for a built-in (shape inference on meta tensors goes through
+# torch's Python references, whose first call imports torch._dynamo: a second per worker).
+# tests/test_problem_sizes.py holds the two equal for every op.
+BUILTIN_ARGS = {
+    "softmax": ("M N", "M N"),
+    "rmsnorm": ("M N", "N", "M N"),
+    "layernorm": ("M N", "N", "N", "M N"),
+    "matmul": ("M K", "K N", "M N"),
+    "add_rmsnorm": ("M N", "M N", "N", "M N", "M N"),
+    "swiglu": ("M N", "M N", "M N"),
+    "rope": ("T H D", "T D/2", "T D/2", "T H D"),
+    "cross_entropy": ("M V", "M int64", "M"),
+    "attention": ("B H S D", "B H S D", "B H S D", "B H S D"),
+    "attention_causal": ("B H S D", "B H S D", "B H S D", "B H S D"),
+    "attention_decode": ("B H D", "B KH S D", "B KH S D", "B H D"),
+}
+
 
 def parse_shape(op: str, shape: str) -> tuple[tuple[str, int], ...]:
     """'4096x1024' -> (('M', 4096), ('N', 1024)) using the op's size names."""
@@ -173,14 +193,20 @@ class _Draw:
 
     def randn(self, *shape, dtype=None):
         import torch
+        if self.g is None:  # meta: torch.randn there goes through torch's Python refs, whose
+            return torch.empty(*shape, dtype=dtype, device=self.device)  # first call imports dynamo (~1 s)
         return torch.randn(*shape, generator=self.g, dtype=dtype, device=self.device)
 
     def rand(self, *shape):
         import torch
+        if self.g is None:
+            return torch.empty(*shape, device=self.device)
         return torch.rand(*shape, generator=self.g, device=self.device)
 
     def randint(self, low: int, high: int, shape: tuple):
         import torch
+        if self.g is None:
+            return torch.empty(shape, dtype=torch.int64, device=self.device)
         return torch.randint(low, high, shape, generator=self.g, device=self.device)
 
 
@@ -352,6 +378,8 @@ def arg_specs(op: Op) -> tuple[list[tuple[tuple[int, ...], Any]], list[tuple[tup
     import contextlib
 
     import torch
+    if op.spec.kind == "builtin":
+        return _builtin_args(op)
     try:
         xs = op.make_inputs(0, "meta")
     except Exception:  # noqa: BLE001 - inputs that cannot be made there
@@ -363,6 +391,24 @@ def arg_specs(op: Op) -> tuple[list[tuple[tuple[int, ...], Any]], list[tuple[tup
     if outs is None:
         outs = op.reference([x.double() if x.is_floating_point() else x for x in op.make_inputs(0)])
     return [(tuple(x.shape), x.dtype) for x in xs], [(tuple(o.shape), out_dtype(op, o)) for o in outs]
+
+
+def _builtin_args(op: Op) -> tuple[list, list]:
+    """`arg_specs` of a built-in op, from BUILTIN_ARGS."""
+    import torch
+    sizes = dict(op.sizes)
+    specs = []
+    for text in BUILTIN_ARGS[op.spec.name]:
+        dims, dtype = [], torch_dtype(op.spec.dtype)
+        for word in text.split():
+            if word == "int64":
+                dtype = torch.int64
+            else:
+                name, _, div = word.partition("/")
+                dims.append(sizes[name] // int(div or 1))
+        specs.append((tuple(dims), dtype))
+    n = len(op.input_names)
+    return specs[:n], specs[n:]
 
 
 _C_TYPES = {"torch.int64": "int64_t", "torch.int32": "int32_t", "torch.int16": "int16_t",
