@@ -54,6 +54,17 @@ def test_a_clean_module_passes_both_policies():
     assert check_python(GOOD, TRITON_ASCEND)  # no host TMA descriptors on Ascend
 
 
+def test_torch_npu_is_imported_for_its_device_and_nothing_is_taken_from_it():
+    """Its functions are the vendor's fused kernels (npu_rms_norm): the op's work done by torch."""
+    ascend = GOOD.replace("from triton.tools.tensor_descriptor import TensorDescriptor\n", "import torch_npu\n")
+    assert check_python(ascend, TRITON_ASCEND) == []
+    for change in ("    n = torch_npu.npu_rms_norm(x, y)", "    n = torch_npu.npu_format_cast"):
+        whys = [f.why for f in check_python(ascend.replace("    n = x.numel()", change), TRITON_ASCEND)]
+        assert any("from torch_npu only the import itself" in w for w in whys), whys
+    whys = [f.why for f in check_python("from torch_npu import npu_rms_norm\n" + ascend, TRITON_ASCEND)]
+    assert any("from torch_npu import npu_rms_norm" in w for w in whys), whys
+
+
 def test_every_finding_is_reported_with_its_line():
     source = GOOD.replace("import math", "import os").replace("    n = x.numel()", "    n = eval('1')")
     whys = [(f.line, f.why) for f in check_python(source)]

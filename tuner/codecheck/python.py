@@ -7,8 +7,8 @@ and `launch`, which may import `math`, `torch` and `tuner.cuda` (only `launch`, 
 module's AST is checked before anything in it runs:
 
 * imports: only the policy's modules (`triton`, `triton.language` and its submodules, `math`,
-  `torch`, and per policy `triton.tools.tensor_descriptor` or `torch_npu`); no relative or
-  star imports;
+  `torch`, and per policy `triton.tools.tensor_descriptor` or `torch_npu`, imported for its
+  side effect only: nothing is taken from it); no relative or star imports;
 * module level: imports, function definitions and constant assignments only, so importing the
   module runs no code; the only decorator is `triton.jit` (the imported one, with constant
   arguments: a function the module defines and names `jit` is not the JIT);
@@ -83,7 +83,10 @@ TRITON = PythonPolicy(
 TRITON_ASCEND = PythonPolicy(
     imports=frozenset({"triton", "triton.language", "math", "torch", "torch_npu"}),
     triton_attrs=TRITON_ATTRS, torch_attrs=TORCH_DTYPES | TORCH_ALLOC,
-    module_prefixes=("triton.language", "math", "torch"))
+    module_prefixes=("triton.language", "math", "torch"),
+    # Imported for what the import does (torch's npu device); nothing taken from it: its
+    # functions are the vendor's fused kernels (torch_npu.npu_rms_norm), the op's work.
+    attrs=(("torch_npu", frozenset()),))
 # `cuda` launch modules (cuda backend): CUDA C++ kernels launched through `tuner.cuda.launch`.
 CUDA = PythonPolicy(
     imports=frozenset({"math", "torch", "tuner.cuda"}),
@@ -239,7 +242,8 @@ class _Checker(ast.NodeVisitor):
             elif mod == "triton" and a.name not in self.policy.triton_attrs:
                 self.fail(node, f"from triton import {a.name}")
             elif self.policy.names_of(mod) is not None and a.name not in self.policy.names_of(mod):
-                self.fail(node, f"from {mod} import {a.name}; allowed: {', '.join(sorted(self.policy.names_of(mod)))}")
+                self.fail(node, f"from {mod} import {a.name}; allowed: "
+                                f"{', '.join(sorted(self.policy.names_of(mod))) or 'nothing (import the module itself)'}")
             else:
                 self.aliases[a.asname or a.name] = f"{mod}.{a.name}"
                 self._check_reached_modules(node, f"{mod}.{a.name}")  # `from tl.core import builtins`
@@ -289,7 +293,7 @@ class _Checker(ast.NodeVisitor):
             allowed = self.policy.names_of(".".join(parts[:i]))
             if allowed is not None and parts[i] not in allowed:
                 self.fail(node, f"{'.'.join(parts[:i + 1])}; from {'.'.join(parts[:i])} only "
-                                f"{', '.join(sorted(allowed))}")
+                                f"{', '.join(sorted(allowed)) or 'the import itself, nothing in it'}")
                 return
         if parts[0] == "torch":
             if len(parts) > 1 and not (len(parts) == 2 and parts[1] in self.policy.torch_attrs):
