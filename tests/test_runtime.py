@@ -4,11 +4,13 @@ stale toolchains, fallback), with the null backend and real C kernels."""
 import importlib.util
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 from tests.conftest import FIXTURES
+from tuner.codecheck import check_object
 from tuner.core.ops import builtin_spec
 from tuner.core.skeleton import library_skeleton, load_skeleton
 from tuner.run.tune import create_run, execute
@@ -166,6 +168,30 @@ def test_a_kernel_the_code_check_refuses_is_never_served(exported, cache_dir):
     assert t.last is None
     why = t.explain("softmax", {"M": 16, "N": 64})[0]
     assert "fails the code check" in why and "__has_include" in why, why
+
+
+def test_a_cached_c_object_is_checked_again_before_it_is_loaded(exported, cache_dir):
+    """A served C kernel is loaded into the caller's process: a cached object that this
+    version's object check refuses (built by a version with fewer checks, or replaced) is
+    built again from its source, not loaded."""
+    import subprocess
+    t = Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir, serve_slower=True)
+    x = torch.randn(16, 64)
+    t("softmax", x)
+    assert t.last is not None
+    cached = [p for p in (Path(cache_dir) / "runtime").rglob("kernel.so")]
+    assert cached
+    hostile = Path(cache_dir) / "hostile.c"
+    hostile.write_text("static void done(float *y) { y[0] = 0; }\n"
+                       "static void *pick(void) { return (void *)done; }\n"
+                       "void zero(float *y) __attribute__((ifunc(\"pick\")));\n"
+                       "void tuner_kernel(const float *x, float *y) { for (int i = 0; i < 16 * 64; i++) y[i] = 0; }\n")
+    for so in cached:
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", str(hostile), "-o", str(so)], check=True)
+    again = Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir, serve_slower=True)
+    assert torch.allclose(again("softmax", x), torch.softmax(x, -1), atol=1e-5, rtol=1e-5)
+    assert again.last is not None and again.last.entry["backend"] == "cpu"
+    assert all(not check_object(str(so)) for so in cached)  # built again from the source
 
 
 def test_exported_module(exported, cache_dir, monkeypatch):

@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -546,7 +547,7 @@ class Table:
         done = workdir / "artifact.json"
         if done.is_file():
             artifact = json.loads(done.read_text())["artifact"]
-            if Path(artifact).exists():
+            if Path(artifact).exists() and self._object_clean(language, artifact):
                 return artifact
         workdir.mkdir(parents=True, exist_ok=True)
         if language in ("triton", "triton_ascend"):
@@ -562,6 +563,19 @@ class Table:
             artifact = build.artifact
         done.write_text(json.dumps({"artifact": artifact}))
         return artifact
+
+    @staticmethod
+    def _object_clean(language: str, artifact: str) -> bool:
+        """Whether a cached C kernel's object still passes this version's object check: it is
+        loaded into the caller's process (code it runs at load runs there), and the cache may
+        be from a version with fewer checks. False: it is built again from the source."""
+        if language != "c":
+            return True
+        from tuner.codecheck import check_object
+        try:
+            return not check_object(artifact)
+        except (FileNotFoundError, OSError, subprocess.SubprocessError):
+            return False
 
     def _verified(self, k: Kernel) -> bool:
         """One check against the float64 reference on fresh random inputs of the call's shape."""
