@@ -191,10 +191,12 @@ class _Draw:
         # Meta tensors (shapes and dtypes only, no data) take no generator.
         self.g = None if self.device.type == "meta" else torch.Generator(device=self.device).manual_seed(seed)
 
+    # On meta, `empty`: torch's random draws there go through its Python references, whose
+    # first call in a process imports torch._dynamo (~1 s); a meta tensor holds no values anyway.
     def randn(self, *shape, dtype=None):
         import torch
-        if self.g is None:  # meta: torch.randn there goes through torch's Python refs, whose
-            return torch.empty(*shape, dtype=dtype, device=self.device)  # first call imports dynamo (~1 s)
+        if self.g is None:
+            return torch.empty(*shape, dtype=dtype, device=self.device)
         return torch.randn(*shape, generator=self.g, dtype=dtype, device=self.device)
 
     def rand(self, *shape):
