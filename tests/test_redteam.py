@@ -150,6 +150,9 @@ OBJECTS = {
     "ifunc": ("static float one(void) { return 1; }\nstatic void *pick(void) { return (void *)one; }\n"
               "float chosen(void) __attribute__((ifunc(\"pick\")));\n"
               "void tuner_kernel(float *x) { x[0] = chosen(); }", "an indirect function"),
+    # The clock through OpenMP's API (the vDSO: no system call for the host's filter to refuse).
+    "omp_wtime": ("double omp_get_wtime(void);\nvoid tuner_kernel(float *x) { x[0] = (float)omp_get_wtime(); }",
+                  "OpenMP's clock"),
     "clean": ("#include <math.h>\nvoid tuner_kernel(float *x) { x[0] = expf(x[1]); }", None),
     # What the compiler emits for OpenMP's pragmas passes: the libgomp allowlist refuses no honest kernel.
     "pragmas": ("#include <omp.h>\nvoid tuner_kernel(float *x) { float s = 0;\n"

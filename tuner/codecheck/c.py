@@ -81,7 +81,7 @@ def check_c(source: str) -> list[Finding]:
             elif name in ("section", "__section__"):  # as an attribute: bytes of data placed in .text run as code
                 bad(i, f"{name!r}: a kernel may not place code or data in a section of its choosing")
             elif name.startswith(("GOMP_", "omp_")) and not allowed_symbol(name):
-                bad(i, f"{name!r}: {_OPENMP_WHY}")
+                bad(i, f"{name!r}: {_openmp_why(name)}")
         m = re.search(r"__attribute__\s*\(\(.*\b(constructor|destructor|ifunc)\b", code)
         if m:
             bad(i, f"__attribute__(({m.group(1)})) runs code when the library loads")
@@ -124,11 +124,19 @@ _GOMP = re.compile(r"GOMP_(parallel(_loop_\w+|_sections|_reductions)?|loop_\w+|b
                    r"taskloop(_ull)?|task_reduction_remap|taskgroup_\w+|workshare_task_reduction_unregister|"
                    r"cancel|cancellation_point|scope_start|(add_|is_)?alloc|free|error|warning)")
 _GOMP_SPLIT = re.compile(r"GOMP_parallel\w*_start")
-# Offloading, a detached task's completion, and the API's printing (a kernel does no I/O).
-_OMP_DENIED = ("omp_target_", "omp_fulfill_event", "omp_display_")
+# Offloading, a detached task's completion, the API's printing (a kernel does no I/O) and its
+# clock (omp_get_wtime: the clock through the vDSO, no system call, which a kernel may not
+# read any more than through libc).
+_OMP_DENIED = ("omp_target_", "omp_fulfill_event", "omp_display_", "omp_get_wtime", "omp_get_wtick")
 _OPENMP_WHY = ("of OpenMP a kernel may use the pragmas (and the omp_ API), not offloading or a team "
                "left running after the call (GOMP_parallel_start without its end): its work ends "
                "when it returns")
+
+
+def _openmp_why(name: str) -> str:
+    if name.startswith(("omp_get_wtime", "omp_get_wtick")):
+        return "OpenMP's clock: a kernel may not read the clock"
+    return _OPENMP_WHY
 
 
 def allowed_symbol(name: str) -> bool:
@@ -198,7 +206,7 @@ def check_object(path: str, entry: str = "tuner_kernel") -> list[Finding]:
         size, kind, ndx, name = f[2], f[3], f[6], f[7].split("@")[0]
         if ndx == "UND":
             if name.startswith(("GOMP_", "omp_")) and not allowed_symbol(name):
-                bad(f"calls {name!r}: {_OPENMP_WHY}")
+                bad(f"calls {name!r}: {_openmp_why(name)}")
             elif name and not allowed_symbol(name):
                 bad(f"calls {name!r}: a kernel may call math, OpenMP and memory functions only (no "
                     f"I/O, processes, clock, environment, signals or the Python API)")
