@@ -214,8 +214,9 @@ def check_object(path: str, entry: str = "tuner_kernel") -> list[Finding]:
         if name == entry and kind == "FUNC":
             defined_entry = True
         if kind == "IFUNC":  # its resolver runs when the loader binds it, before any call
-            bad(f"an indirect function ({name}, __attribute__((ifunc))): its resolver runs code of the "
-                f"object's own when it is loaded; a kernel does its work when it is called")
+            bad(f"an indirect function ({name}, __attribute__((ifunc)) or target_clones): its resolver "
+                f"runs code of the object's own when it is loaded; a kernel does its work when it is "
+                f"called (kernels are compiled for this CPU already: -march=native)")
         # objdump prints a data symbol's bytes as data, never as instructions: in an executable
         # section they would run unread by the instruction check below.
         if ndx.isdigit() and kind in ("OBJECT", "TLS") and "X" in sections.get(int(ndx), ("", "", 0))[1]:
