@@ -84,6 +84,9 @@ def test_a_plain_module_passes():
     (("    n = x.numel()", "    n = len(k.cache.get(0, {}))"), "k.cache"),
     (("    n = x.numel()", "    n = max([x], key=y.copy_)"), "key= argument"),
     (("    n = x.numel()", "    print(x, file=y)"), "file= argument"),
+    # Under Triton's interpreter a tensor's handle is a numpy array on the host.
+    (("    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+      "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n    h = offs.handle"), ".handle: what stands behind"),
 ])
 def test_forbidden_modules_are_rejected(change, words):
     old, new = change
@@ -91,6 +94,20 @@ def test_forbidden_modules_are_rejected(change, words):
     with pytest.raises(Forbidden) as e:
         require_clean("triton", GOOD.replace(old, new))
     assert str(e.value).startswith("forbidden:") and words in str(e.value), str(e.value)
+
+
+def test_a_kernel_that_writes_a_file_under_the_interpreter_is_refused_and_never_runs(tmp_path):
+    """Under Triton's interpreter (interpret mode; the sim backend's verification) a kernel's body
+    runs as Python and a tensor's handle holds a numpy array: `.handle.data.tofile(path)` wrote
+    a file from inside a kernel that passed the checks."""
+    marker = tmp_path / "written"
+    source = GOOD.replace("    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+                          "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
+                          f"    offs.handle.data.tofile({str(marker)!r})")
+    backend = CudaBackend(0, interpret=True)
+    build = backend.compile(source, SPEC, str(tmp_path / "b" / "k"), 30)
+    assert build.status is Status.COMPILE_ERROR and "stands behind a Triton tensor" in build.error
+    assert not marker.exists()
 
 
 def test_a_forbidden_module_is_a_compile_error_and_never_runs(tmp_path):

@@ -16,7 +16,8 @@ module's AST is checked before anything in it runs:
   dtypes and allocation (`torch.empty`, `torch.zeros`, ...), no `torch.nn`/`torch.cuda`/
   `torch.ops`; from `triton` only a short list; a path that reaches another module through
   an allowed one (`tl.core.builtins`) is refused;
-* no torch inside a @triton.jit function;
+* no torch inside a @triton.jit function, and no `.handle`/`.data` there (under Triton's
+  interpreter a tensor's handle is a numpy array on the host);
 * outside @triton.jit functions: tensor methods only from a short list that computes nothing
   (`stride`, `size`, `view`, ...), no `@`, no augmented or subscript assignment (no in-place
   tensor writes), no `out=` arguments, no `**kwargs`, no `key=`/`file=` other than a lambda
@@ -149,6 +150,12 @@ _TL_SUBMODULES = {"math", "core", "semantic", "standard", "extra", "random", "li
 _DANGEROUS = tuple(getattr(builtins, n) for n in FORBIDDEN_NAMES if callable(getattr(builtins, n, None)))
 
 
+# Attributes of a Triton tensor that lead out of Triton: its IR value, which under Triton's
+# interpreter (the sim backend's verification, interpret mode) is a numpy array on the host
+# (`v.handle.data.tofile(path)` wrote a file from inside a kernel).
+_BEHIND_A_TENSOR = frozenset({"handle", "data"})
+
+
 class _Checker(ast.NodeVisitor):
     def __init__(self, source: str, policy: PythonPolicy) -> None:
         self.source = source
@@ -272,6 +279,11 @@ class _Checker(ast.NodeVisitor):
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr.startswith("_"):
             self.fail(node, f"private or dunder attribute {node.attr!r}")
+            return
+        if self.in_jit and node.attr in _BEHIND_A_TENSOR:
+            self.fail(node, f".{node.attr}: what stands behind a Triton tensor (an IR value; under "
+                            f"Triton's interpreter, a numpy array on the host) is not the kernel's; "
+                            f"use triton.language's operations")
             return
         if isinstance(node.value, ast.Name) and node.value.id in self.functions:
             # A @triton.jit function's attributes are the JIT's state (`k.cache` fills on the
