@@ -195,6 +195,22 @@ TRITON_CASES = {
 }
 
 
+def test_the_simulator_sees_a_launch_that_computes_on_the_host(fast_settings, tmp_path):
+    """The sim backend's time is the model of the kernel's declared costs: work the launch
+    function did with torch on the host would be free there. Its interpreted checks run under
+    the dispatch mode, as a GPU's checked launches do."""
+    (tmp_path / "k.yaml").write_text("language: triton_ascend\nsizes: [M, N]\nparams:\n  V: [1]\n")
+    sk = load_skeleton(REDTEAM / "host_exp_ascend.py.j2", tmp_path / "k.yaml")
+    ev = Evaluator("sim", builtin_spec("softmax", "37x1000"), sk, fast_settings, tmp_path / "run")
+    try:
+        ev.start()
+        rec = ev.evaluate(sk.space.default_config())
+    finally:
+        ev.close()
+    assert rec.status is Status.WRONG_RESULT and "computed with torch on the host (aten.pow)" in rec.reason, \
+        (rec.status, rec.reason)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", list(TRITON_CASES))
 def test_each_hostile_triton_kernel_gets_its_verdict(name, fast_settings, tmp_path):

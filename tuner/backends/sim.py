@@ -70,7 +70,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.backends.base import Backend, BackendUnavailable
+from tuner.backends.base import Backend, BackendUnavailable, HostCompute
 from tuner.backends.npu import MULTIBUFFER_DEFAULT, check_launch_options, launches, read_cost, strip_options
 from tuner.backends.triton_source import load_module
 from tuner.codecheck import Forbidden, require_clean
@@ -359,11 +359,13 @@ def roofline_s(profile, flops: float | None, nbytes: float, matmul: bool) -> flo
 # ---- the backend ---------------------------------------------------------------------------------
 
 class SimKernel:
-    """A 'loaded' simulated kernel: its modelled seconds and how to produce its outputs."""
+    """A 'loaded' simulated kernel: its modelled seconds and how to produce its outputs
+    (`interpreted`: by running the candidate's launch through Triton's interpreter)."""
 
-    def __init__(self, seconds: float, run: Callable[[list], None]):
+    def __init__(self, seconds: float, run: Callable[[list], None], interpreted: bool = False):
         self.seconds = seconds
         self.run = run
+        self.interpreted = interpreted
 
 
 class SimBackend(Backend):
@@ -567,7 +569,7 @@ class SimBackend(Backend):
             path = Path(rec["kernel"])
             digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
             launch = load_module(path, f"tuner_sim_{digest}", "triton_ascend").launch
-            return SimKernel(seconds, lambda args: launch(*args))
+            return SimKernel(seconds, lambda args: launch(*args), interpreted=True)
 
         memo = self._refs
 
@@ -598,6 +600,21 @@ class SimBackend(Backend):
         kernel.run(args)
         # Holding the tensors keeps their addresses from being reused by the next check's.
         self._last = (kernel, list(args), [a._version for a in args])
+
+    def launch_checked(self, kernel: Any, args: list) -> None:
+        """`launch`; where the candidate's launch function runs (interpreted), under a dispatch
+        mode: any torch op it runs besides allocation, views and the interpreter's own moves of
+        the arguments is the op's work done on the host, which the model (of the kernel's
+        declared costs) would never see. Raises HostCompute."""
+        if not getattr(kernel, "interpreted", False):
+            return self.launch(kernel, args)
+        from tuner.backends.triton_device import INTERPRETER_OK, _NoHostCompute
+        with _NoHostCompute(INTERPRETER_OK) as mode:
+            self.launch(kernel, args)
+        if mode.seen:
+            raise HostCompute(f"forbidden: the launch function computed with torch on the host "
+                              f"({', '.join(sorted(mode.seen)[:5])}); do the op's work in the "
+                              f"@triton.jit kernel")
 
     def time_call(self, fn: Callable[[], None], before: Callable[[], None] | None = None) -> float:
         """The modelled seconds of the kernel `fn` launches; for anything else (the torch

@@ -211,8 +211,16 @@ _HOST_OK = frozenset({
 })
 
 
-def _NoHostCompute():
+# What Triton's interpreter itself runs with torch around a launch: it moves each argument to a
+# host array and back (copy_, set_). Allowed where a launch runs interpreted (the sim backend).
+INTERPRETER_OK = frozenset({"copy_", "set_"})
+
+
+def _NoHostCompute(also: frozenset[str] = frozenset()):
+    """A dispatch mode that records (`seen`) every torch op run inside it other than
+    allocation, views and fills (_HOST_OK) and `also`."""
     from torch.utils._python_dispatch import TorchDispatchMode
+    allowed = _HOST_OK | also
 
     class NoHostCompute(TorchDispatchMode):
         def __init__(self) -> None:
@@ -221,7 +229,7 @@ def _NoHostCompute():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = func.overloadpacket.__name__
-            if name not in _HOST_OK:
+            if name not in allowed:
                 self.seen.add(f"aten.{name}")
             return func(*args, **(kwargs or {}))
 
