@@ -195,18 +195,23 @@ TRITON_CASES = {
 }
 
 
+def evaluated_once(backend: str, spec, sk, settings, folder):
+    """The record of the skeleton's default config, evaluated by a fresh evaluator."""
+    ev = Evaluator(backend, spec, sk, settings, folder)
+    try:
+        ev.start()
+        return ev.evaluate(sk.space.default_config())
+    finally:
+        ev.close()
+
+
 def test_the_simulator_sees_a_launch_that_computes_on_the_host(fast_settings, tmp_path):
     """The sim backend's time is the model of the kernel's declared costs: work the launch
     function did with torch on the host would be free there. Its interpreted checks run under
     the dispatch mode, as a GPU's checked launches do."""
     (tmp_path / "k.yaml").write_text("language: triton_ascend\nsizes: [M, N]\nparams:\n  V: [1]\n")
     sk = load_skeleton(REDTEAM / "host_exp_ascend.py.j2", tmp_path / "k.yaml")
-    ev = Evaluator("sim", builtin_spec("softmax", "37x1000"), sk, fast_settings, tmp_path / "run")
-    try:
-        ev.start()
-        rec = ev.evaluate(sk.space.default_config())
-    finally:
-        ev.close()
+    rec = evaluated_once("sim", builtin_spec("softmax", "37x1000"), sk, fast_settings, tmp_path / "run")
     assert rec.status is Status.WRONG_RESULT and "computed with torch on the host (aten.pow)" in rec.reason, \
         (rec.status, rec.reason)
 
@@ -218,12 +223,7 @@ def test_each_hostile_triton_kernel_gets_its_verdict(name, fast_settings, tmp_pa
     (tmp_path / "k.py.j2").write_text("{% raw %}" + body + "{% endraw %}\n")
     (tmp_path / "k.yaml").write_text("language: triton\nsizes: [M, N]\nparams:\n  V: [1]\n")
     sk = load_skeleton(tmp_path / "k.py.j2", tmp_path / "k.yaml")
-    ev = Evaluator("cuda", builtin_spec("softmax", "1024x1024"), sk, fast_settings, tmp_path / "run")
-    try:
-        ev.start()
-        rec = ev.evaluate(sk.space.default_config())
-    finally:
-        ev.close()
+    rec = evaluated_once("cuda", builtin_spec("softmax", "1024x1024"), sk, fast_settings, tmp_path / "run")
     status, words = TRITON_CASES[name]
     assert rec.status is status, (name, rec.status, rec.reason)
     assert words in rec.reason, (name, rec.reason)
