@@ -70,7 +70,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.backends.base import Backend, BackendUnavailable, HostCompute
+from tuner.backends.base import Backend, BackendUnavailable
 from tuner.backends.npu import MULTIBUFFER_DEFAULT, check_launch_options, launches, read_cost, strip_options
 from tuner.backends.triton_source import load_module
 from tuner.codecheck import Forbidden, require_clean
@@ -608,13 +608,8 @@ class SimBackend(Backend):
         declared costs) would never see. Raises HostCompute."""
         if not getattr(kernel, "interpreted", False):
             return self.launch(kernel, args)
-        from tuner.backends.triton_device import INTERPRETER_OK, _NoHostCompute
-        with _NoHostCompute(INTERPRETER_OK) as mode:
-            self.launch(kernel, args)
-        if mode.seen:
-            raise HostCompute(f"forbidden: the launch function computed with torch on the host "
-                              f"({', '.join(sorted(mode.seen)[:5])}); do the op's work in the "
-                              f"@triton.jit kernel")
+        from tuner.backends.triton_device import INTERPRETER_OK, without_host_compute
+        without_host_compute(lambda: self.launch(kernel, args), INTERPRETER_OK)
 
     def time_call(self, fn: Callable[[], None], before: Callable[[], None] | None = None) -> float:
         """The modelled seconds of the kernel `fn` launches; for anything else (the torch

@@ -92,12 +92,7 @@ class TritonDevice(Backend):
         under Triton's interpreter, which computes with torch itself.)"""
         if self.interpret:
             return self.launch(kernel, args)
-        with _NoHostCompute() as mode:
-            kernel(*args)
-        if mode.seen:
-            raise HostCompute(f"forbidden: the launch function computed with torch on the host "
-                              f"({', '.join(sorted(mode.seen)[:5])}); do the op's work in the "
-                              f"@triton.jit kernel")
+        without_host_compute(lambda: kernel(*args))
 
     def sync(self) -> None:
         if not self.interpret:
@@ -214,6 +209,17 @@ _HOST_OK = frozenset({
 # What Triton's interpreter itself runs with torch around a launch: it moves each argument to a
 # host array and back (copy_, set_). Allowed where a launch runs interpreted (the sim backend).
 INTERPRETER_OK = frozenset({"copy_", "set_"})
+
+
+def without_host_compute(run: Callable[[], None], also: frozenset[str] = frozenset()) -> None:
+    """`run()` under a dispatch mode; raises HostCompute naming the torch ops it ran besides
+    allocation, views and fills (_HOST_OK) and `also`."""
+    with _NoHostCompute(also) as mode:
+        run()
+    if mode.seen:
+        raise HostCompute(f"forbidden: the launch function computed with torch on the host "
+                          f"({', '.join(sorted(mode.seen)[:5])}); do the op's work in the "
+                          f"@triton.jit kernel")
 
 
 def _NoHostCompute(also: frozenset[str] = frozenset()):
