@@ -77,6 +77,7 @@ def test_a_plain_module_passes():
     (("    n = x.numel()", "    n = (lambda launch: launch())(x.untyped_storage)"), "'launch' is bound again"),
     (("    n = x.numel()", "    for math in [x.untyped_storage]:\n        n = math()"), "'math' is bound again"),
     (("def launch(x, y):", "def launch(x, k):"), "'k' is bound again"),
+    (("    n = x.numel()", "    from triton import jit as k\n    n = x.numel()"), "'k' is bound again"),
     (("    n = x.numel()", "    def k():\n        pass\n    n = 1"), "'k' is bound again"),
     (("    n = x.numel()", "    match x.untyped_storage:\n        case k:\n            n = k()"), "match"),
     (("    n = x.numel()", "    try:\n        n = 1\n    except* ValueError:\n        n = 2"), "try/except*"),

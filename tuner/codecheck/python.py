@@ -232,7 +232,7 @@ class _Checker(ast.NodeVisitor):
                 self.fail(node, f"import {a.name}; allowed: {', '.join(sorted(self.policy.imports))}")
                 continue
             root = a.name.split(".")[0]
-            self.aliases[a.asname or root] = a.name if a.asname else root
+            self._imports_as(node, a.asname or root, a.name if a.asname else root)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         mod = node.module or ""
@@ -252,7 +252,7 @@ class _Checker(ast.NodeVisitor):
                 self.fail(node, f"from {mod} import {a.name}; allowed: "
                                 f"{', '.join(sorted(self.policy.names_of(mod))) or 'nothing (import the module itself)'}")
             else:
-                self.aliases[a.asname or a.name] = f"{mod}.{a.name}"
+                self._imports_as(node, a.asname or a.name, f"{mod}.{a.name}")
                 self._check_reached_modules(node, f"{mod}.{a.name}")  # `from tl.core import builtins`
 
     # ---- names and attributes ---------------------------------------------------------
@@ -264,6 +264,13 @@ class _Checker(ast.NodeVisitor):
             self.fail(node, f"{name!r} is bound again here, but it names this module's "
                             f"{'function' if name in self.functions else 'import'} {name!r}: "
                             f"a call through it is trusted to be that one; use another name")
+
+    def _imports_as(self, node: ast.AST, name: str, target: str) -> None:
+        """An import binding `name` to `target`: inside a function, a binding again like any
+        other, unless it names the same thing the module's own import does."""
+        if self.depth and self.aliases.get(name) != target:
+            self._rebinds(node, name)
+        self.aliases[name] = target
 
     def visit_arg(self, node: ast.arg) -> None:  # a lambda's parameters (a def's: visit_FunctionDef)
         self._rebinds(node, node.arg)
