@@ -50,7 +50,8 @@ def _backend():
 # ---- the launch module ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("op,shape", [("rmsnorm", "8192x8192"), ("layernorm", "8192x8192"), ("add_rmsnorm", "4096x8192"), ("softmax", "8192x8192"),
-                                      ("cross_entropy", "4096x32000"), ("matmul", "16x14336x4096")])
+                                      ("cross_entropy", "4096x32000"), ("matmul", "16x14336x4096"),
+                                      ("swiglu", "8192x14336"), ("rope", "4096x32x128")])
 def test_the_library_cuda_skeletons_render_clean_modules(op, shape):
     sk = library_skeleton(op, "cuda")
     o = load_op(builtin_spec(op, shape, "bf16"))
@@ -223,7 +224,8 @@ def test_a_tensor_map_is_made_of_a_tensor_and_passed_only_to_a_tensor_map_parame
                                             ("layernorm", "256x4096", "bf16"), ("add_rmsnorm", "128x2048", "fp16"), ("softmax", "64x4096", "bf16"),
                                             ("cross_entropy", "256x32000", "bf16"),
                                             ("matmul", "16x2048x1024", "bf16"),
-                                            ("matmul", "5x1024x512", "fp16")])
+                                            ("matmul", "5x1024x512", "fp16"),
+                                            ("swiglu", "7x9", "fp16"), ("rope", "37x5x6", "bf16")])
 def test_library_configs_compile_for_hopper_without_a_gpu(tmp_path, op, shape, dtype):
     import json
     b = _backend()
@@ -234,7 +236,7 @@ def test_library_configs_compile_for_hopper_without_a_gpu(tmp_path, op, shape, d
     # Three spread over the space, and one per value of a param that changes the code's
     # instructions: the matmul's feeds, the L2-hinted loads, the half-precision exponentials.
     picks = configs[:: max(1, len(configs) // 3)][:3]
-    for name, value in (("FEED", None), ("LOAD", "hint"), ("EXP", "f16x2")):
+    for name, value in (("FEED", None), ("LOAD", "hint"), ("EXP", "f16x2"), ("LOAD", "ldlu"), ("FAST_EXP", True)):
         values = sorted({c.as_dict().get(name) for c in configs} - {None}, key=str)
         picks += [next(c for c in configs if c.as_dict().get(name) == v) for v in values if value in (None, v)]
     for i, c in enumerate(picks):
@@ -269,7 +271,15 @@ _HINTS = [{"LOAD": "hint", "CACHE": True}, {"LOAD": "hint", "CACHE": False}]
 _CUDA_ROW_PICKS = {"rmsnorm": _ROW_NORMS + _HINTS, "layernorm": _ROW_NORMS, "add_rmsnorm": _ROW_NORMS,
                    "softmax": _ROW_NORMS + _HINTS,
                    "cross_entropy": [{"G": g, "EXP": e} for g, e in ((8, "f32"), (32, "f16x2"), (64, "f32"),
-                                                                     (128, "f16x2"), (256, "f32"), (256, "f16x2"))]}
+                                                                     (128, "f16x2"), (256, "f32"), (256, "f16x2"))],
+                   # elementwise: the tail past the last whole vector, persistent grids, each load kind
+                   "swiglu": [{"PROGS_PER_SM": p, "LOAD": ld, "FAST_EXP": f} for p, ld, f in
+                              ((0, "ldg", False), (1, "ldcs", True), (4, "ldlu", False), (16, "ldg", True))]
+                             + [{"THREADS": 256, "UNROLL": 4, "STORE_CS": True}],
+                   # tokens a block not dividing the tokens, vectors narrower than 16 bytes (D/2 = 36)
+                   "rope": [{"ROWS": r, "THREADS": t, "LOAD": ld, "UNROLL": u} for r, t, ld, u in
+                            ((1, 32, "ldg", 1), (8, 256, "ldcs", 2), (16, 512, "ldlu", 4), (8, 128, "ldg", 4))]}
+_ROW_SHAPES = {"swiglu": "999x3077", "rope": "1001x12x72"}
 
 
 @pytest.mark.cuda
@@ -285,7 +295,7 @@ def test_every_choice_of_the_cuda_row_ops_is_right_on_the_gpu(op, fast_settings,
 
     from tests.test_triton_library import sample_configs
     from tuner.exec.evaluate import Evaluator
-    ev = Evaluator("cuda", builtin_spec(op, "1000x3072", "bf16"), library_skeleton(op, "cuda"),
+    ev = Evaluator("cuda", builtin_spec(op, _ROW_SHAPES.get(op, "1000x3072"), "bf16"), library_skeleton(op, "cuda"),
                    fast_settings.replace(compile_workers=8), tmp_path / op, options={"language": "cuda"})
     try:
         ev.start()
