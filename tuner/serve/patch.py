@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import warnings
 import weakref
 from collections import defaultdict
 from typing import Any
@@ -106,6 +107,10 @@ class Patched:
         # opaque custom op the compiler cannot fuse).
         held = table.ops() if hasattr(table, "ops") else None  # a table that lists none: every route is tried
         if self.ops is not None:
+            missing = sorted(self.ops - held) if held is not None else []
+            if missing:  # asked for by name and never served: said, not silently left to torch
+                warnings.warn(f"ops: the table holds no kernel for {', '.join(missing)}; those calls stay "
+                              f"torch's (the table has {', '.join(sorted(held)) or 'no op'})", stacklevel=3)
             held = set(self.ops) if held is None else held & self.ops
         for name, module in model.named_modules():
             for route in MODULE_ROUTES:
