@@ -205,6 +205,22 @@ def evaluated_once(backend: str, spec, sk, settings, folder):
         ev.close()
 
 
+@pytest.mark.parametrize("lie,why", [("none", None), ("bytes", "understates the kernel's traffic"),
+                                     ("transfers", "understates the kernel's transfers")])
+def test_the_simulator_refuses_a_declared_cost_the_kernel_exceeds(fast_settings, tmp_path, lie, why):
+    """The sim backend's time is a model of the module's ASCEND_COST: a kernel declaring less
+    than it moves would be modelled faster than it is. Its first checked launch is metered (a
+    sample of its programs interpreted, their loads and stores counted) and held against the
+    declaration; the honest declaration of the same kernel passes."""
+    (tmp_path / "k.yaml").write_text(f"language: triton_ascend\nsizes: [M, N]\nparams:\n  LIE: [{lie}]\n")
+    sk = load_skeleton(REDTEAM / "understated_cost_ascend.py.j2", tmp_path / "k.yaml")
+    rec = evaluated_once("sim", builtin_spec("softmax", "37x1000"), sk, fast_settings, tmp_path / "run")
+    if why is None:
+        assert rec.status is Status.OK, (rec.status, rec.reason)
+    else:
+        assert rec.status is Status.WRONG_RESULT and why in rec.reason, (rec.status, rec.reason)
+
+
 def test_the_simulator_sees_a_launch_that_computes_on_the_host(fast_settings, tmp_path):
     """The sim backend's time is the model of the kernel's declared costs: work the launch
     function did with torch on the host would be free there. Its interpreted checks run under

@@ -85,7 +85,12 @@ class Device(Protocol):
     def context_lost(self) -> bool: ...
 
 
-class HostCompute(RuntimeError):
+class Refused(RuntimeError):
+    """A checked launch (`Backend.launch_checked`) that the backend refuses to count: its
+    message is the record's reason (the kernel's failure, never the tool's)."""
+
+
+class HostCompute(Refused):
     """A launch computed with torch on the host side instead of in its kernel."""
 
 
@@ -242,8 +247,8 @@ class Backend(abc.ABC):
 
     def launch_checked(self, kernel: Any, args: list) -> None:
         """`launch`, on verification buffers (never timed), with whatever this backend can
-        check about how the kernel ran; raises HostCompute when it did the op's work outside
-        the kernel. Timed calls cannot be told from checked ones by their buffers, so a
+        check about how the kernel ran; raises Refused (HostCompute: it did the op's work
+        outside the kernel) with the reason. Timed calls cannot be told from checked ones by their buffers, so a
         kernel that behaves here behaves there (tuner/exec/measure.py)."""
         self.launch(kernel, args)
 

@@ -48,6 +48,10 @@ the kernel is not run: it writes the float64 reference, and device_info's toolch
 `verify: none (...)`. Timed calls never re-run the interpreter (a repeated launch on unchanged
 inputs is answered from the first), nor the reference (one per input set and op).
 
+**The declared costs are checked against the kernel** (at every shape): the first checked
+launch meters a sample of the kernel's programs through the interpreter (sim_meter) and refuses
+a declaration that understates what they moved or computed (`understated`).
+
 The reference (torch eager) has no NPU to run on. Every backend must time one, so the sim
 reports the op's roofline bound on the chip instead: its bytes at HBM bandwidth or its flops at
 the cube (matmul) or vector peak, whichever is longer, plus the launch overhead, i.e. an ideal
@@ -70,7 +74,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.backends.base import Backend, BackendUnavailable
+from tuner.backends.base import Backend, BackendUnavailable, Refused
 from tuner.backends.npu import MULTIBUFFER_DEFAULT, check_launch_options, launches, read_cost, strip_options
 from tuner.backends.triton_source import load_module
 from tuner.codecheck import Forbidden, require_clean
@@ -345,6 +349,58 @@ def estimate(cost: Cost, profile, options: dict[str, Any], dtype: str = "fp32",
                     overlapped=overlapped, gm_bytes=gm)
 
 
+def declared_program(cost: Cost) -> tuple[float, float, float]:
+    """What an ASCEND_COST says its busiest program does (a program with ceil(tiles / programs)
+    tiles), unpadded: (bytes moved GM<->on-core, transfers, cube flops)."""
+    per = -(-cost.tiles // cost.programs)
+
+    def nbytes(pairs) -> float:
+        return sum(b * n for b, n in pairs)
+
+    def count(pairs) -> float:
+        return sum(n for b, n in pairs if b > 0)
+    steps_b = nbytes(cost.step_load) + nbytes(cost.step_store)
+    steps_n = count(cost.step_load) + count(cost.step_store)
+    tile_b = (nbytes(cost.tile_load) + nbytes(cost.tile_store) + cost.tile_out + cost.mix_load + cost.mix_store)
+    tile_n = (count(cost.tile_load) + count(cost.tile_store)
+              + sum(1 for v in (cost.tile_out, cost.mix_load, cost.mix_store) if v > 0))
+    flops = 2.0 * math.prod(cost.step_cube) * cost.steps if cost.step_cube else 0.0
+    return (per * (cost.steps * steps_b + tile_b) + nbytes(cost.setup_load),
+            per * (cost.steps * steps_n + tile_n) + count(cost.setup_load), per * flops)
+
+
+# A metered program may move this much more than its declaration says (rounding in a
+# template's figures, a masked tail counted by its lanes) before the declaration is refused.
+METER_SLACK = 0.10
+METER_SLACK_BYTES = 4096
+
+
+def understated(cost: Cost, traffic) -> str | None:
+    """Why `cost` understates what the kernel did when metered (sim_meter.Traffic), or None.
+    A meter stopped by its time budget counted part of a program: a lower bound, which refuses
+    only what it already exceeds."""
+    busiest = traffic.busiest()
+    if busiest is None:
+        return None
+    (kernel, idx), p = busiest
+    d_bytes, d_transfers, d_flops = declared_program(cost)
+    where = f"program {idx} of {kernel}" + ("" if traffic.complete else " (in the part metered)")
+    if p.bytes > d_bytes * (1 + METER_SLACK) + METER_SLACK_BYTES:
+        return (f"ASCEND_COST understates the kernel's traffic: {where} moved {p.bytes} bytes "
+                f"({p.loads} loads, {p.stores} stores), the description says a program moves at "
+                f"most {d_bytes:.0f}; the simulator models the declared costs, so they must "
+                f"cover what the kernel does")
+    if p.transfers > d_transfers * (1 + METER_SLACK) + 2:
+        return (f"ASCEND_COST understates the kernel's transfers: {where} made {p.transfers} loads and "
+                f"stores, the description declares {d_transfers:.0f} (each load or store is at least "
+                f"one transfer)")
+    most = max((q.dot_flops for q in traffic.programs.values()), default=0.0)
+    if most > d_flops * (1 + METER_SLACK) + 1:
+        return (f"ASCEND_COST understates the kernel's cube work: a program's tl.dot calls did "
+                f"{most:.3g} flops, the description declares {d_flops:.3g} per program")
+    return None
+
+
 def roofline_s(profile, flops: float | None, nbytes: float, matmul: bool) -> float:
     """The op's bound on the chip: its bytes at HBM bandwidth, its flops at the cube (matmul)
     or vector peak, whichever is longer, plus the launch overhead."""
@@ -362,10 +418,14 @@ class SimKernel:
     """A 'loaded' simulated kernel: its modelled seconds and how to produce its outputs
     (`interpreted`: by running the candidate's launch through Triton's interpreter)."""
 
-    def __init__(self, seconds: float, run: Callable[[list], None], interpreted: bool = False):
+    def __init__(self, seconds: float, run: Callable[[list], None], interpreted: bool = False,
+                 cost: Cost | None = None, launch: Callable[..., None] | None = None):
         self.seconds = seconds
         self.run = run
         self.interpreted = interpreted
+        self.cost = cost  # the declaration the time is modelled from
+        self.launch = launch  # the module's own launch, for the meter (sim_meter)
+        self.metered: str | None = None  # "" once metered and covered; else why not
 
 
 class SimBackend(Backend):
@@ -392,7 +452,10 @@ class SimBackend(Backend):
         if self.verify not in ("auto", "interpret", "reference"):
             raise BackendUnavailable(f"sim: verify={self.verify!r}: one of auto, interpret, reference")
         self._time: float | None = None
-        self._last: tuple | None = None  # (kernel, args, their versions) of the last run
+        # (kernel, args, their versions) of the last runs: the timed calls rotate over a few
+        # buffer sets (tuner/exec/measure.py), and each would otherwise interpret the kernel
+        # again (half a second a call for a small-block config at 37x1000: a minute's timing)
+        self._recent: list[tuple] = []
         self._ref_fn: Any = None
         self._refs: dict = {}  # ids of an input set -> (inputs, versions, op spec, outputs): see load
         self._mode: str | None = None
@@ -564,12 +627,12 @@ class SimBackend(Backend):
         rec = json.loads(Path(artifact).read_text())
         cost = Cost.of(_tuplify(rec["cost"]))
         seconds = estimate(cost, self.profile, rec["options"], op.spec.dtype, op.bytes).seconds
+        os.environ["TRITON_INTERPRET"] = "1"
+        path = Path(rec["kernel"])
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+        launch = load_module(path, f"tuner_sim_{digest}", "triton_ascend").launch
         if self._verify_mode() == "interpret":
-            os.environ["TRITON_INTERPRET"] = "1"
-            path = Path(rec["kernel"])
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-            launch = load_module(path, f"tuner_sim_{digest}", "triton_ascend").launch
-            return SimKernel(seconds, lambda args: launch(*args), interpreted=True)
+            return SimKernel(seconds, lambda args: launch(*args), interpreted=True, cost=cost, launch=launch)
 
         memo = self._refs
 
@@ -590,26 +653,45 @@ class SimBackend(Backend):
                     memo.pop(next(iter(memo)))
             for out, ref in zip(outs, hit[3]):
                 out.copy_(ref)
-        return SimKernel(seconds, reference)
+        return SimKernel(seconds, reference, cost=cost, launch=launch)
 
     def launch(self, kernel: Any, args: list) -> None:
         self._time = kernel.seconds
-        last = self._last
-        if last is not None and last[0] is kernel and _same(last[1], args, last[2]):
+        if any(k is kernel and _same(held, args, versions) for k, held, versions in self._recent):
             return  # the same kernel on the very same, unchanged tensors: the outputs hold it already
         kernel.run(args)
         # Holding the tensors keeps their addresses from being reused by the next check's.
-        self._last = (kernel, list(args), [a._version for a in args])
+        self._recent = [*self._recent[-(_RECENT - 1):], (kernel, list(args), [a._version for a in args])]
 
     def launch_checked(self, kernel: Any, args: list) -> None:
-        """`launch`; where the candidate's launch function runs (interpreted), under a dispatch
-        mode: any torch op it runs besides allocation, views and the interpreter's own moves of
-        the arguments is the op's work done on the host, which the model (of the kernel's
-        declared costs) would never see. Raises HostCompute."""
+        """`launch`, after the kernel's first checked launch has been metered: a sample of its
+        programs run through the interpreter at these arguments' shapes (sim_meter), and what
+        they moved and computed held against the module's ASCEND_COST (the time is a model of
+        that declaration, so it must cover the kernel). Wherever the candidate's launch
+        function runs, it runs under a dispatch mode: any torch op besides allocation, views
+        and the interpreter's own moves of the arguments is the op's work done on the host,
+        which the model would never see. Raises Refused (HostCompute) with the reason."""
+        from tuner.backends.triton_device import INTERPRETER_OK, without_host_compute
+        if getattr(kernel, "launch", None) is not None and kernel.metered is None:
+            kernel.metered = self._meter(kernel, args, INTERPRETER_OK)
+        if kernel.metered:
+            raise Refused(kernel.metered)
         if not getattr(kernel, "interpreted", False):
             return self.launch(kernel, args)
-        from tuner.backends.triton_device import INTERPRETER_OK, without_host_compute
         without_host_compute(lambda: self.launch(kernel, args), INTERPRETER_OK)
+
+    @staticmethod
+    def _meter(kernel: SimKernel, args: list, allowed: frozenset[str]) -> str:
+        """Why the kernel's declared costs do not cover it when metered, or ""."""
+        from tuner.backends.sim_meter import MeterUnavailable, meter
+        from tuner.backends.triton_device import without_host_compute
+        copies = [a.clone() for a in args]  # the metered run writes only a sample: never the real outputs
+        got: list = []
+        try:
+            without_host_compute(lambda: got.append(meter(kernel.launch, copies)), allowed)
+        except MeterUnavailable as e:
+            raise BackendUnavailable(f"sim: the declared costs cannot be checked: {e}") from None
+        return understated(kernel.cost, got[0]) or ""
 
     def time_call(self, fn: Callable[[], None], before: Callable[[], None] | None = None) -> float:
         """The modelled seconds of the kernel `fn` launches; for anything else (the torch
@@ -633,6 +715,9 @@ class SimBackend(Backend):
         from tuner.core.ops import load_op
         op = load_op(self._spec)
         return roofline_s(self.profile, op.flops, op.bytes, self._spec.name == "matmul")
+
+
+_RECENT = 4  # runs remembered: more than the buffer sets timed calls rotate over
 
 
 def _same(held: list | None, args: list, versions: list | None) -> bool:

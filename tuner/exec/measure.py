@@ -46,7 +46,7 @@ import traceback
 from collections import OrderedDict
 from typing import Any, Callable, NamedTuple
 
-from tuner.backends.base import BackendUnavailable, ClockMismatch, HostCompute, OutsideKill
+from tuner.backends.base import BackendUnavailable, ClockMismatch, OutsideKill, Refused
 from tuner.core.ops import Op, load_op, out_dtype
 from tuner.core.settings import Settings
 from tuner.core.values import Measurement, OpSpec, Status
@@ -295,10 +295,11 @@ def _check(backend, kernel, op: Op, seed: int, ref: list | None) -> tuple[str | 
 
 
 def _launch_once(backend, kernel, bufs: "_BufferSet") -> str | None:
-    """One checked call on `bufs`, waited for; why it was refused (host compute), or None."""
+    """One checked call on `bufs`, waited for; why it was refused (host compute, a declared
+    cost the kernel exceeds), or None."""
     try:
         backend.launch_checked(kernel, bufs.args)
-    except HostCompute as e:
+    except Refused as e:
         return str(e)
     backend.sync()
     return None
