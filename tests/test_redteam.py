@@ -206,7 +206,8 @@ def evaluated_once(backend: str, spec, sk, settings, folder):
 
 
 @pytest.mark.parametrize("lie,why", [("none", None), ("bytes", "understates the kernel's traffic"),
-                                     ("transfers", "understates the kernel's transfers")])
+                                     ("transfers", "understates the kernel's transfers"),
+                                     ("serial", "understates the kernel's traffic: program (0, 0, 0)")])
 def test_the_simulator_refuses_a_declared_cost_the_kernel_exceeds(fast_settings, tmp_path, lie, why):
     """The sim backend's time is a model of the module's ASCEND_COST: a kernel declaring less
     than it moves would be modelled faster than it is. Its first checked launch is metered (a

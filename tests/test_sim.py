@@ -3,6 +3,7 @@ the model must have to rank configs plausibly. The conformance suite runs it thr
 Evaluator (verification in the interpreter, faults as records)."""
 
 import math
+import os
 import re
 
 import pytest
@@ -349,3 +350,45 @@ def test_estimates_are_deterministic_and_finite():
     a, b = _t(sim, sk, ctx), _t(sim, sk, ctx)
     assert a == b and math.isfinite(a.seconds) and a.seconds > a.launch_s > 0
     assert a.gm_bytes >= load_op(builtin_spec("rope", "1024x32x128", "bf16")).bytes * 0.99
+
+
+_METERED = '''
+import sys, torch, triton, triton.language as tl
+from tuner.backends.sim_meter import meter
+
+@triton.jit
+def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, REPEAT: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    for _ in tl.range(0, REPEAT):
+        x = tl.load(x_ptr + offs, mask=offs < n)
+        tl.store(y_ptr + offs, x * 2, mask=offs < n)
+
+def launch(x, y, repeat):
+    scale_kernel[(triton.cdiv(x.numel(), 64),)](x, y, x.numel(), BLOCK=64, REPEAT=repeat)
+
+x, y = torch.randn(1000), torch.zeros(1000)
+t = meter(lambda: launch(x, y, 1), [], programs=None)
+print(sorted((i[0], p.load_bytes, p.stores) for (_, i), p in t.programs.items())[-2:], t.complete)
+y.zero_()
+t = meter(lambda: launch(x, y, 1), [], programs=4)
+print(len(t.programs), (int((y != 0).sum()) <= 4 * 64), t.grids)
+t = meter(lambda: launch(x, y, 100000), [], programs=1, budget_s=0.5)
+print(t.complete)
+'''
+
+
+def test_the_meter_counts_what_each_program_moves_and_stops_at_its_budget(tmp_path):
+    """sim_meter under Triton's interpreter: bytes of the lanes a mask lets through (the last
+    program of 1000 floats in blocks of 64 moves 40 of them), every program or a sample (the
+    others write nothing), and a program longer than the budget stopped (`complete` False)."""
+    import subprocess
+    import sys
+    pytest.importorskip("triton")
+    (tmp_path / "m.py").write_text(_METERED)
+    out = subprocess.run([sys.executable, str(tmp_path / "m.py")], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "[(14, 256, 1), (15, 160, 1)] True", lines
+    assert lines[1] == "4 True [('scale_kernel', (16, 1, 1))]", lines
+    assert lines[2] == "False", lines

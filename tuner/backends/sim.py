@@ -673,7 +673,10 @@ class SimBackend(Backend):
         which the model would never see. Raises Refused (HostCompute) with the reason."""
         from tuner.backends.triton_device import INTERPRETER_OK, without_host_compute
         if getattr(kernel, "launch", None) is not None and kernel.metered is None:
-            kernel.metered = self._meter(kernel, args, INTERPRETER_OK)
+            # Where the whole kernel is interpreted anyway (small shapes), every program is
+            # metered; above that a sample: a program it misses can still do more than declared.
+            every = getattr(kernel, "interpreted", False)
+            kernel.metered = self._meter(kernel, args, INTERPRETER_OK, None if every else 4)
         if kernel.metered:
             raise Refused(kernel.metered)
         if not getattr(kernel, "interpreted", False):
@@ -681,14 +684,14 @@ class SimBackend(Backend):
         without_host_compute(lambda: self.launch(kernel, args), INTERPRETER_OK)
 
     @staticmethod
-    def _meter(kernel: SimKernel, args: list, allowed: frozenset[str]) -> str:
+    def _meter(kernel: SimKernel, args: list, allowed: frozenset[str], programs: int | None) -> str:
         """Why the kernel's declared costs do not cover it when metered, or ""."""
         from tuner.backends.sim_meter import MeterUnavailable, meter
         from tuner.backends.triton_device import without_host_compute
         copies = [a.clone() for a in args]  # the metered run writes only a sample: never the real outputs
         got: list = []
         try:
-            without_host_compute(lambda: got.append(meter(kernel.launch, copies)), allowed)
+            without_host_compute(lambda: got.append(meter(kernel.launch, copies, programs)), allowed)
         except MeterUnavailable as e:
             raise BackendUnavailable(f"sim: the declared costs cannot be checked: {e}") from None
         return understated(kernel.cost, got[0]) or ""

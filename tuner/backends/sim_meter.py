@@ -4,8 +4,8 @@ interpreter: the simulator's check of a module's ASCEND_COST against the kernel 
 The sim backend's time is a model of the costs a module declares (sim.py); a declaration is
 the candidate's own word, and a kernel that declares less than it moves would be modelled
 faster than it is. `meter` runs the module's `launch` on the op's real arguments with only a
-sample of each launch's programs executed (the first, the last and one between; the others
-return at once), and counts per program:
+sample of each launch's programs executed (the first, the last and others drawn at random; the
+others return at once), or all of them, and counts per program:
 
 * the bytes every load and store moves (masked-off lanes excluded; descriptor loads and
   stores and atomics included) and the calls that move them (a call with no lane on: none);
@@ -70,16 +70,22 @@ class _OutOfTime(BaseException):
     `except Exception` (which wraps a kernel's errors) lets it through to `meter`."""
 
 
-def sample(grid: tuple[int, int, int], n: int = 3) -> set[tuple[int, int, int]]:
-    """Up to `n` grid indices: the first program, the last and ones spread between."""
+def sample(grid: tuple[int, int, int], n: int | None = 4) -> set[tuple[int, int, int]]:
+    """Up to `n` grid indices (None: all): the first program, the last and others drawn at
+    random (a kernel cannot know which of its programs will be metered)."""
+    import random
     gx, gy, gz = grid
     total = gx * gy * gz
-    picks = {0, total - 1} | {total * i // max(n - 1, 1) for i in range(1, n - 1)}
+    if n is None or n >= total:
+        picks = set(range(total))
+    else:
+        picks = {0, total - 1} | set(random.SystemRandom().sample(range(1, max(total - 1, 1)), max(n - 2, 0)))
     return {(k % gx, (k // gx) % gy, k // (gx * gy)) for k in picks if 0 <= k < total}
 
 
-def meter(launch: Callable[..., Any], args: list, programs: int = 3, budget_s: float = 5.0) -> Traffic:
-    """`launch(*args)` with only a sample of each launch's programs run; what they moved."""
+def meter(launch: Callable[..., Any], args: list, programs: int | None = 4, budget_s: float = 5.0) -> Traffic:
+    """`launch(*args)` with only a sample of each launch's programs run (`programs` of them,
+    None: every one); what they moved."""
     import time
     try:
         from triton.runtime import interpreter as tri
@@ -168,7 +174,7 @@ def meter(launch: Callable[..., Any], args: list, programs: int = 3, budget_s: f
     return traffic
 
 
-def _sampled(fn, builder, programs: int, traffic: Traffic, state: dict) -> Callable:
+def _sampled(fn, builder, programs: int | None, traffic: Traffic, state: dict) -> Callable:
     """`fn` (a kernel's Python function) that runs only for a sample of the grid's programs.
     It keeps fn's globals (the interpreter patches triton.language as fn's module sees it) and
     signature (the interpreter binds the arguments by it)."""
