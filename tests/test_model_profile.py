@@ -235,7 +235,7 @@ def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, in_tmp, capsys):
     # A routed module whose op has no skeleton in a backend's language is said so, not extracted.
     from tuner.cli.profile import with_skeletons
     elsewhere = emit_sweep(with_skeletons(prof, "no_such_language"), tmp_path / "elsewhere.yaml", "cpu", min_share=0.0)
-    assert "the library's swiglu has no skeleton in this backend's language (it has: c, triton" in elsewhere.read_text()
+    assert "the library's swiglu has no skeleton in this backend's language (it has: c, cuda, triton" in elsewhere.read_text()
     # --min-share 0: on a busy machine one profiled forward can put a row under the 1 % default
     assert main(["profile", "model.py", "--iterations", "1", "--emit", "hot.yaml", "--min-share", "0"]) == 0
     plan = yaml.safe_load((tmp_path / "hot.yaml").read_text())
