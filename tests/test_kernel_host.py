@@ -137,7 +137,10 @@ def test_a_flushed_call_reads_its_buffers_from_memory(backend, tmp_path):
     finally:
         kernel.close()
     assert out.item() == n // 16
-    assert statistics.median(cold) > 2 * statistics.median(warm), (cold, warm)
+    # The fastest of each: load from other processes only slows a call (a warm median of 52 us
+    # against 23 us at best under a test suite's load, while every cold call took 64 us or more),
+    # and eviction that missed would make the fastest cold call a warm one.
+    assert min(cold) > 2 * min(warm), (cold, warm)
 
 
 def test_a_kernel_that_shrinks_the_hosts_size_table_is_refused_its_next_call(backend, tmp_path):
