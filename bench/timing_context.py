@@ -15,7 +15,9 @@ each phase's start and end are logged, so the trace can be cut per phase.
 
     python bench/timing_context.py --case attention_causal:4x32x4096x128 --configs cfgs.json [--out DIR]
 
-cfgs.json: a list of configs (param -> value), each a point of the op's Triton skeleton.
+cfgs.json: a list of configs (param -> value), each a point of the op's Triton skeleton;
+bench/configs/attention_causal_island.json holds the six around attention_causal's optimum at
+4x32x4096x128 (64/64 with and without TMA descriptors, 128/128, 128/64).
 Writes <out>/timing_context.json, <out>/smi.csv and prints a table.
 """
 
