@@ -205,21 +205,50 @@ def evaluated_once(backend: str, spec, sk, settings, folder):
         ev.close()
 
 
-@pytest.mark.parametrize("lie,why", [("none", None), ("bytes", "understates the kernel's traffic"),
-                                     ("transfers", "understates the kernel's transfers"),
-                                     ("serial", "understates the kernel's traffic: program (0, 0, 0)")])
-def test_the_simulator_refuses_a_declared_cost_the_kernel_exceeds(fast_settings, tmp_path, lie, why):
+def _understated(lie: str, folder):
+    (folder / "k.yaml").write_text(f"language: triton_ascend\nsizes: [M, N]\nparams:\n  LIE: [{lie}]\n")
+    return load_skeleton(REDTEAM / "understated_cost_ascend.py.j2", folder / "k.yaml")
+
+
+@pytest.mark.parametrize("lie,status,why", [
+    ("none", Status.OK, None),
+    ("passes", Status.WRONG_RESULT, "understates the kernel's traffic"),
+    ("transfers", Status.WRONG_RESULT, "understates the kernel's transfers"),
+    ("serial", Status.WRONG_RESULT, "understates the kernel's traffic: program (0, 0, 0)"),
+    ("hidden", Status.WRONG_RESULT, "understates the kernel's traffic: program (10, 0, 0)"),
+    ("bytes", Status.COMPILE_ERROR, "less than the op's own inputs and outputs"),
+    ("unique", Status.COMPILE_ERROR, "unique_bytes=48000, less than the op's own")])
+def test_the_simulator_refuses_a_declared_cost_the_kernel_exceeds(fast_settings, tmp_path, lie, status, why):
     """The sim backend's time is a model of the module's ASCEND_COST: a kernel declaring less
-    than it moves would be modelled faster than it is. Its first checked launch is metered (a
-    sample of its programs interpreted, their loads and stores counted) and held against the
-    declaration; the honest declaration of the same kernel passes."""
-    (tmp_path / "k.yaml").write_text(f"language: triton_ascend\nsizes: [M, N]\nparams:\n  LIE: [{lie}]\n")
-    sk = load_skeleton(REDTEAM / "understated_cost_ascend.py.j2", tmp_path / "k.yaml")
-    rec = evaluated_once("sim", builtin_spec("softmax", "37x1000"), sk, fast_settings, tmp_path / "run")
-    if why is None:
-        assert rec.status is Status.OK, (rec.status, rec.reason)
-    else:
-        assert rec.status is Status.WRONG_RESULT and why in rec.reason, (rec.status, rec.reason)
+    than it moves would be modelled faster than it is. A declaration below the op's own bytes
+    is refused when compiled; the first checked launch is metered (at this size every program
+    interpreted, their loads and stores counted) and held against the declaration per
+    program; the honest declaration of the same kernel passes."""
+    rec = evaluated_once("sim", builtin_spec("softmax", "20x3000"), _understated(lie, tmp_path), fast_settings,
+                         tmp_path / "run")
+    assert rec.status is status and (why is None or why in rec.reason), (rec.status, rec.reason)
+
+
+def test_the_simulators_winner_is_metered_program_by_program(fast_settings, tmp_path):
+    """Above the interpreted size a checked launch meters a sample of programs (first, last,
+    two at random), which a kernel doing every row in one program in the middle of its grid
+    escapes 19 times in 20 here. The winner's audit (Backend.memcheck) meters every program,
+    so it is refused there; the honest kernel's audit comes out clean."""
+    said = {}
+    for lie in ("none", "hidden"):
+        (tmp_path / lie).mkdir()
+        ev = Evaluator("sim", builtin_spec("softmax", "256x1024"), _understated(lie, tmp_path / lie), fast_settings,
+                       tmp_path / lie / "run")
+        try:
+            ev.start()
+            rec = ev.evaluate(ev.skeleton.space.default_config())
+            assert rec.build.artifact, rec
+            said[lie] = (rec.status, ev.memcheck(rec))
+        finally:
+            ev.close()
+    assert said["none"][0] is Status.OK and said["none"][1].startswith("clean (every one of its 48 programs"), said
+    assert said["hidden"][1].startswith("errors: ASCEND_COST understates the kernel's traffic: program (24, 0, 0)"), \
+        said
 
 
 def test_the_simulator_sees_a_launch_that_computes_on_the_host(fast_settings, tmp_path):

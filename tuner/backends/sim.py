@@ -48,9 +48,11 @@ the kernel is not run: it writes the float64 reference, and device_info's toolch
 `verify: none (...)`. Timed calls never re-run the interpreter (a repeated launch on unchanged
 inputs is answered from the first), nor the reference (one per input set and op).
 
-**The declared costs are checked against the kernel** (at every shape): the first checked
-launch meters a sample of the kernel's programs through the interpreter (sim_meter) and refuses
-a declaration that understates what they moved or computed (`understated`).
+**The declared costs are checked against the op and the kernel**: when compiled, the whole
+launch's declared bytes (and a matmul's cube flops) must cover the op's own (`short_of_the_op`);
+the first checked launch meters a sample of the kernel's programs through the interpreter
+(sim_meter) and refuses a declaration that understates what they moved or computed
+(`understated`); the winner's `memcheck` meters every program (or as many as `audit_s` allow).
 
 The reference (torch eager) has no NPU to run on. Every backend must time one, so the sim
 reports the op's roofline bound on the chip instead: its bytes at HBM bandwidth or its flops at
@@ -59,7 +61,8 @@ vendor kernel. The summary's "vs torch eager" row on a `sim` run therefore compa
 bound (toolchain `reference` says so), and reads at most about 1x.
 
 Options: `chip` (a built-in name, a profile YAML or a CANN platform_config ini; default 910B2),
-`verify` ("auto", "interpret", "reference"), `verify_max_elements` (default 131072).
+`verify` ("auto", "interpret", "reference"), `verify_max_elements` (default 131072), `audit_s`
+(default 30: the winner's metering budget), `real_compile` (default true).
 """
 
 from __future__ import annotations
@@ -114,6 +117,10 @@ COST_KEYS = {
 KINDS = ("vector", "cube", "mix")
 ADAPTER_KINDS = {"aiv": "vector", "aic": "cube", "mix": "mix"}  # triton-ascend's mix_mode -> kind
 MAX_PROGRAMS = 65535
+
+
+# Seconds the winner's audit may meter programs for (memcheck; option audit_s).
+AUDIT_S = 30.0
 
 
 class CostError(ValueError):
@@ -369,6 +376,46 @@ def declared_program(cost: Cost) -> tuple[float, float, float]:
             per * (cost.steps * steps_n + tile_n) + count(cost.setup_load), per * flops)
 
 
+def declared_total(cost: Cost) -> tuple[float, float]:
+    """What an ASCEND_COST says the whole launch does, unpadded: (bytes moved GM<->on-core,
+    cube flops)."""
+    def nbytes(pairs) -> float:
+        return sum(b * n for b, n in pairs)
+    per_tile = (cost.steps * (nbytes(cost.step_load) + nbytes(cost.step_store)) + nbytes(cost.tile_load)
+                + nbytes(cost.tile_store) + cost.tile_out + cost.mix_load + cost.mix_store)
+    flops = 2.0 * math.prod(cost.step_cube) * cost.steps if cost.step_cube else 0.0
+    return cost.tiles * per_tile + cost.programs * nbytes(cost.setup_load), cost.tiles * flops
+
+
+# A declaration's totals may fall this far short of the op's own figures (rounding, an average
+# store count) before it is refused.
+FLOOR_SLACK = 0.02
+
+
+def short_of_the_op(cost: Cost, op_bytes: float | None, op_flops: float | None) -> str | None:
+    """Why `cost` declares less than any kernel of the op must do, or None. Whatever its
+    programs do, a kernel reads every input and writes every output once (the op's bytes), and
+    a matmul's cube does its 2 m n k flops: a declaration below that (a launch that "moves" a
+    fraction of its operands, distinct bytes declared smaller than the operands so that the
+    rest is modelled as L2 hits) would be modelled faster than any kernel can be. This floor
+    holds what no sample of programs can see: the work put in the programs the meter skips."""
+    total_bytes, total_flops = declared_total(cost)
+    floor = 1 - FLOOR_SLACK
+    if op_bytes and total_bytes < op_bytes * floor:
+        return (f"sim: error: ASCEND_COST declares {total_bytes:.0f} bytes moved by the whole launch "
+                f"(tiles x per-tile transfers + programs x setup_load), less than the op's own "
+                f"inputs and outputs ({op_bytes:.0f} bytes): every input is read and every output "
+                f"written at least once, so the declaration must cover them")
+    if op_bytes and 0 < cost.unique_bytes < op_bytes * floor:
+        return (f"sim: error: ASCEND_COST declares unique_bytes={cost.unique_bytes:.0f}, less than the "
+                f"op's own inputs and outputs ({op_bytes:.0f} bytes), which are distinct GM bytes "
+                f"the kernel must touch; leave it out (the op's bytes) or declare at least that")
+    if op_flops and cost.step_cube is not None and total_flops < op_flops * floor:
+        return (f"sim: error: ASCEND_COST declares {total_flops:.3g} cube flops for the whole launch "
+                f"(tiles x steps x 2 m n k of step_cube), less than the matmul's own {op_flops:.3g}")
+    return None
+
+
 # A metered program may move this much more than its declaration says (rounding in a
 # template's figures, a masked tail counted by its lanes) before the declaration is refused.
 METER_SLACK = 0.10
@@ -542,7 +589,7 @@ class SimBackend(Backend):
             return fail(f"sim: error: ASCEND_COST says programs={cost.programs} but the launch grid is "
                         f"{sorted(grids)}")
         mb = bool(options.get("multibuffer", MULTIBUFFER_DEFAULT))
-        why = check_capacity(cost, self.profile, mb)
+        why = check_capacity(cost, self.profile, mb) or short_of_the_op(cost, *self._op_floor())
         if why:
             return fail(why)
         wd = Path(workdir)
@@ -612,6 +659,14 @@ class SimBackend(Backend):
 
     def _dtype(self) -> str:
         return self._spec.dtype if self._spec else "fp32"
+
+    def _op_floor(self) -> tuple[float | None, float | None]:
+        """(the op's bytes, its flops where they are a matmul's): what a declaration must cover."""
+        if self._spec is None:
+            return None, None
+        from tuner.core.ops import load_op
+        op = load_op(self._spec)
+        return op.bytes, op.flops if self._spec.name == "matmul" else None
 
     def _op_bytes(self) -> float | None:
         """The op's own bytes (inputs and outputs once): the kernel's distinct GM bytes unless
@@ -695,6 +750,48 @@ class SimBackend(Backend):
         except MeterUnavailable as e:
             raise BackendUnavailable(f"sim: the declared costs cannot be checked: {e}") from None
         return understated(kernel.cost, got[0]) or ""
+
+    def memcheck(self, artifact: str, op: OpSpec, timeout_s: float) -> str:
+        """The winner's declaration held to every one of its programs (sim_meter.audit): its
+        checked launches metered a sample only above the interpreted size, and a kernel can
+        put the work in a program the sample missed (one program doing the others' rows, all
+        of them modelled as one program's share). On fresh inputs, on copies, under the
+        dispatch mode, within `audit_s` (option, default 30 s; the programs are drawn at random
+        where not all fit): "clean" with the coverage, "errors: <why>" or "not run: <why>"."""
+        from tuner.backends.sim_meter import MeterUnavailable, audit
+        from tuner.backends.triton_device import INTERPRETER_OK, without_host_compute
+        import random
+
+        import torch
+
+        from tuner.core.ops import arg_specs, load_op
+        if op != self._spec:
+            self._spec, self._mode = op, None
+        live = load_op(op)
+        kernel = self.load(artifact, live)
+        if kernel.launch is None:
+            return "not run: the kernel has no launch to meter"
+        _, outs = arg_specs(live)
+        xs = live.make_inputs(random.SystemRandom().randrange(1, 2**31))
+        args = [x.clone() for x in xs] + [torch.zeros(shape, dtype=dt) for shape, dt in outs]
+        budget = min(float(self.options.get("audit_s", AUDIT_S)), max(1.0, timeout_s - 10))
+        got: list = []
+        try:
+            without_host_compute(lambda: got.append(audit(kernel.launch, args, budget)), INTERPRETER_OK)
+        except MeterUnavailable as e:
+            return f"not run: the declared costs cannot be checked: {e}"
+        except Refused as e:
+            return f"errors: {e}"
+        except Exception as e:  # noqa: BLE001 - the kernel's own failure under the interpreter
+            return f"errors: the kernel failed when metered: {type(e).__name__}: {e}"[:2000]
+        a = got[0]
+        why = understated(kernel.cost, a.traffic)
+        if why:
+            return f"errors: {why}"
+        if a.covered >= a.total:
+            return f"clean (every one of its {a.total} programs metered against ASCEND_COST)"
+        return (f"clean ({a.covered} of its {a.total} programs, drawn at random, metered against "
+                f"ASCEND_COST within {budget:.0f} s)")
 
     def time_call(self, fn: Callable[[], None], before: Callable[[], None] | None = None) -> float:
         """The modelled seconds of the kernel `fn` launches; for anything else (the torch

@@ -11,7 +11,8 @@ others return at once), or all of them, and counts per program:
   stores and atomics included) and the calls that move them (a call with no lane on: none);
 * the dot products' multiply-adds (2 m n k per `tl.dot`).
 
-Contract: `meter(launch, args, programs, budget_s) -> Traffic`. The arguments are the
+Contract: `meter(launch, args, programs, budget_s) -> Traffic` (`audit` meters every program
+within a budget, in batches drawn at random). The arguments are the
 candidate's to write: pass copies. A program the interpreter cannot finish within `budget_s`
 (a persistent grid's program at a large shape: minutes of interpretation) is stopped there:
 the counts are then what it did so far (`Traffic.complete` False), lower bounds that still
@@ -70,22 +71,26 @@ class _OutOfTime(BaseException):
     `except Exception` (which wraps a kernel's errors) lets it through to `meter`."""
 
 
-def sample(grid: tuple[int, int, int], n: int | None = 4) -> set[tuple[int, int, int]]:
+def sample(grid: tuple[int, int, int], n: "int | None | frozenset[int]" = 4) -> set[tuple[int, int, int]]:
     """Up to `n` grid indices (None: all): the first program, the last and others drawn at
-    random (a kernel cannot know which of its programs will be metered)."""
+    random (a kernel cannot know which of its programs will be metered). A set: the programs
+    of those linear indices (x fastest) that the grid has."""
     import random
     gx, gy, gz = grid
     total = gx * gy * gz
-    if n is None or n >= total:
+    if isinstance(n, frozenset):
+        picks = set(n)
+    elif n is None or n >= total:
         picks = set(range(total))
     else:
         picks = {0, total - 1} | set(random.SystemRandom().sample(range(1, max(total - 1, 1)), max(n - 2, 0)))
     return {(k % gx, (k // gx) % gy, k // (gx * gy)) for k in picks if 0 <= k < total}
 
 
-def meter(launch: Callable[..., Any], args: list, programs: int | None = 4, budget_s: float = 5.0) -> Traffic:
+def meter(launch: Callable[..., Any], args: list, programs: "int | None | frozenset[int]" = 4,
+          budget_s: float = 5.0) -> Traffic:
     """`launch(*args)` with only a sample of each launch's programs run (`programs` of them,
-    None: every one); what they moved."""
+    None: every one, a set: those linear indices); what they moved."""
     import time
     try:
         from triton.runtime import interpreter as tri
@@ -174,7 +179,7 @@ def meter(launch: Callable[..., Any], args: list, programs: int | None = 4, budg
     return traffic
 
 
-def _sampled(fn, builder, programs: int | None, traffic: Traffic, state: dict) -> Callable:
+def _sampled(fn, builder, programs: "int | None | frozenset[int]", traffic: Traffic, state: dict) -> Callable:
     """`fn` (a kernel's Python function) that runs only for a sample of the grid's programs.
     It keeps fn's globals (the interpreter patches triton.language as fn's module sees it) and
     signature (the interpreter binds the arguments by it)."""
@@ -196,3 +201,56 @@ def _sampled(fn, builder, programs: int | None, traffic: Traffic, state: dict) -
     wrapped.__annotations__ = dict(getattr(fn, "__annotations__", {}))
     wrapped.__wrapped__ = fn
     return wrapped
+
+
+@dataclass
+class Audit:
+    """Every program of a launch metered, or as many as the budget allowed (`covered` of
+    `total` per launch grid, drawn at random: none of them can be the one a kernel hides its
+    work in for sure); `traffic` holds them all."""
+    traffic: Traffic
+    covered: int
+    total: int
+
+
+def audit(launch: Callable[..., Any], args: list, budget_s: float = 30.0, first: int = 16) -> Audit:
+    """`launch(*args)` metered program by program, in batches of doubling size drawn at random
+    from the programs not yet metered, until all are or `budget_s` is spent (the batch under
+    way then stops: its programs count as far as they ran). Each batch runs the launch again,
+    on the same arguments: pass copies. Assumes one grid per launch (the grid of the first
+    batch's launches); a later launch of another grid is metered at the same linear indices."""
+    import random
+    import time
+    deadline = time.monotonic() + budget_s
+    total = None
+    done: set[int] = set()
+    merged = Traffic()
+    order: list[int] = []
+    size = first
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        if total is None:
+            batch = frozenset({0})
+        else:
+            batch = frozenset(order[:size])
+            order, size = order[size:], size * 2
+        got = meter(launch, args, batch, left)
+        merged.programs.update(got.programs)
+        if total is None:
+            grids = [g for _, g in got.grids]
+            total = max((gx * gy * gz for gx, gy, gz in grids), default=1)
+            merged.grids.extend(got.grids)
+            order = [k for k in range(1, total)]
+            random.SystemRandom().shuffle(order)
+            if total > 1:  # the last program (a tail) in the first batch
+                order.remove(total - 1)
+                order.insert(0, total - 1)
+        if not got.complete:
+            merged.complete = False
+            break
+        done |= batch
+        if not order:
+            break
+    return Audit(merged, len(done), total or 0)
