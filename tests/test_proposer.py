@@ -25,8 +25,9 @@ TEMPLATE = "time: {{ 1e-5 * BM * W }}\n"
 def kit(backend="null", op_name="softmax", shape="64x128"):
     spec = builtin_spec(op_name, shape)
     op = load_op(spec)
-    lang = {"null": "script", "cpu": "c", "cuda": "triton"}[backend]
-    extra = {"null": {"CORES": 4}, "cpu": {"ctype": "float", "CORES": 2}, "cuda": {"CORES": 132, "ARCH": 90}}[backend]
+    lang = {"null": "script", "cpu": "c", "cuda": "triton", "sim": "triton_ascend"}[backend]
+    extra = {"null": {"CORES": 4}, "cpu": {"ctype": "float", "CORES": 2}, "cuda": {"CORES": 132, "ARCH": 90},
+             "sim": {"CORES": 40}}[backend]
     dev = DeviceInfo(backend, f"{backend} device", 4, limits=(("smem_bytes", 49152.0),),
                      peaks=(("copy_gbps", 100.0),))
     return PromptKit(spec, op, backend, lang, dev, {**render_context(op), **extra},
@@ -143,6 +144,16 @@ def test_prompts_carry_the_op_device_rules_and_an_example():
                    "void tuner_kernel(const float *x, float *y)", "THREADS <= CORES", "cpu device",
                    "copy_gbps = 100", "Worked example from the library: softmax/c", "ctype (= 'float')"):
         assert needle in text, needle
+
+
+def test_a_simulated_npus_prompt_says_what_its_time_is_a_model_of():
+    """The sim backend times a module's ASCEND_COST: a model that never heard of it writes
+    skeletons the simulator cannot time, and one that did must know that it is checked."""
+    text = kit("sim").propose()[1]["content"]
+    for needle in ("ASCEND_COST", "`step_vector`: per step: fp32 vector element-operations",
+                   "understated cost is refused", "Worked example from the library: softmax/triton_ascend"):
+        assert needle in text, needle
+    assert "ASCEND_COST" not in kit("cuda").propose()[1]["content"]
 
 
 def test_integer_tensors_are_named_with_their_own_type_in_the_prompt():

@@ -354,7 +354,7 @@ def test_estimates_are_deterministic_and_finite():
 
 _METERED = '''
 import sys, torch, triton, triton.language as tl
-from tuner.backends.sim_meter import meter
+from tuner.backends.sim_meter import audit, meter
 
 @triton.jit
 def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, REPEAT: tl.constexpr):
@@ -368,19 +368,22 @@ def launch(x, y, repeat):
 
 x, y = torch.randn(1000), torch.zeros(1000)
 t = meter(lambda: launch(x, y, 1), [], programs=None)
-print(sorted((i[0], p.load_bytes, p.stores) for (_, i), p in t.programs.items())[-2:], t.complete)
+print(sorted((i[0], p.load_bytes, p.stores, p.vector_ops) for (_, i), p in t.programs.items())[-2:], t.complete)
 y.zero_()
 t = meter(lambda: launch(x, y, 1), [], programs=4)
 print(len(t.programs), (int((y != 0).sum()) <= 4 * 64), t.grids)
 t = meter(lambda: launch(x, y, 100000), [], programs=1, budget_s=0.5)
 print(t.complete)
+a = audit(lambda: launch(x, y, 1), [], budget_s=30, first=2)
+print(a.covered, a.total, len(a.traffic.programs), a.traffic.complete)
 '''
 
 
 def test_the_meter_counts_what_each_program_moves_and_stops_at_its_budget(tmp_path):
     """sim_meter under Triton's interpreter: bytes of the lanes a mask lets through (the last
     program of 1000 floats in blocks of 64 moves 40 of them), every program or a sample (the
-    others write nothing), and a program longer than the budget stopped (`complete` False)."""
+    others write nothing), the float element-operations (all 64 lanes of `x * 2`), a program
+    longer than the budget stopped (`complete` False), and the audit metering every program."""
     import subprocess
     import sys
     pytest.importorskip("triton")
@@ -389,6 +392,7 @@ def test_the_meter_counts_what_each_program_moves_and_stops_at_its_budget(tmp_pa
                          env={**os.environ, "TRITON_INTERPRET": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
-    assert lines[0] == "[(14, 256, 1), (15, 160, 1)] True", lines
+    assert lines[0] == "[(14, 256, 1, 64), (15, 160, 1, 64)] True", lines
     assert lines[1] == "4 True [('scale_kernel', (16, 1, 1))]", lines
     assert lines[2] == "False", lines
+    assert lines[3] == "16 16 16 True", lines  # the audit: every program, in batches of 2, 4, 8...

@@ -376,6 +376,11 @@ def declared_program(cost: Cost) -> tuple[float, float, float]:
             per * (cost.steps * steps_n + tile_n) + count(cost.setup_load), per * flops)
 
 
+def declared_vector(cost: Cost) -> float:
+    """The fp32 vector element-operations an ASCEND_COST says its busiest program does."""
+    return -(-cost.tiles // cost.programs) * (cost.steps * cost.step_vector + cost.tile_vector + cost.mix_vector)
+
+
 def declared_total(cost: Cost) -> tuple[float, float]:
     """What an ASCEND_COST says the whole launch does, unpadded: (bytes moved GM<->on-core,
     cube flops)."""
@@ -420,6 +425,10 @@ def short_of_the_op(cost: Cost, op_bytes: float | None, op_flops: float | None) 
 # template's figures, a masked tail counted by its lanes) before the declaration is refused.
 METER_SLACK = 0.10
 METER_SLACK_BYTES = 4096
+# Vector work is declared as an estimate (the library's declarations are 1-1.6x what the
+# interpreter counts, which leaves out reductions); scalar float operations add a few per step.
+METER_VECTOR_SLACK = 0.25
+METER_VECTOR_SLACK_OPS = 1024
 
 
 def understated(cost: Cost, traffic) -> str | None:
@@ -445,6 +454,15 @@ def understated(cost: Cost, traffic) -> str | None:
     if most > d_flops * (1 + METER_SLACK) + 1:
         return (f"ASCEND_COST understates the kernel's cube work: a program's tl.dot calls did "
                 f"{most:.3g} flops, the description declares {d_flops:.3g} per program")
+    vec = max(traffic.programs.items(), key=lambda kv: kv[1].vector_ops)
+    d_vector = declared_vector(cost)
+    if vec[1].vector_ops > d_vector * (1 + METER_VECTOR_SLACK) + METER_VECTOR_SLACK_OPS:
+        (kernel, idx), p = vec
+        return (f"ASCEND_COST understates the kernel's vector work: program {idx} of {kernel}"
+                + ("" if traffic.complete else " (in the part metered)")
+                + f" did {p.vector_ops} float element-operations (arithmetic, exp/log/sqrt, min/max; "
+                f"reductions not counted), the description declares {d_vector:.0f} for its busiest "
+                f"program (tiles per program x (steps x step_vector + tile_vector + mix_vector))")
     return None
 
 

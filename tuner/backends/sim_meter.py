@@ -9,7 +9,9 @@ others return at once), or all of them, and counts per program:
 
 * the bytes every load and store moves (masked-off lanes excluded; descriptor loads and
   stores and atomics included) and the calls that move them (a call with no lane on: none);
-* the dot products' multiply-adds (2 m n k per `tl.dot`).
+* the dot products' multiply-adds (2 m n k per `tl.dot`);
+* the float element-operations (`VECTOR_OPS`: arithmetic, math functions, min/max; each its
+  result's elements), a lower bound of the vector work (reductions are numpy's, not counted).
 
 Contract: `meter(launch, args, programs, budget_s) -> Traffic` (`audit` meters every program
 within a budget, in batches drawn at random). The arguments are the
@@ -41,6 +43,7 @@ class ProgramTraffic:
     loads: int = 0
     stores: int = 0
     dot_flops: float = 0.0
+    vector_ops: int = 0  # float element-operations (arithmetic, math functions, min/max), reductions not counted
 
     @property
     def bytes(self) -> int:
@@ -64,6 +67,15 @@ class Traffic:
         if not self.programs:
             return None
         return max(self.programs.items(), key=lambda kv: (kv[1].bytes, kv[1].dot_flops))
+
+
+# The interpreter builder's float element-wise operations: each counts its result's elements.
+VECTOR_OPS = ("create_fadd", "create_fsub", "create_fmul", "create_fdiv", "create_frem", "create_fma",
+              "create_fneg", "create_fabs", "create_exp", "create_exp2", "create_log", "create_log2",
+              "create_sqrt", "create_rsqrt", "create_precise_sqrt", "create_precise_divf",
+              "create_approx_divf", "create_sin", "create_cos", "create_erf", "create_floor",
+              "create_ceil", "create_maximumf", "create_minimumf", "create_maxnumf", "create_minnumf",
+              "create_clampf", "create_extern_elementwise")
 
 
 class _OutOfTime(BaseException):
@@ -133,6 +145,11 @@ def meter(launch: Callable[..., Any], args: list, programs: "int | None | frozen
             if state["depth"]:  # create_load calls create_masked_load: counted once, outermost
                 return out
             p = current()
+            if kind == "vector":
+                data = getattr(out, "data", None)
+                if data is not None and getattr(data.dtype, "kind", "") == "f":
+                    p.vector_ops += int(data.size)
+                return out
             if kind == "dot":
                 x, y = a[0].data, a[1].data
                 p.dot_flops += 2.0 * x.size * y.shape[-1]  # (batch) m k times n
@@ -158,7 +175,7 @@ def meter(launch: Callable[..., Any], args: list, programs: "int | None | frozen
              ("create_store", "store", 0, None), ("create_masked_store", "store", 0, 2),
              ("create_descriptor_load", "load", None, None), ("create_descriptor_store", "store", None, None),
              ("create_atomic_rmw", "store", 1, 3), ("create_atomic_cas", "store", 0, None),
-             ("create_dot", "dot", None, None)]
+             ("create_dot", "dot", None, None)] + [(name, "vector", None, None) for name in VECTOR_OPS]
     original_init = executor.__init__
 
     def init(self, fn, arg_names, grid, *a, **kw):
