@@ -217,6 +217,7 @@ def _understated(lie: str, folder):
     ("serial", Status.WRONG_RESULT, "understates the kernel's traffic: program (0, 0, 0)"),
     ("hidden", Status.WRONG_RESULT, "understates the kernel's traffic: program (10, 0, 0)"),
     ("vector", Status.WRONG_RESULT, "understates the kernel's vector work: program (0, 0, 0)"),
+    ("spin", Status.WRONG_RESULT, "work the simulator's model has no term for: program (0, 0, 0)"),
     ("bytes", Status.COMPILE_ERROR, "less than the op's own inputs and outputs"),
     ("unique", Status.COMPILE_ERROR, "unique_bytes=48000, less than the op's own")])
 def test_the_simulator_refuses_a_declared_cost_the_kernel_exceeds(fast_settings, tmp_path, lie, status, why):

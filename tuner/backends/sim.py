@@ -429,6 +429,11 @@ METER_SLACK_BYTES = 4096
 # interpreter counts, which leaves out reductions); scalar float operations add a few per step.
 METER_VECTOR_SLACK = 0.25
 METER_VECTOR_SLACK_OPS = 1024
+# Index, mask and cast operations per byte a program moves (the library's kernels: at most
+# 3.6 at small shapes, where masked lanes weigh most): far more is a loop the model cannot
+# see (and, under the interpreter, a way to spend the meter's time before the first load).
+OTHER_OPS_PER_BYTE = 16
+OTHER_OPS_SLACK = 1 << 16
 
 
 def understated(cost: Cost, traffic) -> str | None:
@@ -463,6 +468,13 @@ def understated(cost: Cost, traffic) -> str | None:
                 + f" did {p.vector_ops} float element-operations (arithmetic, exp/log/sqrt, min/max; "
                 f"reductions not counted), the description declares {d_vector:.0f} for its busiest "
                 f"program (tiles per program x (steps x step_vector + tile_vector + mix_vector))")
+    for (kernel, idx), p in traffic.programs.items():
+        if p.other_ops > OTHER_OPS_PER_BYTE * (p.bytes + p.vector_ops + p.dot_flops / 64) + OTHER_OPS_SLACK:
+            return (f"the kernel does work the simulator's model has no term for: program {idx} of {kernel}"
+                    + ("" if traffic.complete else " (in the part metered)")
+                    + f" did {p.other_ops} integer, compare and cast element-operations for the "
+                    f"{p.bytes} bytes it moved and its {p.vector_ops} float operations (the "
+                    f"library's kernels do at most 4 a byte in index and mask arithmetic)")
     return None
 
 

@@ -11,7 +11,9 @@ others return at once), or all of them, and counts per program:
   stores and atomics included) and the calls that move them (a call with no lane on: none);
 * the dot products' multiply-adds (2 m n k per `tl.dot`);
 * the float element-operations (`VECTOR_OPS`: arithmetic, math functions, min/max; each its
-  result's elements), a lower bound of the vector work (reductions are numpy's, not counted).
+  result's elements), a lower bound of the vector work (reductions are numpy's, not counted);
+* every other builder operation's result elements (index and mask arithmetic, compares, casts):
+  each also checks the time budget, so a program that loops without loading is stopped too.
 
 Contract: `meter(launch, args, programs, budget_s) -> Traffic` (`audit` meters every program
 within a budget, in batches drawn at random). The arguments are the
@@ -44,6 +46,7 @@ class ProgramTraffic:
     stores: int = 0
     dot_flops: float = 0.0
     vector_ops: int = 0  # float element-operations (arithmetic, math functions, min/max), reductions not counted
+    other_ops: int = 0  # every other operation's result elements (index and mask arithmetic, casts, ...)
 
     @property
     def bytes(self) -> int:
@@ -145,10 +148,13 @@ def meter(launch: Callable[..., Any], args: list, programs: "int | None | frozen
             if state["depth"]:  # create_load calls create_masked_load: counted once, outermost
                 return out
             p = current()
-            if kind == "vector":
+            if kind in ("vector", "other"):
                 data = getattr(out, "data", None)
-                if data is not None and getattr(data.dtype, "kind", "") == "f":
-                    p.vector_ops += int(data.size)
+                size = int(getattr(data, "size", 1) or 1)
+                if kind == "vector" and getattr(getattr(data, "dtype", None), "kind", "") == "f":
+                    p.vector_ops += size
+                else:
+                    p.other_ops += size
                 return out
             if kind == "dot":
                 x, y = a[0].data, a[1].data
@@ -176,6 +182,9 @@ def meter(launch: Callable[..., Any], args: list, programs: "int | None | frozen
              ("create_descriptor_load", "load", None, None), ("create_descriptor_store", "store", None, None),
              ("create_atomic_rmw", "store", 1, 3), ("create_atomic_cas", "store", 0, None),
              ("create_dot", "dot", None, None)] + [(name, "vector", None, None) for name in VECTOR_OPS]
+    counted_names = {h[0] for h in hooks}
+    hooks += [(name, "other", None, None) for name in sorted(vars(type(builder)))
+              if name.startswith("create_") and name not in counted_names]
     original_init = executor.__init__
 
     def init(self, fn, arg_names, grid, *a, **kw):
