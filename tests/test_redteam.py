@@ -232,12 +232,14 @@ def test_the_simulator_refuses_a_declared_cost_the_kernel_exceeds(fast_settings,
 
 
 def test_the_simulators_winner_is_metered_program_by_program(fast_settings, tmp_path):
-    """Above the interpreted size a checked launch meters a sample of programs (first, last,
-    two at random), which a kernel doing every row in one program in the middle of its grid
-    escapes 19 times in 20 here. The winner's audit (Backend.memcheck) meters every program,
-    so it is refused there; the honest kernel's audit comes out clean."""
+    """Above the interpreted size the kernel is not run whole: a checked launch meters a sample
+    of programs (first, last, two at random) and checks what they wrote, which a kernel doing
+    every row in one program in the middle of its grid, or skipping that program's rows,
+    escapes 19 times in 20 here. The winner's audit (Backend.memcheck) meters every program and
+    checks the outputs whole, so both are refused there; a kernel whose outputs are wrong
+    everywhere is refused at its first checked launch; the honest kernel's audit is clean."""
     said = {}
-    for lie in ("none", "hidden"):
+    for lie in ("none", "hidden", "lazy", "wrong"):
         (tmp_path / lie).mkdir()
         ev = Evaluator("sim", builtin_spec("softmax", "256x1024"), _understated(lie, tmp_path / lie), fast_settings,
                        tmp_path / lie / "run")
@@ -245,11 +247,14 @@ def test_the_simulators_winner_is_metered_program_by_program(fast_settings, tmp_
             ev.start()
             rec = ev.evaluate(ev.skeleton.space.default_config())
             assert rec.build.artifact, rec
-            said[lie] = (rec.status, ev.memcheck(rec))
+            said[lie] = (rec.status, ev.memcheck(rec), rec.reason)
         finally:
             ev.close()
     assert said["none"][0] is Status.OK and said["none"][1].startswith("clean (every one of its 48 programs"), said
     assert said["hidden"][1].startswith("errors: ASCEND_COST understates the kernel's traffic: program (24, 0, 0)"), \
+        said
+    assert said["lazy"][1].startswith("errors: output y: 5120 of 262144 elements never written"), said
+    assert said["wrong"][0] is Status.WRONG_RESULT and "elements the metered programs wrote are off" in said["wrong"][2], \
         said
 
 

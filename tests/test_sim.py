@@ -396,3 +396,18 @@ def test_the_meter_counts_what_each_program_moves_and_stops_at_its_budget(tmp_pa
     assert lines[1] == "4 True [('scale_kernel', (16, 1, 1))]", lines
     assert lines[2] == "False", lines
     assert lines[3] == "16 16 16 True", lines  # the audit: every program, in batches of 2, 4, 8...
+
+
+def test_a_bf16_matmul_is_right_under_the_interpreter(fast_settings, tmp_path):
+    """Triton's interpreter keeps bfloat16 data as its uint16 bits, and its tl.dot multiplied
+    those bits as integers: the library's bf16 matmul read ~1e11 where the reference is tens,
+    a WRONG_RESULT for an honest kernel (interpreter_fixed widens the operands first)."""
+    from tuner.exec.evaluate import Evaluator
+    ev = Evaluator("sim", builtin_spec("matmul", "128x256x64", "bf16"), library_skeleton("matmul", "triton_ascend"),
+                   fast_settings, tmp_path)
+    try:
+        ev.start()
+        rec = ev.evaluate(ev.skeleton.space.default_config())
+    finally:
+        ev.close()
+    assert rec.status is Status.OK, rec.reason

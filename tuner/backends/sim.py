@@ -44,8 +44,10 @@ programs than cores waste the chip, a 910B4 is slower than a 910B2 on memory-bou
 moved, inputs and outputs) the rendered kernel, its Ascend options stripped, runs through Triton's interpreter on
 CPU tensors and is checked against the reference like on any device, so a wrong template fails
 here. Above that size (`verify="reference"`) the interpreter would take minutes per config, so
-the kernel is not run: it writes the float64 reference, and device_info's toolchain says
-`verify: none (...)`. Timed calls never re-run the interpreter (a repeated launch on unchanged
+the timed calls write the float64 reference; the kernel runs only in part: the programs the
+first checked launch meters (their outputs checked where they wrote) and the winner's audit
+(every program within its budget, the outputs checked whole), and device_info's toolchain says
+`verify: partial (...)`. Timed calls never re-run the interpreter (a repeated launch on unchanged
 inputs is answered from the first), nor the reference (one per input set and op).
 
 **The declared costs are checked against the op and the kernel**: when compiled, the whole
@@ -491,17 +493,66 @@ def roofline_s(profile, flops: float | None, nbytes: float, matmul: bool) -> flo
 
 # ---- the backend ---------------------------------------------------------------------------------
 
+def _poisoned_copies(op, args: list) -> list:
+    """Copies of a launch's arguments with the floating outputs filled with NaN: what a partial
+    run of the kernel (a sample of its programs) leaves NaN, it did not write."""
+    copies = [a.clone() for a in args]
+    n_in = len(op.input_names) if op is not None else len(args)
+    for c in copies[n_in:]:
+        if c.is_floating_point():
+            c.fill_(float("nan"))
+    return copies
+
+
+def wrong_where_written(op, inputs: list, outs: list, whole: bool) -> str | None:
+    """Why what a kernel wrote into `outs` (filled with NaN before it ran: `_poisoned_copies`)
+    is not the op's result on `inputs`, or None. `whole`: every program ran, so every element
+    must have been written; otherwise only the written ones are held to the reference (a
+    program the sample left out wrote nothing here). The float64 reference and the tolerance
+    are the harness's (the op's, raised to 8x torch's own error in the dtype)."""
+    import torch
+
+    from tuner.exec.measure import torch_slack
+    xs = [x.double() if x.is_floating_point() else x for x in inputs]
+    refs = [r.double() if r.is_floating_point() else r for r in op.reference(xs)]
+    slack = torch_slack(op, list(inputs), refs) or [0.0] * len(refs)
+    atol, rtol = op.tolerance
+    for name, o, r, floor in zip(op.output_names, outs, refs, slack):
+        if tuple(o.shape) != tuple(r.shape):
+            return f"output {name} has shape {tuple(o.shape)}, expected {tuple(r.shape)}"
+        if not o.is_floating_point():
+            if whole and not torch.equal(o.to(r.dtype), r):
+                return f"output {name}: {int((o.to(r.dtype) != r).sum())} of {o.numel()} elements off"
+            continue
+        o64 = o.double()
+        written = ~torch.isnan(o64)
+        if whole:
+            unwritten = int((~written & ~torch.isnan(r)).sum())
+            if unwritten:
+                return (f"output {name}: {unwritten} of {o.numel()} elements never written (or "
+                        f"computed NaN) when every program of the kernel ran")
+        err = (o64 - r).abs()
+        bad = written & (err > max(atol, floor) + rtol * r.abs())
+        if bad.any():
+            idx = tuple(int(i) for i in torch.nonzero(bad)[0])
+            return (f"output {name}: {int(bad.sum())} of the {int(written.sum())} elements the metered "
+                    f"programs wrote are off; first at {idx}: got {float(o64[idx]):.6g}, expected "
+                    f"{float(r[idx]):.6g} (atol {max(atol, floor):g}, rtol {rtol:g})")
+    return None
+
+
 class SimKernel:
     """A 'loaded' simulated kernel: its modelled seconds and how to produce its outputs
     (`interpreted`: by running the candidate's launch through Triton's interpreter)."""
 
     def __init__(self, seconds: float, run: Callable[[list], None], interpreted: bool = False,
-                 cost: Cost | None = None, launch: Callable[..., None] | None = None):
+                 cost: Cost | None = None, launch: Callable[..., None] | None = None, op=None):
         self.seconds = seconds
         self.run = run
         self.interpreted = interpreted
         self.cost = cost  # the declaration the time is modelled from
         self.launch = launch  # the module's own launch, for the meter (sim_meter)
+        self.op = op  # the live op (its reference and tolerance check what the meter's programs wrote)
         self.metered: str | None = None  # "" once metered and covered; else why not
 
 
@@ -565,8 +616,10 @@ class SimBackend(Backend):
         p = self.profile
         mode = self._verify_mode()
         verify = ("Triton interpreter on CPU tensors (Ascend options stripped)" if mode == "interpret"
-                  else "none: the op is too large for the interpreter; kernels are not run, the "
-                       "reference is copied into their outputs")
+                  else "partial: the op is too large to interpret every call; what the first "
+                       "checked launch's metered programs write is checked against the reference "
+                       "(the winner's audit: every program within its budget, the outputs whole), "
+                       "the timed calls get the reference copied into their outputs")
         tools = {"model": "analytical (tuner.backends.sim); every time is modelled, none measured",
                  "chip_profile": p.source or p.name, "soc": p.soc, "verify": verify,
                  "reference": "not torch: the op's roofline bound on this chip (bytes at HBM bandwidth or "
@@ -713,11 +766,13 @@ class SimBackend(Backend):
         cost = Cost.of(_tuplify(rec["cost"]))
         seconds = estimate(cost, self.profile, rec["options"], op.spec.dtype, op.bytes).seconds
         os.environ["TRITON_INTERPRET"] = "1"
+        from tuner.backends.triton_device import interpreter_fixed
+        interpreter_fixed()
         path = Path(rec["kernel"])
         digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
         launch = load_module(path, f"tuner_sim_{digest}", "triton_ascend").launch
         if self._verify_mode() == "interpret":
-            return SimKernel(seconds, lambda args: launch(*args), interpreted=True, cost=cost, launch=launch)
+            return SimKernel(seconds, lambda args: launch(*args), interpreted=True, cost=cost, launch=launch, op=op)
 
         memo = self._refs
 
@@ -738,7 +793,7 @@ class SimBackend(Backend):
                     memo.pop(next(iter(memo)))
             for out, ref in zip(outs, hit[3]):
                 out.copy_(ref)
-        return SimKernel(seconds, reference, cost=cost, launch=launch)
+        return SimKernel(seconds, reference, cost=cost, launch=launch, op=op)
 
     def launch(self, kernel: Any, args: list) -> None:
         self._time = kernel.seconds
@@ -770,16 +825,22 @@ class SimBackend(Backend):
 
     @staticmethod
     def _meter(kernel: SimKernel, args: list, allowed: frozenset[str], programs: int | None) -> str:
-        """Why the kernel's declared costs do not cover it when metered, or ""."""
+        """Why the kernel's declared costs do not cover it when metered, or ""; where the
+        kernel is not otherwise run (above the interpreted size), also why what the metered
+        programs wrote is not the op's result there."""
         from tuner.backends.sim_meter import MeterUnavailable, meter
         from tuner.backends.triton_device import without_host_compute
-        copies = [a.clone() for a in args]  # the metered run writes only a sample: never the real outputs
+        copies = _poisoned_copies(kernel.op, args)  # the metered run writes only a sample: never the real outputs
         got: list = []
         try:
             without_host_compute(lambda: got.append(meter(kernel.launch, copies, programs)), allowed)
         except MeterUnavailable as e:
             raise BackendUnavailable(f"sim: the declared costs cannot be checked: {e}") from None
-        return understated(kernel.cost, got[0]) or ""
+        why = understated(kernel.cost, got[0])
+        if why or kernel.interpreted or kernel.op is None:
+            return why or ""
+        n_in = len(kernel.op.input_names)
+        return wrong_where_written(kernel.op, args[:n_in], copies[n_in:], whole=False) or ""
 
     def memcheck(self, artifact: str, op: OpSpec, timeout_s: float) -> str:
         """The winner's declaration held to every one of its programs (sim_meter.audit): its
@@ -803,7 +864,7 @@ class SimBackend(Backend):
             return "not run: the kernel has no launch to meter"
         _, outs = arg_specs(live)
         xs = live.make_inputs(random.SystemRandom().randrange(1, 2**31))
-        args = [x.clone() for x in xs] + [torch.zeros(shape, dtype=dt) for shape, dt in outs]
+        args = _poisoned_copies(live, list(xs) + [torch.zeros(shape, dtype=dt) for shape, dt in outs])
         budget = min(float(self.options.get("audit_s", AUDIT_S)), max(1.0, timeout_s - 10))
         got: list = []
         try:
@@ -815,13 +876,16 @@ class SimBackend(Backend):
         except Exception as e:  # noqa: BLE001 - the kernel's own failure under the interpreter
             return f"errors: the kernel failed when metered: {type(e).__name__}: {e}"[:2000]
         a = got[0]
-        why = understated(kernel.cost, a.traffic)
+        whole = a.covered >= a.total and a.traffic.complete
+        why = (understated(kernel.cost, a.traffic)
+               or wrong_where_written(live, xs, args[len(xs):], whole))
         if why:
             return f"errors: {why}"
-        if a.covered >= a.total:
-            return f"clean (every one of its {a.total} programs metered against ASCEND_COST)"
+        if whole:
+            return (f"clean (every one of its {a.total} programs metered against ASCEND_COST, "
+                    f"its outputs checked whole)")
         return (f"clean ({a.covered} of its {a.total} programs, drawn at random, metered against "
-                f"ASCEND_COST within {budget:.0f} s)")
+                f"ASCEND_COST within {budget:.0f} s, what they wrote checked)")
 
     def time_call(self, fn: Callable[[], None], before: Callable[[], None] | None = None) -> float:
         """The modelled seconds of the kernel `fn` launches; for anything else (the torch

@@ -62,6 +62,7 @@ class TritonDevice(Backend):
     def load(self, artifact: str, op) -> Any:
         if self.interpret:
             os.environ["TRITON_INTERPRET"] = "1"
+            interpreter_fixed()
         else:
             self._bind()
         use_cache(Path(artifact))
@@ -204,6 +205,33 @@ _HOST_OK = frozenset({
     "expand", "detach", "alias", "lift_fresh", "sym_size", "sym_stride", "sym_numel",
     "sym_storage_offset", "is_contiguous", "unbind", "split", "chunk", "narrow", "_to_copy_meta",
 })
+
+
+def interpreter_fixed() -> None:
+    """Make Triton's interpreter compute `tl.dot` of bfloat16 operands (idempotent; call
+    before a kernel is launched interpreted). The interpreter keeps bfloat16 data as its
+    uint16 bits and multiplies those bits as integers (Triton 3.9: a library bf16 matmul's
+    outputs came out near 1e12 where the reference is tens): the operands are widened to
+    float32 first, exactly (a bfloat16 is a float32's upper half)."""
+    import numpy as np
+    from triton.runtime import interpreter as tri
+    cls = type(tri.interpreter_builder)
+    dot = cls.create_dot
+    if getattr(dot, "_tuner_bf16", False):
+        return
+    bf16, f32 = tri.tl.bfloat16, tri.tl.float32
+
+    def create_dot(self, a, b, d, *rest):
+        if a.dtype.scalar == bf16 or b.dtype.scalar == bf16:
+            def widen(h):
+                if h.dtype.scalar != bf16:
+                    return h
+                bits = np.ascontiguousarray(h.data).astype(np.uint32) << 16
+                return tri.TensorHandle(bits.view(np.float32), f32)
+            a, b = widen(a), widen(b)
+        return dot(self, a, b, d, *rest)
+    create_dot._tuner_bf16 = True
+    cls.create_dot = create_dot
 
 
 # What Triton's interpreter itself runs with torch around a launch: it moves each argument to a
