@@ -207,31 +207,72 @@ _HOST_OK = frozenset({
 })
 
 
+# Builder operations the interpreter computes on bfloat16's raw bits, and whether the result
+# goes back to bfloat16 (arithmetic) or stays as computed (compares: booleans; tl.dot: its
+# accumulator's type).
+_BF16_ARITHMETIC = ("create_fadd", "create_fsub", "create_fmul", "create_fdiv", "create_frem", "create_fma",
+                    "create_fneg", "create_fabs", "create_precise_divf", "create_maximumf", "create_minimumf",
+                    "create_maxnumf", "create_minnumf", "create_clampf")
+_BF16_AS_COMPUTED = ("create_dot", "create_fcmpOEQ", "create_fcmpOGE", "create_fcmpOGT", "create_fcmpOLE",
+                     "create_fcmpOLT", "create_fcmpONE", "create_fcmpUEQ", "create_fcmpUGE", "create_fcmpUGT",
+                     "create_fcmpULE", "create_fcmpULT", "create_fcmpUNE")
+
+
 def interpreter_fixed() -> None:
-    """Make Triton's interpreter compute `tl.dot` of bfloat16 operands (idempotent; call
-    before a kernel is launched interpreted). The interpreter keeps bfloat16 data as its
-    uint16 bits and multiplies those bits as integers (Triton 3.9: a library bf16 matmul's
-    outputs came out near 1e12 where the reference is tens): the operands are widened to
-    float32 first, exactly (a bfloat16 is a float32's upper half)."""
-    import numpy as np
+    """Make Triton's interpreter compute with bfloat16 operands (idempotent; call before a
+    kernel is launched interpreted). The interpreter keeps bfloat16 data as its uint16 bits and
+    its arithmetic, compares and tl.dot worked on those bits as integers (Triton 3.9: `a + b`
+    of two bf16 blocks came out NaN, a library bf16 matmul ~1e11 where the reference is tens,
+    `a > b` wrong wherever a sign differs, `tl.sum` of a bf16 block ~1e22), where a GPU computes
+    them in float32: the bf16 operands are widened to float32 (exactly), and arithmetic,
+    reduction and scan results rounded back to bf16."""
     from triton.runtime import interpreter as tri
     cls = type(tri.interpreter_builder)
-    dot = cls.create_dot
-    if getattr(dot, "_tuner_bf16", False):
-        return
     bf16, f32 = tri.tl.bfloat16, tri.tl.float32
 
-    def create_dot(self, a, b, d, *rest):
-        if a.dtype.scalar == bf16 or b.dtype.scalar == bf16:
-            def widen(h):
-                if h.dtype.scalar != bf16:
-                    return h
-                bits = np.ascontiguousarray(h.data).astype(np.uint32) << 16
-                return tri.TensorHandle(bits.view(np.float32), f32)
-            a, b = widen(a), widen(b)
-        return dot(self, a, b, d, *rest)
-    create_dot._tuner_bf16 = True
-    cls.create_dot = create_dot
+    def widened(method, back: bool):
+        def run(self, *args, **kw):
+            if not any(isinstance(x, tri.TensorHandle) and x.dtype.scalar == bf16 for x in args):
+                return method(self, *args, **kw)
+            wide = [self.cast_impl(x, f32) if isinstance(x, tri.TensorHandle) and x.dtype.scalar == bf16 else x
+                    for x in args]
+            out = method(self, *wide, **kw)
+            return self.cast_impl(out, bf16) if back and out.dtype.scalar == f32 else out
+        run._tuner_bf16 = True
+        return run
+    for names, back in ((_BF16_ARITHMETIC, True), (_BF16_AS_COMPUTED, False)):
+        for name in names:
+            method = getattr(cls, name, None)
+            if method is not None and not getattr(method, "_tuner_bf16", False):
+                setattr(cls, name, widened(method, back))
+    # Reductions and scans: numpy's sum, max, cumsum on the bits, in the same way.
+    import numpy as np
+    builder = tri.interpreter_builder
+
+    def narrow(t):
+        if isinstance(t, (list, tuple)):
+            return type(t)(narrow(x) for x in t)
+        if isinstance(t, tri.tl.core.tensor) and t.dtype.scalar == f32:
+            data = np.asarray(t.handle.data, np.float32)
+            bits = builder.cast_impl(tri.TensorHandle(np.atleast_1d(data), f32), bf16).data.reshape(data.shape)
+            return t.__class__(tri.TensorHandle(bits, bf16), tri.tl.block_type(bf16, list(bits.shape))
+                               if bits.shape else bf16)
+        return t
+
+    def on_float32(method):
+        def run(self, input, *args, **kw):
+            if input.dtype.scalar != bf16:
+                return method(self, input, *args, **kw)
+            bits = np.asarray(input.handle.data)
+            wide = self.to_tensor((bits.astype(np.uint32) << 16).view(np.float32), f32)
+            return narrow(method(self, wide, *args, **kw))
+        run._tuner_bf16 = True
+        return run
+    for owner, name in ((tri.ReduceOps, "sum"), (tri.ReduceOps, "min_max"), (tri.ScanOps, "cumsum"),
+                        (tri.ScanOps, "cumprod")):
+        method = getattr(owner, name, None)
+        if method is not None and not getattr(method, "_tuner_bf16", False):
+            setattr(owner, name, on_float32(method))
 
 
 # What Triton's interpreter itself runs with torch around a launch: it moves each argument to a
