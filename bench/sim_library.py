@@ -6,6 +6,7 @@ time and every failure with its reason.
 
     python bench/sim_library.py            # small fp32 shapes: kernels interpreted whole
     python bench/sim_library.py --large    # 4096-wide bf16 shapes: a sample of programs metered
+    python bench/sim_library.py --large --audit   # and the winner's audit (memcheck) of one config per op
 """
 
 import argparse
@@ -34,6 +35,7 @@ LARGE = {"softmax": "4096x4096", "rmsnorm": "4096x4096", "layernorm": "4096x4096
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--large", action="store_true")
+    p.add_argument("--audit", action="store_true", help="also time the audit (memcheck) of the first OK config")
     args = p.parse_args()
     shapes, dtype = (LARGE, "bf16") if args.large else (SMALL, "fp32")
     out = Path(tempfile.mkdtemp(prefix="sim_library_"))
@@ -49,10 +51,16 @@ def main() -> None:
             configs = sample_configs(ev.skeleton, ev.context, ev.limits, extra=3)[0][:12]
             with ThreadPool(2) as pool:
                 recs = pool.map(ev.evaluate, configs)
+            wall = time.time() - t
+            audit = ""
+            ok = [r for r in recs if r.status is Status.OK]
+            if args.audit and ok:
+                t = time.time()
+                said = ev.memcheck(ok[0])
+                audit = f"; audit of {ok[0].config}: {time.time() - t:.1f} s, {said}"
         finally:
             ev.close()
-        print(f"{op} {shapes[op]} {dtype}: {sum(r.status is Status.OK for r in recs)} of {len(recs)} OK, "
-              f"{time.time() - t:.0f} s", flush=True)
+        print(f"{op} {shapes[op]} {dtype}: {len(ok)} of {len(recs)} OK, {wall:.0f} s{audit}", flush=True)
         for r in recs:
             if r.status is not Status.OK:
                 print(f"    {r.config}: {r.status.value}: {r.reason[:300]}", flush=True)
