@@ -493,23 +493,30 @@ def roofline_s(profile, flops: float | None, nbytes: float, matmul: bool) -> flo
 
 # ---- the backend ---------------------------------------------------------------------------------
 
-def _poisoned_copies(op, args: list) -> list:
-    """Copies of a launch's arguments with the floating outputs filled with NaN: what a partial
-    run of the kernel (a sample of its programs) leaves NaN, it did not write."""
+def _poisoned_copies(op, args: list) -> tuple[list, list]:
+    """Copies of a launch's arguments with each output filled with the harness's random poison
+    (NaN half the time, else a far finite value: what the checked launches' outputs hold too,
+    so a run under the meter looks like any checked one); and the poisons. What a partial run
+    of the kernel (a sample of its programs) leaves holding the poison, it did not write."""
+    from tuner.exec.measure import _poison
     copies = [a.clone() for a in args]
-    n_in = len(op.input_names) if op is not None else len(args)
-    for c in copies[n_in:]:
-        if c.is_floating_point():
-            c.fill_(float("nan"))
-    return copies
+    n_in = len(op.input_names)
+    poisons = [_poison(c.dtype) for c in copies[n_in:]]
+    for c, p in zip(copies[n_in:], poisons):
+        c.fill_(p)
+    return copies, poisons
 
 
-def wrong_where_written(op, inputs: list, outs: list, whole: bool) -> str | None:
-    """Why what a kernel wrote into `outs` (filled with NaN before it ran: `_poisoned_copies`)
-    is not the op's result on `inputs`, or None. `whole`: every program ran, so every element
-    must have been written; otherwise only the written ones are held to the reference (a
-    program the sample left out wrote nothing here). The float64 reference and the tolerance
-    are the harness's (the op's, raised to 8x torch's own error in the dtype)."""
+def wrong_where_written(op, inputs: list, outs: list, poisons: list, whole: bool) -> str | None:
+    """Why what a kernel wrote into `outs` (each filled with its `poisons` value before it ran:
+    `_poisoned_copies`) is not the op's result on `inputs`, or None. `whole`: every program
+    ran, so every element must have been written; otherwise only the written ones are held to
+    the reference (a program the sample left out wrote nothing here). An element that holds
+    the poison and is right anyway (the poison happened to be the answer) is right. The
+    float64 reference and the tolerance are the harness's (the op's, raised to 8x torch's own
+    error in the dtype)."""
+    import math
+
     import torch
 
     from tuner.exec.measure import torch_slack
@@ -517,27 +524,26 @@ def wrong_where_written(op, inputs: list, outs: list, whole: bool) -> str | None
     refs = [r.double() if r.is_floating_point() else r for r in op.reference(xs)]
     slack = torch_slack(op, list(inputs), refs) or [0.0] * len(refs)
     atol, rtol = op.tolerance
-    for name, o, r, floor in zip(op.output_names, outs, refs, slack):
+    for name, o, r, p, floor in zip(op.output_names, outs, refs, poisons, slack):
         if tuple(o.shape) != tuple(r.shape):
             return f"output {name} has shape {tuple(o.shape)}, expected {tuple(r.shape)}"
-        if not o.is_floating_point():
-            if whole and not torch.equal(o.to(r.dtype), r):
-                return f"output {name}: {int((o.to(r.dtype) != r).sum())} of {o.numel()} elements off"
-            continue
         o64 = o.double()
-        written = ~torch.isnan(o64)
+        r64 = r.double()
+        held = torch.isnan(o64) if isinstance(p, float) and math.isnan(p) else (o == p)
+        tol = (max(atol, floor) + rtol * r64.abs()) if o.is_floating_point() else 0.0
+        off = ~((o64 - r64).abs() <= tol) & ~(torch.isnan(o64) & torch.isnan(r64))
         if whole:
-            unwritten = int((~written & ~torch.isnan(r)).sum())
+            unwritten = int((held & off).sum())
             if unwritten:
-                return (f"output {name}: {unwritten} of {o.numel()} elements never written (or "
-                        f"computed NaN) when every program of the kernel ran")
-        err = (o64 - r).abs()
-        bad = written & (err > max(atol, floor) + rtol * r.abs())
+                return (f"output {name}: {unwritten} of {o.numel()} elements never written when every "
+                        f"program of the kernel ran (they still hold the value the buffer was filled "
+                        f"with before the launch)")
+        bad = ~held & off
         if bad.any():
             idx = tuple(int(i) for i in torch.nonzero(bad)[0])
-            return (f"output {name}: {int(bad.sum())} of the {int(written.sum())} elements the metered "
+            return (f"output {name}: {int(bad.sum())} of the {int((~held).sum())} elements the metered "
                     f"programs wrote are off; first at {idx}: got {float(o64[idx]):.6g}, expected "
-                    f"{float(r[idx]):.6g} (atol {max(atol, floor):g}, rtol {rtol:g})")
+                    f"{float(r64[idx]):.6g} (atol {max(atol, floor):g}, rtol {rtol:g})")
     return None
 
 
@@ -830,17 +836,21 @@ class SimBackend(Backend):
         programs wrote is not the op's result there."""
         from tuner.backends.sim_meter import MeterUnavailable, meter
         from tuner.backends.triton_device import without_host_compute
-        copies = _poisoned_copies(kernel.op, args)  # the metered run writes only a sample: never the real outputs
+        # The metered run writes only a sample: never into the real outputs. Its outputs are
+        # checked too, whole where every program ran: a kernel that did less when metered than
+        # when checked would otherwise have its lighter run held to the declaration.
+        copies, poisons = _poisoned_copies(kernel.op, args)
         got: list = []
         try:
             without_host_compute(lambda: got.append(meter(kernel.launch, copies, programs)), allowed)
         except MeterUnavailable as e:
             raise BackendUnavailable(f"sim: the declared costs cannot be checked: {e}") from None
         why = understated(kernel.cost, got[0])
-        if why or kernel.interpreted or kernel.op is None:
-            return why or ""
+        if why:
+            return why
         n_in = len(kernel.op.input_names)
-        return wrong_where_written(kernel.op, args[:n_in], copies[n_in:], whole=False) or ""
+        return wrong_where_written(kernel.op, args[:n_in], copies[n_in:], poisons,
+                                   whole=programs is None and got[0].complete) or ""
 
     def memcheck(self, artifact: str, op: OpSpec, timeout_s: float) -> str:
         """The winner's declaration held to every one of its programs (sim_meter.audit): its
@@ -864,7 +874,7 @@ class SimBackend(Backend):
             return "not run: the kernel has no launch to meter"
         _, outs = arg_specs(live)
         xs = live.make_inputs(random.SystemRandom().randrange(1, 2**31))
-        args = _poisoned_copies(live, list(xs) + [torch.zeros(shape, dtype=dt) for shape, dt in outs])
+        args, poisons = _poisoned_copies(live, list(xs) + [torch.zeros(shape, dtype=dt) for shape, dt in outs])
         budget = min(float(self.options.get("audit_s", AUDIT_S)), max(1.0, timeout_s - 10))
         got: list = []
         try:
@@ -878,7 +888,7 @@ class SimBackend(Backend):
         a = got[0]
         whole = a.covered >= a.total and a.traffic.complete
         why = (understated(kernel.cost, a.traffic)
-               or wrong_where_written(live, xs, args[len(xs):], whole))
+               or wrong_where_written(live, xs, args[len(xs):], poisons, whole))
         if why:
             return f"errors: {why}"
         if whole:
