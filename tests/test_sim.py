@@ -374,8 +374,21 @@ t = meter(lambda: launch(x, y, 1), [], programs=4)
 print(len(t.programs), (int((y != 0).sum()) <= 4 * 64), t.grids)
 t = meter(lambda: launch(x, y, 100000), [], programs=1, budget_s=0.5)
 print(t.complete)
-a = audit(lambda: launch(x, y, 1), [], budget_s=30, first=2)
-print(a.covered, a.total, len(a.traffic.programs), a.traffic.complete)
+a = audit(lambda: launch(x, y, 1), lambda: [], budget_s=30, first=2)
+print(a.covered, a.total, len(a.traffic.programs), a.traffic.complete, a.independent)
+
+@triton.jit
+def shift_kernel(s_ptr, y_ptr, n, BLOCK: tl.constexpr):  # reads what another program wrote
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(s_ptr + (offs + BLOCK) % n, mask=offs < n), mask=offs < n)
+
+def two_kernels(x, s, y):
+    scale_kernel[(triton.cdiv(x.numel(), 64),)](x, s, x.numel(), BLOCK=64, REPEAT=1)
+    shift_kernel[(triton.cdiv(x.numel(), 64),)](s, y, x.numel(), BLOCK=64)
+
+t = meter(lambda: two_kernels(x, torch.zeros(1000), y), [], programs=4)
+a = audit(lambda *args: two_kernels(*args), lambda: [x, torch.zeros(1000), torch.zeros(1000)], budget_s=30)
+print(t.independent, a.independent, a.covered, a.total, bool((a.args[2] == torch.roll(2 * x, -64)).all()))
 '''
 
 
@@ -395,7 +408,10 @@ def test_the_meter_counts_what_each_program_moves_and_stops_at_its_budget(tmp_pa
     assert lines[0] == "[(14, 256, 1, 64), (15, 160, 1, 64)] True", lines
     assert lines[1] == "4 True [('scale_kernel', (16, 1, 1))]", lines
     assert lines[2] == "False", lines
-    assert lines[3] == "16 16 16 True", lines  # the audit: every program, in batches of 2, 4, 8...
+    assert lines[3] == "16 16 16 True True", lines  # the audit: every program, in batches of 2, 4, 8...
+    # Two kernels, the second reading what the first's other programs wrote: not independent,
+    # so the audit runs every program in one launch (and gets the right result).
+    assert lines[4] == "False False 16 16 True", lines
 
 
 def test_a_bf16_matmul_is_right_under_the_interpreter(fast_settings, tmp_path):

@@ -64,6 +64,13 @@ class Traffic:
     programs: dict[tuple[str, tuple[int, int, int]], ProgramTraffic] = field(default_factory=dict)
     grids: list[tuple[str, tuple[int, int, int]]] = field(default_factory=list)
     complete: bool = True
+    atomics: int = 0  # atomic operations made: programs that may depend on one another's results
+
+    @property
+    def independent(self) -> bool:
+        """One kernel launch and no atomics: each program's outputs are its own work, so those
+        of a sample of programs can be checked alone."""
+        return len(self.grids) == 1 and not self.atomics
 
     def busiest(self) -> tuple[tuple[str, tuple[int, int, int]], ProgramTraffic] | None:
         """The metered program that moved the most bytes."""
@@ -148,6 +155,8 @@ def meter(launch: Callable[..., Any], args: list, programs: "int | None | frozen
             if state["depth"]:  # create_load calls create_masked_load: counted once, outermost
                 return out
             p = current()
+            if name.startswith("create_atomic"):
+                traffic.atomics += 1
             if kind in ("vector", "other"):
                 data = getattr(out, "data", None)
                 size = int(getattr(data, "size", 1) or 1)
@@ -232,51 +241,53 @@ def _sampled(fn, builder, programs: "int | None | frozenset[int]", traffic: Traf
 @dataclass
 class Audit:
     """Every program of a launch metered, or as many as the budget allowed (`covered` of
-    `total` per launch grid, drawn at random: none of them can be the one a kernel hides its
-    work in for sure); `traffic` holds them all."""
+    `total`, drawn at random: none of them can be the one a kernel hides its work in for sure);
+    `traffic` holds them all, `args` the arguments they ran on; `independent`: its programs'
+    outputs are each their own work (Traffic.independent), so what a part of them wrote can be
+    checked alone."""
     traffic: Traffic
     covered: int
     total: int
+    args: list
+    independent: bool
 
 
-def audit(launch: Callable[..., Any], args: list, budget_s: float = 30.0, first: int = 16) -> Audit:
+def audit(launch: Callable[..., Any], make_args: Callable[[], list], budget_s: float = 30.0,
+          first: int = 16) -> Audit:
     """`launch(*args)` metered program by program, in batches of doubling size drawn at random
     from the programs not yet metered, until all are or `budget_s` is spent (the batch under
-    way then stops: its programs count as far as they ran). Each batch runs the launch again,
-    on the same arguments: pass copies. Assumes one grid per launch (the grid of the first
-    batch's launches); a later launch of another grid is metered at the same linear indices."""
+    way then stops: its programs count as far as they ran). Each batch runs the launch again on
+    the same arguments (`make_args()`: fresh copies, asked for at most twice). A launch whose programs may depend on one
+    another (more than one kernel launched, or atomics) is metered whole in one run instead,
+    on fresh arguments: batches would run a program without the ones it reads from."""
     import random
     import time
     deadline = time.monotonic() + budget_s
-    total = None
-    done: set[int] = set()
-    merged = Traffic()
-    order: list[int] = []
+    args = make_args()
+    got = meter(launch, args, frozenset({0}), budget_s)
+    total = max((gx * gy * gz for _, (gx, gy, gz) in got.grids), default=1)
+    if not got.independent:
+        args = make_args()
+        whole = meter(launch, args, None, max(0.1, deadline - time.monotonic()))
+        return Audit(whole, total if whole.complete else 0, total, args, False)
+    merged = got
+    done: set[int] = {0} if got.complete else set()
+    order = list(range(1, total))
+    random.SystemRandom().shuffle(order)
+    if total > 1:  # the last program (a tail) in the first batch
+        order.remove(total - 1)
+        order.insert(0, total - 1)
     size = first
-    while True:
+    while got.complete and order:
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        if total is None:
-            batch = frozenset({0})
-        else:
-            batch = frozenset(order[:size])
-            order, size = order[size:], size * 2
+        batch = frozenset(order[:size])
+        order, size = order[size:], size * 2
         got = meter(launch, args, batch, left)
         merged.programs.update(got.programs)
-        if total is None:
-            grids = [g for _, g in got.grids]
-            total = max((gx * gy * gz for gx, gy, gz in grids), default=1)
-            merged.grids.extend(got.grids)
-            order = [k for k in range(1, total)]
-            random.SystemRandom().shuffle(order)
-            if total > 1:  # the last program (a tail) in the first batch
-                order.remove(total - 1)
-                order.insert(0, total - 1)
-        if not got.complete:
-            merged.complete = False
-            break
-        done |= batch
-        if not order:
-            break
-    return Audit(merged, len(done), total or 0)
+        merged.atomics += got.atomics
+        if got.complete:
+            done |= batch
+    merged.complete = got.complete
+    return Audit(merged, len(done), total, args, merged.atomics == 0)
