@@ -139,8 +139,9 @@ def test_a_flushed_call_reads_its_buffers_from_memory(backend, tmp_path):
     assert out.item() == n // 16
     # The fastest of each: load from other processes only slows a call (a warm median of 52 us
     # against 23 us at best under a test suite's load, while every cold call took 64 us or more),
-    # and eviction that missed would make the fastest cold call a warm one.
-    assert min(cold) > 2 * min(warm), (cold, warm)
+    # and eviction that missed would make the fastest cold call a warm one. (The machine that
+    # runs CI once read 24.7 us cold against 12.3 warm: 2.0x, hence 1.5x here.)
+    assert min(cold) > 1.5 * min(warm), (cold, warm)
 
 
 def test_a_kernel_that_shrinks_the_hosts_size_table_is_refused_its_next_call(backend, tmp_path):

@@ -25,12 +25,6 @@ UNCONFINED_WRITES = {
     "npu": "CANN writes its logs and kernel_meta folders where it is configured to, outside the run",
 }
 
-# Backends whose benchmark workers start no process (no compiler, no kernel host): there the
-# worker's seccomp filter refuses exec and fork too, since candidate code runs in the worker.
-EXEC_FREE_BENCH = {
-    "sim": "Triton's interpreter and torch on the CPU, in the worker itself",
-}
-
 # Folders beyond the run's and the caches that a backend's workers must write under, and why.
 EXTRA_WRITE_DIRS = {
     # The CUDA driver writes to /proc/<pid> of every process that uses it: a worker's own entry
@@ -70,5 +64,5 @@ def default_backend() -> str:
     return "cpu"
 
 
-__all__ = ["Backend", "BackendUnavailable", "BACKENDS", "UNCONFINED_WRITES", "EXTRA_WRITE_DIRS", "EXEC_FREE_BENCH", "backend_class", "get_backend",
+__all__ = ["Backend", "BackendUnavailable", "BACKENDS", "UNCONFINED_WRITES", "EXTRA_WRITE_DIRS", "backend_class", "get_backend",
            "default_backend"]

@@ -228,13 +228,9 @@ class Backend(abc.ABC):
         (a record's toolchain, the run summary; "MISSING" marks what does not hold). Here: the
         candidate's launch code runs in the worker itself, under the Python code check."""
         import os
-
-        from tuner.exec.sandbox import EXEC_REFUSED
         user = "root (MISSING: a Python worker is not dropped to nobody)" if os.geteuid() == 0 else str(os.geteuid())
-        spawn = ("refused (the worker's seccomp filter)" if EXEC_REFUSED else
-                 "MISSING (refused by the code check only, no seccomp filter)")
         return ("kernel process: the worker (Python; candidate code only through the code check); "
-                f"exec, fork: {spawn}; user: {user}")
+                f"exec, fork: MISSING (refused by the code check only, no seccomp filter); user: {user}")
 
     @abc.abstractmethod
     def launch(self, kernel: Any, args: list) -> None: ...

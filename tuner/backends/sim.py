@@ -498,10 +498,10 @@ def _poisoned_copies(op, args: list) -> tuple[list, list]:
     (NaN half the time, else a far finite value: what the checked launches' outputs hold too,
     so a run under the meter looks like any checked one); and the poisons. What a partial run
     of the kernel (a sample of its programs) leaves holding the poison, it did not write."""
-    from tuner.exec.measure import _poison
+    from tuner.core.tolerance import poison
     copies = [a.clone() for a in args]
     n_in = len(op.input_names)
-    poisons = [_poison(c.dtype) for c in copies[n_in:]]
+    poisons = [poison(c.dtype) for c in copies[n_in:]]
     for c, p in zip(copies[n_in:], poisons):
         c.fill_(p)
     return copies, poisons
@@ -519,7 +519,7 @@ def wrong_where_written(op, inputs: list, outs: list, poisons: list, whole: bool
 
     import torch
 
-    from tuner.exec.measure import torch_slack
+    from tuner.core.tolerance import torch_slack
     xs = [x.double() if x.is_floating_point() else x for x in inputs]
     refs = [r.double() if r.is_floating_point() else r for r in op.reference(xs)]
     slack = torch_slack(op, list(inputs), refs) or [0.0] * len(refs)

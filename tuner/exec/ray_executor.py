@@ -125,7 +125,7 @@ def _compile_worker(backend: str, options: dict, settings: Settings, log_path: s
     key = json.dumps([backend, options, log_path], sort_keys=True, default=str)
     worker = _COMPILE_WORKERS.pop(key, None)
     if worker is None:
-        worker = Worker(backend, 0, options, settings, log_path, limit_memory, COMPILE_NICE, role="compile")
+        worker = Worker(backend, 0, options, settings, log_path, limit_memory, COMPILE_NICE)
     _COMPILE_WORKERS[key] = worker
     while len(_COMPILE_WORKERS) > _COMPILE_WORKERS_MAX:
         _COMPILE_WORKERS.popitem(last=False)[1].close()

@@ -88,7 +88,7 @@ class LocalRunner:
         self.owned = workers is None
         if workers is None:
             self.compilers = [Worker(p.backend, p.devices[0], p.compile_options, settings, p.log_path,
-                                     p.limit_memory, COMPILE_NICE, role="compile") for _ in range(settings.n_compile_workers)]
+                                     p.limit_memory, COMPILE_NICE) for _ in range(settings.n_compile_workers)]
             self.bench_workers = [Worker(p.backend, d, p.options, settings, p.log_path, p.limit_memory)
                                   for d in p.devices]
         else:
@@ -177,7 +177,7 @@ class WorkerPools:
         with self._lock:
             if key not in self._pools:
                 s, log = self.settings, self.log_path
-                compilers = [Worker(p.backend, p.devices[0], copts, s, log, p.limit_memory, COMPILE_NICE, role="compile")
+                compilers = [Worker(p.backend, p.devices[0], copts, s, log, p.limit_memory, COMPILE_NICE)
                              for _ in range(s.n_compile_workers)]
                 benchers = [Worker(p.backend, d, opts, s, log, p.limit_memory) for d in p.devices]
                 self._pools[key] = (compilers, benchers)

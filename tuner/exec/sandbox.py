@@ -18,9 +18,7 @@ depend on a static check of the code.
   and the worker goes on without it.
 * `restrict_syscalls()`: a seccomp filter: no internet or raw socket (the network, also where
   no namespace could be had) and no access to another process's memory (process_vm_*). Exec
-  and fork stay where workers run compilers; a benchmark worker of a backend that starts no
-  process (`EXEC_FREE_BENCH`: the sim, whose candidate code runs in the worker itself) has
-  them refused too.
+  and fork stay: workers run compilers.
 * `confine_writes(dirs)`: Landlock: from then on the worker and everything it starts (the
   compilers) may create, write, truncate, rename or remove files only under `dirs` (the run
   folder, the caches, the temporary folder, /dev for device nodes). Root is confined too.
@@ -207,19 +205,11 @@ def sandbox_facts(network: str, writes: str, syscalls: str = "", device: str = "
 # then socket, process_vm_readv, process_vm_writev.
 _SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 310, 311), "aarch64": (0xC00000B7, 198, 270, 271)}
 _NET_FAMILIES = (2, 10, 17)  # AF_INET, AF_INET6, AF_PACKET
-# Per architecture, for a worker that starts no process (`no_exec`): execve, execveat, fork,
-# vfork (none on aarch64), clone, clone3.
-_EXEC_CALLS = {"x86_64": (59, 322, 57, 58, 56, 435), "aarch64": (221, 281, None, None, 220, 435)}
-_CLONE_THREAD = 0x10000
-EXEC_REFUSED = False  # this process's filter refuses exec and fork (restrict_syscalls(no_exec=True) held)
 
 
-def restrict_syscalls(no_exec: bool = False) -> str:
+def restrict_syscalls() -> str:
     """Install this worker's seccomp filter (inherited by everything it starts). Returns what
-    held, in words. Must run before any thread starts. `no_exec`: also no new program and no
-    new process (execve, fork; clone only with CLONE_THREAD, clone3 answered ENOSYS so that
-    the C library starts its threads through clone), for a worker whose candidate code runs
-    in the worker itself and needs no compiler."""
+    held, in words. Must run before any thread starts."""
     import platform
     if not sys.platform.startswith("linux"):
         return f"not confined ({sys.platform} has no seccomp)"
@@ -238,16 +228,8 @@ def restrict_syscalls(no_exec: bool = False) -> str:
         prog += [(jeq, 0, 1, fam), (ret, 0, 0, deny | eacces)]
     prog += [(ret, 0, 0, allow),
              (jeq, 0, 1, nr_vm_read), (ret, 0, 0, deny | eperm),
-             (jeq, 0, 1, nr_vm_write), (ret, 0, 0, deny | eperm)]
-    if no_exec:
-        execve, execveat, fork, vfork, clone, clone3 = _EXEC_CALLS[platform.machine()]
-        for nr in (execve, execveat, fork, vfork):
-            if nr is not None:
-                prog += [(jeq, 0, 1, nr), (ret, 0, 0, deny | eperm)]
-        prog += [(jeq, 0, 1, clone3), (ret, 0, 0, deny | 38),  # ENOSYS
-                 (jeq, 0, 3, clone), (ld, 0, 0, 16),         # args[0]: the flags (low word)
-                 (0x45, 1, 0, _CLONE_THREAD), (ret, 0, 0, deny | eperm)]  # BPF_JMP|BPF_JSET|BPF_K
-    prog += [(ret, 0, 0, allow)]
+             (jeq, 0, 1, nr_vm_write), (ret, 0, 0, deny | eperm),
+             (ret, 0, 0, allow)]
     if platform.machine() == "x86_64":  # x32 system call numbers: refused
         prog[4:4] = [(0x35, 0, 1, 0x40000000), (ret, 0, 0, deny | eperm)]  # BPF_JMP|BPF_JGE|BPF_K
     filt = (ctypes.c_uint8 * (8 * len(prog)))()
@@ -261,10 +243,6 @@ def restrict_syscalls(no_exec: bool = False) -> str:
     libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     if libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
         return f"not confined (seccomp: {os.strerror(ctypes.get_errno())})"
-    if no_exec:
-        global EXEC_REFUSED
-        EXEC_REFUSED = True
-        return "on (internet sockets, other processes' memory, exec and fork refused)"
     return "on (internet sockets, other processes' memory refused)"
 
 

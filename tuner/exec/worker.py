@@ -114,9 +114,8 @@ class Worker:
 
     def __init__(self, backend: str, device: int = 0, options: dict | None = None,
                  settings=None, log_path: str | None = None, limit_memory: bool = True,
-                 nice: int = 0, role: str = "bench"):
+                 nice: int = 0):
         self.backend, self.device, self.options = backend, device, options or {}
-        self.role = role  # "bench" (times and checks candidates) or "compile"
         self.settings, self.log_path, self.limit_memory = settings, log_path, limit_memory
         self.nice = nice  # added to the process's niceness (compile workers: see COMPILE_NICE)
         self.proc: subprocess.Popen | None = None
@@ -138,7 +137,7 @@ class Worker:
         cpu = self.settings.worker_cpu_s if self.settings else 0
         _send(self.proc.stdin.fileno(), ("init", {
             "backend": self.backend, "device": self.device, "options": self.options,
-            "memory_bytes": mem, "cpu_s": cpu, "nice": self.nice, "role": self.role, "file_bytes": LOG_LIMIT,
+            "memory_bytes": mem, "cpu_s": cpu, "nice": self.nice, "file_bytes": LOG_LIMIT,
             "write_dirs": write_dirs(str(Path(self.log_path).parent) if self.log_path else None, self.settings)}))
 
     def _env(self) -> dict[str, str]:
@@ -309,11 +308,11 @@ def main() -> None:
         os._exit(1)  # see _die_with_parent
     method, init = _recv(in_fd)  # a parent that dies first closes the pipe: EOFError ends us
     assert method == "init"
-    from tuner.backends import EXEC_FREE_BENCH, EXTRA_WRITE_DIRS, UNCONFINED_WRITES
+    from tuner.backends import EXTRA_WRITE_DIRS, UNCONFINED_WRITES
     why_not = UNCONFINED_WRITES.get(init["backend"])  # also before any thread starts:
     writes = (f"not confined ({why_not})" if why_not else
               confine_writes([*init["write_dirs"], *EXTRA_WRITE_DIRS.get(init["backend"], ())]))
-    syscalls = restrict_syscalls(no_exec=init.get("role") == "bench" and init["backend"] in EXEC_FREE_BENCH)
+    syscalls = restrict_syscalls()  # and this
     _die_with_parent(parent)
     _limit(init["memory_bytes"], init["file_bytes"])
     if init.get("nice"):
