@@ -473,3 +473,25 @@ def test_bf16_arithmetic_is_right_under_the_interpreter(tmp_path):
                          env={**os.environ, "TRITON_INTERPRET": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["0", "True", "1", "True", "2", "True", "3", "True"], out.stdout
+
+
+def test_a_sampled_run_tells_a_kernel_writing_nan_from_one_writing_nothing():
+    """Above the interpreted size only a sample of programs runs, and what they wrote is told
+    from what they did not by the poison the outputs held. With NaN as the poison (half of the
+    harness's draws) a kernel writing NaN read as one that wrote nothing and passed; the
+    sampled runs' poison is always finite now, so NaN written anywhere is held to the
+    reference, and an element left alone still reads as not written."""
+    import torch
+
+    from tuner.backends.sim_checks import poisoned_copies, wrong_where_written
+    op = load_op(builtin_spec("softmax", "4x8"))
+    x = torch.randn(4, 8)
+    for _ in range(40):
+        copies, poisons = poisoned_copies(op, [x, torch.zeros(4, 8)])
+        y = copies[1]
+        assert math.isfinite(poisons[0]) and bool((y == poisons[0]).all())
+        y[:2] = float("nan")  # two rows "computed" as NaN, the rest left alone
+        why = wrong_where_written(op, [x], [y], poisons, whole=False)
+        assert why is not None and "16 of the 16 elements the metered programs wrote are off" in why, why
+        y[:2] = torch.softmax(x[:2], -1)  # right where written: the rest is the unsampled programs'
+        assert wrong_where_written(op, [x], [y], poisons, whole=False) is None

@@ -134,14 +134,15 @@ def understated(cost, traffic) -> str | None:
 
 
 def poisoned_copies(op, args: list) -> tuple[list, list]:
-    """Copies of a launch's arguments with each output filled with the harness's random poison
-    (NaN half the time, else a far finite value: what the checked launches' outputs hold too,
-    so a run under the meter looks like any checked one); and the poisons. What a partial run
-    of the kernel (a sample of its programs) leaves holding the poison, it did not write."""
+    """Copies of a launch's arguments with each output filled with the harness's random poison,
+    always its finite kind (a far value drawn at random, as half the checked launches' outputs
+    hold: a metered run looks like one of those); and the poisons. What a partial run of the
+    kernel (a sample of its programs) leaves holding the poison, it did not write; a NaN
+    poison would make a kernel that writes NaN read as one that wrote nothing, and escape."""
     from tuner.core.tolerance import poison
     copies = [a.clone() for a in args]
     n_in = len(op.input_names)
-    poisons = [poison(c.dtype) for c in copies[n_in:]]
+    poisons = [poison(c.dtype, finite=True) for c in copies[n_in:]]
     for c, p in zip(copies[n_in:], poisons):
         c.fill_(p)
     return copies, poisons

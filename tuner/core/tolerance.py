@@ -13,14 +13,16 @@ if TYPE_CHECKING:
 _rng = random.SystemRandom()
 
 
-def poison(dtype):
+def poison(dtype, finite: bool = False):
     """What an output holds before a launch, so that an element never written shows; drawn at
     random each time (a fixed pattern is one a kernel can test for): for floats NaN half the
-    time, else a random finite value far outside any softmax or norm; for integers a random
-    value of the dtype's range; for bool either."""
+    time (never with `finite`), else a random finite value far outside any softmax or norm;
+    for integers a random value of the dtype's range; for bool either. `finite`: where what
+    was written is told from what was not by the poison alone (a run of a sample of a
+    kernel's programs), since a kernel that writes NaN would read as one that wrote nothing."""
     import torch
     if dtype.is_floating_point or dtype.is_complex:
-        if _rng.random() < 0.5:
+        if not finite and _rng.random() < 0.5:
             return float("nan")
         return _rng.choice((-1.0, 1.0)) * _rng.uniform(1e3, 6e4)  # fits fp16 and bf16
     if dtype == torch.bool:
