@@ -143,13 +143,15 @@ def test_a_failing_region_is_not_proposed_again_and_again():
 def test_an_optimum_against_a_resource_limit_is_reached():
     """Synthetic cliffs: the fastest configs sit right against a limit where configs fail.
     Failures told to the objective model as slow taught it that the params leading there
-    make things slower: seeds of this set took up to 94 evaluations (now a median of 18, the
-    worst 59: one seed walks the other side of the cliff first)."""
+    make things slower: seeds of this set took up to 94 evaluations (then a median of 18, the
+    worst 59: one seed walks the other side of the cliff first). With every 4th ask TPE's
+    (which does not read failures as a wall) a median of 23.5 and the worst 76, against 24 and
+    55 without those asks on the same seeds."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         e3 = [replay.replay_search(replay.synthetic("cliffs", s), "guided", s, budget=150,
                                    stop_within=0.03).evaluations_to(0.03) for s in range(12)]
-    assert statistics.median(e3) <= 25 and max(e3) <= 60, e3
+    assert statistics.median(e3) <= 25 and max(e3) <= 80, e3
 
 
 def test_configs_the_space_rejects_are_never_asked():
@@ -664,3 +666,19 @@ def test_each_switch_is_flipped_from_the_start_before_the_model_picks():
     p._screen = lambda *a: pytest.fail("screened although a prior rates the switches")
     start = p.enc.index(trace.configs[0])
     assert p.propose([(start, math.log10(trace.times[0]))], [], np.random.default_rng(0)) is not None
+
+
+def test_tpes_asks_reach_the_levers_of_a_space_of_weak_switches():
+    """The CUDA C++ cross-entropy (grid-recorded on an H100, bench/landscapes): four load kinds,
+    fp16 exponentials and launch bounds each move the time by about a percent, around G, ROWS
+    and UNROLL, which move it by 1-7 %. The model's one-step walk spent its 40 evaluations on
+    steps inside the 3 % timing noise, and named a config within 3 % of the best in 7 of these
+    20 seeds (random search: 6); with every 4th ask TPE's, 14."""
+    land = landscapes.load_cached(ROOT / "bench" / "landscapes" / "cross_entropy_cuda-4096x32000-bf16-h100")
+    land = _middle_start(land)
+    noise = replay.Noise.parse("0.03,0.01")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        named = [replay.replay_search(land, "guided", s, budget=40, noise=noise, finalists=(3, 8, 0.05),
+                                      anchor_margin=0).named_within(0.03) for s in range(20)]
+    assert sum(named) >= 12, named

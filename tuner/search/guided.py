@@ -48,6 +48,14 @@ fewer evaluations. Each ask:
   from the objective model told the failures as 2x the best, when that is lower: past a
   resource limit the timings' trend promises gains that no config there delivers, and even
   a small P(works) times such a promise kept the search probing the limit.
+* **A second opinion.** Every `tpe_every`-th ask from the tenth timing on (none that is
+  already a stall's global ask or regime flip, none with a prior) is Optuna's multivariate
+  TPE's pick from the same history instead (repaired to a valid config; the model's when it
+  is one already seen). The model's trust region walks in steps, and on spaces of many
+  switches that each move the time by a percent around a few ordered levers (CUDA C++
+  kernels: load kinds, streaming stores, launch bounds around the threads per row) it spent
+  the budget on steps inside the noise; TPE's draws from the good configs' marginals jump
+  the levers there.
 * **Prior.** Timings of the same space measured elsewhere (another shape, device, an
   earlier run) become the model's mean, scaled to the timings so far: the model learns
   where this landscape differs from the other, not the whole landscape again.
@@ -70,6 +78,7 @@ on each ask, so a resumed run continues where its records say it is.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -82,6 +91,8 @@ from tuner.search.gp import CHUNK, GP, expected_improvement, matern, sqdist
 from tuner.search.prior import Prior
 
 ENUMERATE_MAX = 4096  # spaces up to this size are scored whole on every ask
+TPE_EVERY = 4  # every 4th ask is TPE's (GuidedSampler; 0: never)
+TPE_FROM = 10  # timings (or failures) before TPE has a say
 SAMPLE_CANDIDATES = 2048  # else this many random configs plus the best ones' neighbourhoods
 TRAIN_MAX = 256  # the objective model is conditioned on at most this many timings
 FIT_MAX = 64  # and its hyperparameters fitted on at most this many (bounded cost per ask)
@@ -727,9 +738,12 @@ class GuidedSampler(_optuna_sampler_base()):
 
     def __init__(self, space: Space, distributions: dict, encode: Callable, decode: Callable,
                  seed: int | None = None, check: Callable[[Config], str | None] | None = None,
-                 **options: Any):
+                 tpe_every: int = TPE_EVERY, **options: Any):
+        """`tpe_every`: every n-th ask is TPE's (see "A second opinion" in the module notes;
+        0: never); `options`: GuidedSearch's."""
         import optuna
         self.space = space
+        self.tpe_every = tpe_every
         self.search = GuidedSearch(space, check, **options)
         self._dists = distributions
         self._encode, self._decode = encode, decode
@@ -775,11 +789,55 @@ class GuidedSampler(_optuna_sampler_base()):
             elif idx is not None:
                 pending.append(idx)
         rng = np.random.default_rng([self._seed, trial.number])
-        idx = self.search.propose(done, pending, rng)
+        idx = self._second_opinion(study, trial, done, pending) if self._tpe_turn(done, pending) else None
+        if idx is None:
+            idx = self.search.propose(done, pending, rng)
         if idx is None:
             return {}
         return {k: v for k, v in self._encode(self.space, self.search.enc.config(idx)).items()
                 if k in search_space}
+
+    def _tpe_turn(self, done: list, pending: list) -> bool:
+        """Whether this ask is TPE's: every `tpe_every`-th from TPE_FROM on, unless the model's
+        ask is a stall's (global or a regime flip: those are what the model does about a
+        plateau) or a prior rates the space (TPE would not read it)."""
+        if not self.tpe_every or len(done) < TPE_FROM or self.search._prior is not None:
+            return False
+        if (len(done) + len(pending)) % self.tpe_every:
+            return False
+        ok = [(i, y) for i, y in done if y is not None]
+        return not ok or self.search._stall_ask(ok, len(pending)) is None
+
+    def _second_opinion(self, study, trial, done: list, pending: list) -> tuple[int, ...] | None:
+        """TPE's pick from the study's history (multivariate, seeded by the trial's number, so
+        that a resumed study asks the same), repaired where the formulas reject it; None when
+        it is a config already seen, one the failure model expects to fail, or none could be
+        made of it."""
+        import optuna
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # multivariate TPE is "experimental"
+            tpe = optuna.samplers.TPESampler(seed=(self._seed * 1_000_003 + trial.number) % 2**31,
+                                             multivariate=True, n_startup_trials=0)
+            params = tpe.sample_relative(study, trial, tpe.infer_relative_search_space(study, trial))
+        if set(params) != set(self._dists):
+            return None
+        try:
+            config = self._decode(self.space, params)
+        except (KeyError, IndexError, ValueError, TypeError):
+            return None
+        check, repair = self.search.check, self.search.repair
+        if check is not None and check(config) is not None:
+            config = repair(config) if repair is not None else None
+        idx = self.search.enc.index(config) if config is not None else None
+        if idx is None or tuple(idx) in {tuple(i) for i, _ in done} | {tuple(i) for i in pending}:
+            return None
+        # Not where the model's failure model expects a failure: TPE reads a failure as a slow
+        # config, not as a wall, and would keep drawing from a region that does not build.
+        search, one = self.search, np.array([idx], dtype=np.int64)
+        told = search._cliffs_as_failures(done) if search.opt.cliff else done
+        if search._feasibility(one, search.enc.features(one), told, [i for i, y in done if y is None])[0] < 0.5:
+            return None
+        return tuple(int(v) for v in idx)
 
     def sample_independent(self, study, trial, param_name, param_distribution):
         return self._fallback.sample_independent(study, trial, param_name, param_distribution)
