@@ -51,7 +51,8 @@ fewer evaluations. Each ask:
 * **A second opinion.** Every `tpe_every`-th ask from the tenth timing on (none that is
   already a stall's global ask or regime flip, none with a prior) is Optuna's multivariate
   TPE's pick from the same history instead (repaired to a valid config; the model's when it
-  is one already seen). The model's trust region walks in steps, and on spaces of many
+  is one already seen or one the failure model expects to fail: TPE reads a failure as a
+  slow config, not a wall). The model's trust region walks in steps, and on spaces of many
   switches that each move the time by a percent around a few ordered levers (CUDA C++
   kernels: load kinds, streaming stores, launch bounds around the threads per row) it spent
   the budget on steps inside the noise; TPE's draws from the good configs' marginals jump
