@@ -810,10 +810,10 @@ class GuidedSampler(_optuna_sampler_base()):
         return not ok or self.search._stall_ask(ok, len(pending)) is None
 
     def _second_opinion(self, study, trial, done: list, pending: list) -> tuple[int, ...] | None:
-        """TPE's pick from the study's history (multivariate, seeded by the trial's number, so
-        that a resumed study asks the same), repaired where the formulas reject it; None when
-        it is a config already seen, one the failure model expects to fail, or none could be
-        made of it."""
+        """TPE's pick from the study's history (multivariate, seeded by the trial's number as
+        the model's own draws are, not by a generator that runs on between asks), repaired
+        where the formulas reject it; None when it is a config already seen, one the failure
+        model expects to fail, or none could be made of it."""
         import optuna
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # multivariate TPE is "experimental"
