@@ -237,9 +237,10 @@ def test_the_simulators_winner_is_metered_program_by_program(fast_settings, tmp_
     every row in one program in the middle of its grid, or skipping that program's rows,
     escapes 19 times in 20 here. The winner's audit (Backend.memcheck) meters every program and
     checks the outputs whole, so both are refused there; a kernel whose outputs are wrong
-    everywhere is refused at its first checked launch; the honest kernel's audit is clean."""
+    (or NaN) everywhere is refused at its first checked launch; the honest kernel's audit is
+    clean."""
     said = {}
-    for lie in ("none", "hidden", "lazy", "wrong"):
+    for lie in ("none", "hidden", "lazy", "wrong", "nan"):
         (tmp_path / lie).mkdir()
         ev = Evaluator("sim", builtin_spec("softmax", "256x1024"), _understated(lie, tmp_path / lie), fast_settings,
                        tmp_path / lie / "run")
@@ -255,6 +256,10 @@ def test_the_simulators_winner_is_metered_program_by_program(fast_settings, tmp_
         said
     assert said["lazy"][1].startswith("errors: output y: 5120 of 262144 elements never written"), said
     assert said["wrong"][0] is Status.WRONG_RESULT and "elements the metered programs wrote are off" in said["wrong"][2], \
+        said
+    # NaN everywhere: the sampled programs' outputs were poisoned with NaN half the time, and
+    # NaN written read as not written (OK); the sampled runs' poison is finite now.
+    assert said["nan"][0] is Status.WRONG_RESULT and "elements the metered programs wrote are off" in said["nan"][2], \
         said
 
 
