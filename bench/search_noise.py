@@ -183,9 +183,10 @@ def main() -> None:
     ap.add_argument("--rules", default=",".join(RULES), help="naming rules: " + ", ".join(RULES))
     ap.add_argument("--guided", action="append", default=[], metavar="OPTION=VALUE",
                     help="a guided-search option (GuidedOptions), e.g. clip=3")
-    ap.add_argument("--anchor", type=float, metavar="MARGIN",
+    ap.add_argument("--anchor", type=lambda x: x if x == "drift" else float(x), metavar="MARGIN",
                     help="time configs within MARGIN of the best again against the incumbent in one "
-                         "interleave (run_search's anchor_margin; default: off)")
+                         "interleave (run_search's anchor_margin: a fraction, or 'drift', what `tuner "
+                         "tune` uses on a device: twice the drift the anchors measured; default: off)")
     ap.add_argument("--patience", type=int, metavar="N",
                     help="stop a search once N evaluations in a row found nothing 0.5 %% faster (as "
                          "`tuner tune --patience`; the budget still caps it)")

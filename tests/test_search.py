@@ -682,3 +682,20 @@ def test_tpes_asks_reach_the_levers_of_a_space_of_weak_switches():
         named = [replay.replay_search(land, "guided", s, budget=40, noise=noise, finalists=(3, 8, 0.05),
                                       anchor_margin=0).named_within(0.03) for s in range(20)]
     assert sum(named) >= 12, named
+
+
+def test_a_faster_config_that_drift_made_look_slower_is_timed_against_the_incumbent():
+    """The CUDA C++ rmsnorm (grid-recorded on an H100): dozens of configs within 2 % of the
+    best. Told its own median unless it timed faster than the incumbent (anchor margin 0), a
+    config drawn a few per cent slow by its evaluation's drift was written off for good, and the
+    search named one within 3 % of the best in 10 of these 12 seeds; re-timed against the
+    incumbent up to twice the measured drift slower (`tune.ANCHOR_DRIFT`, what `tuner tune`
+    uses on a device), in 12."""
+    from tuner.run.tune import ANCHOR_DRIFT
+    land = _middle_start(landscapes.load_cached(ROOT / "bench" / "landscapes" / "rmsnorm_cuda-8192x8192-bf16-h100"))
+    noise = replay.Noise.parse("0.03,0.01")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        named = [replay.replay_search(land, "guided", s, budget=40, noise=noise, finalists=(3, 8, 0.05),
+                                      anchor_margin=ANCHOR_DRIFT).named_within(0.03) for s in range(12)]
+    assert sum(named) >= 11, named

@@ -296,6 +296,28 @@ def test_a_new_best_is_timed_against_the_incumbent_before_the_search_walks_on():
     assert exact.times == plain.times and exact.anchored > 0
 
 
+def test_the_anchor_margin_follows_the_drift_the_anchors_measured():
+    """`tune.drift_margin`: 6 % before anything is measured; after a search on a quiet device
+    (drift 0.3 %) its anchors pull it down, on a noisy one (8 %) up to the 10 % bound; a few
+    anchors move it less than many (pooled with the assumed 3 % drift)."""
+    from tuner.run.tune import ANCHOR_DRIFT, DRIFT_MARGIN, drift_margin, run_search
+    from tuner.search.searcher import prepare_searcher
+    assert drift_margin([]) == pytest.approx(0.06)
+    land = replay.synthetic("smooth", 1)
+    margins = {}
+    for drift in (0.003, 0.08):
+        ev = replay.ReplayEvaluator(land, noise=replay.Noise(drift=drift, jitter=0.002), seed=4)
+        searcher = prepare_searcher(land.space, "guided", 4, ev.check, ev.context, ev.limits, ())
+        store = replay.MemoryStore()
+        run_search(store, ev, searcher, 40, None, 1, anchor_margin=ANCHOR_DRIFT)
+        records = store.records()
+        assert sum(r.anchored_s is not None for r in records) >= 8
+        margins[drift] = drift_margin(records)
+        few = [r for r in records if r.anchored_s is not None][:2] + [r for r in records if r.anchored_s is None]
+        assert abs(drift_margin(few) - 0.06) < abs(margins[drift] - 0.06)
+    assert margins[0.003] < 0.05 and margins[0.08] == DRIFT_MARGIN[1]
+
+
 def test_a_config_whose_calls_go_wrong_when_timed_against_the_incumbent_is_recorded_wrong():
     """A kernel right when first timed and wrong in the interleave with the incumbent (it told
     one timing from the other) is a WRONG_RESULT record, not a new best told to the search."""

@@ -45,9 +45,12 @@ class Settings:
     retime_top: int = 3
     retime_margin: float = 0.05
     retime_max: int = 8
-    # During the search, a config timed faster than the incumbent is timed again with it in one
-    # interleave, and the search is told the incumbent's figure times their ratio there (see
-    # `tune.run_search`): a new best that was only drift does not become where it walks on from.
+    # During the search, a config timed faster than the incumbent, or slower by less than twice
+    # the drift the search has measured between evaluations (`tune.drift_margin`: 6 % until
+    # measured, 1-10 %), is timed again with it in one interleave, and the search is told the
+    # incumbent's figure times their ratio there (see `tune.run_search`): a new best that was
+    # only drift does not become where it walks on from, and a faster config that drift made
+    # look slower is not written off.
     # "auto": on the accelerators (cuda, npu), where such a re-timing costs two kernels' timed
     # calls; off on the cpu backend, where each timed call flushes the caches (it doubled a
     # 40-evaluation run there) and on the simulated ones; "on" / "off" force it.

@@ -179,7 +179,7 @@ class Trace:
 def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, budget: int = 100,
                   seeds: Iterable[Config] = (), stop_within: float | None = None,
                   parallel: int = 1, noise: Noise | None = None, finalists: tuple[int, int, float] = (3, 8, 0.05),
-                  anchor_margin: float | None = None, **searcher_options) -> Trace:
+                  anchor_margin: float | str | None = None, **searcher_options) -> Trace:
     """Run `tune.run_search` with a fresh Searcher against the landscape, as `tune.execute`
     would (the space's default first, then `seeds`), then name the winner as `tune.pick_winner`
     does (`finalists`: its at_least, at_most, margin). `stop_within`: stop at the first config

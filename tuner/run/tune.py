@@ -108,19 +108,48 @@ class Interrupted(Exception):
     killed one does."""
 
 
+ANCHOR_DRIFT = "drift"  # run_search's anchor margin follows the measured drift (`drift_margin`)
+DRIFT_DEFAULT = 0.03  # the drift believed before anchors measured it (the offline replays' noise)
+DRIFT_PRIOR_ANCHORS = 10  # ... with the weight of this many anchors
+DRIFT_MARGIN = (0.01, 0.10)  # the margin's bounds
+
+
+def drift_margin(records: list[Record]) -> float:
+    """How much slower than the incumbent a new timing may be and still be timed against it:
+    twice the drift between evaluations (a config's median taken minutes after the
+    incumbent's, under other clocks and load), within `DRIFT_MARGIN`. The drift is what the
+    anchors so far measured: each anchored record's own median over its figure against the
+    incumbent is its evaluation's drift against the incumbent's; their robust spread (1.4826
+    x the median absolute deviation of the log ratios), pooled with `DRIFT_DEFAULT` weighted
+    as `DRIFT_PRIOR_ANCHORS` anchors (a spread from a dozen anchors alone varies by a third,
+    and a margin too small hides the faster configs again). A quiet device re-times less; a
+    noisy one more, where a faster config is more often hidden behind its evaluation's drift."""
+    logs = [math.log(r.seconds / r.anchored_s) for r in records
+            if r.status is Status.OK and r.anchored_s and r.seconds > 0 and r.anchored_s > 0]
+    spread = 0.0
+    if len(logs) >= 2:
+        centre = statistics.median(logs)
+        spread = 1.4826 * statistics.median(abs(x - centre) for x in logs)
+    k = DRIFT_PRIOR_ANCHORS
+    drift = math.sqrt((k * DRIFT_DEFAULT ** 2 + len(logs) * spread ** 2) / (k + len(logs)))
+    return min(max(2.0 * drift, DRIFT_MARGIN[0]), DRIFT_MARGIN[1])
+
+
 def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: int,
                time_budget_s: float | None, parallel: int | Callable[[], int],
                on_progress: Callable[[Progress], None] = lambda p: None,
                restart_patience: bool = False, stop: threading.Event | None = None,
                on_record: Callable[[Record], None] = lambda r: None,
-               anchor_margin: float | None = None) -> Progress:
+               anchor_margin: float | str | None = None) -> Progress:
     """`parallel`: evaluations kept in flight, or a function asked before each ask (a sweep
     raises it as its other tasks finish, so that the last ones keep the devices fed).
     `restart_patience`: the records on disk do not count towards `--patience` (see
     `Searcher.restart_patience`). `stop`: once set, nothing new is asked; the evaluations in
     flight finish and are recorded, then `Interrupted` is raised. `on_record`: called with each
     new record once it is on disk (the study kept for people: tuner.search.study).
-    `anchor_margin`: see `anchored` below (None: every config is told its own median)."""
+    `anchor_margin`: see `anchored` below: a fraction, or `ANCHOR_DRIFT` (the margin follows
+    the drift the anchors so far measured: `drift_margin`); None: every config is told its own
+    median."""
     space = searcher.space
     limit = parallel if callable(parallel) else (lambda: parallel)
     known: dict[str, Record] = {}
@@ -143,14 +172,17 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
         """A config timed within `anchor_margin` of the best (or faster) is timed again in one
         interleave with the incumbent, and the search is told the incumbent's figure times
         their ratio there: medians taken minutes apart differ by drift (clocks, temperature,
-        other work) that one interleave does not have, and the search walks on from its best."""
+        other work) that one interleave does not have, and the search walks on from its best.
+        Configs that timed a little slower than the incumbent are included because drift can
+        hide a faster one there: told their own median, they would be written off for good."""
         if anchor_margin is None or record.status is not Status.OK:
             return record
         ok = [r for r in known.values() if r.status is Status.OK and r.build.binary_hash != record.build.binary_hash]
         if not ok:
             return record
         incumbent = min(ok, key=lambda r: r.search_s)
-        if record.seconds > incumbent.search_s * (1 + anchor_margin):
+        margin = drift_margin(ok) if anchor_margin == ANCHOR_DRIFT else float(anchor_margin)
+        if record.seconds > incumbent.search_s * (1 + margin):
             return record
         retime = getattr(evaluator, "retime", None)
         samples = retime([record, incumbent]) if retime else None
@@ -517,7 +549,7 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
                               parallel or getattr(evaluator, "default_parallel", None)
                               or settings.n_compile_workers, view, restart_patience, stop,
                               mirror.add if mirror is not None else (lambda r: None),
-                              anchor_margin=0.0 if settings.anchors(meta.backend) else None)
+                              anchor_margin=ANCHOR_DRIFT if settings.anchors(meta.backend) else None)
         evaluator.wait_reference()  # a search that measured nothing has not waited for it
         timeline = {"device_s": round((evaluator.device_done or time.monotonic()) - started, 2)}
         timeline["device_and_reference_s"] = round((evaluator.reference_done or time.monotonic()) - started, 2)
