@@ -84,7 +84,7 @@ def decode(space: Space, params: dict[str, Any]) -> Config:
 def make_sampler(name: str, space: Space, seed: int | None, n_startup: int,
                  check=None, encoding: str = "ordinal", options: dict | None = None):
     if name == "guided":
-        from tuner.search.guided import GuidedSampler
+        from tuner.search.guided_sampler import GuidedSampler
         if encoding != "ordinal":
             raise SearchError("the guided sampler encodes the space itself; use encoding='ordinal'")
         return GuidedSampler(space, distributions(space), encode, decode, seed=seed, check=check,
