@@ -90,7 +90,10 @@ def test_anchoring_goes_through_the_real_workers_and_survives_a_resume(tmp_path,
     run = only_run(runs)
     anchored = [r for r in Store.open(run).records() if r.anchored_s is not None]
     assert anchored and all(r.status is Status.OK and r.anchored_s > 0 for r in anchored)
-    assert json.loads((run / "summary.json").read_text())["anchored"] == len(anchored)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["anchored"] == len(anchored) == summary["drift"]["anchors"]
+    assert 0.01 <= summary["drift"]["margin"] <= 0.10
+    assert (summary["drift"]["measured"] is None) == (len(anchored) < 2)
     before = [(r.config.key, r.anchored_s) for r in Store.open(run).records()]
     assert main(["tune", "--resume", str(run), "--budget", "16", "--quiet"]) == 0
     after = [(r.config.key, r.anchored_s) for r in Store.open(run).records()]

@@ -114,24 +114,30 @@ DRIFT_PRIOR_ANCHORS = 10  # ... with the weight of this many anchors
 DRIFT_MARGIN = (0.01, 0.10)  # the margin's bounds
 
 
+def measured_drift(records: list[Record]) -> tuple[float | None, int]:
+    """The drift between evaluations that the anchors measured, and how many anchors: each
+    anchored record's own median over its figure against the incumbent is its evaluation's
+    drift against the incumbent's; their robust spread (1.4826 x the median absolute deviation
+    of the log ratios). None with fewer than two anchors."""
+    logs = [math.log(r.seconds / r.anchored_s) for r in records
+            if r.status is Status.OK and r.anchored_s and r.seconds > 0 and r.anchored_s > 0]
+    if len(logs) < 2:
+        return None, len(logs)
+    centre = statistics.median(logs)
+    return 1.4826 * statistics.median(abs(x - centre) for x in logs), len(logs)
+
+
 def drift_margin(records: list[Record]) -> float:
     """How much slower than the incumbent a new timing may be and still be timed against it:
     twice the drift between evaluations (a config's median taken minutes after the
     incumbent's, under other clocks and load), within `DRIFT_MARGIN`. The drift is what the
-    anchors so far measured: each anchored record's own median over its figure against the
-    incumbent is its evaluation's drift against the incumbent's; their robust spread (1.4826
-    x the median absolute deviation of the log ratios), pooled with `DRIFT_DEFAULT` weighted
-    as `DRIFT_PRIOR_ANCHORS` anchors (a spread from a dozen anchors alone varies by a third,
-    and a margin too small hides the faster configs again). A quiet device re-times less; a
-    noisy one more, where a faster config is more often hidden behind its evaluation's drift."""
-    logs = [math.log(r.seconds / r.anchored_s) for r in records
-            if r.status is Status.OK and r.anchored_s and r.seconds > 0 and r.anchored_s > 0]
-    spread = 0.0
-    if len(logs) >= 2:
-        centre = statistics.median(logs)
-        spread = 1.4826 * statistics.median(abs(x - centre) for x in logs)
+    anchors so far measured (`measured_drift`), pooled with `DRIFT_DEFAULT` weighted as
+    `DRIFT_PRIOR_ANCHORS` anchors (a spread from a dozen anchors alone varies by a third, and a
+    margin too small hides the faster configs again). A quiet device re-times less; a noisy
+    one more, where a faster config is more often hidden behind its evaluation's drift."""
+    spread, n = measured_drift(records)
     k = DRIFT_PRIOR_ANCHORS
-    drift = math.sqrt((k * DRIFT_DEFAULT ** 2 + len(logs) * spread ** 2) / (k + len(logs)))
+    drift = math.sqrt((k * DRIFT_DEFAULT ** 2 + n * (spread or 0.0) ** 2) / (k + n))
     return min(max(2.0 * drift, DRIFT_MARGIN[0]), DRIFT_MARGIN[1])
 
 
@@ -563,8 +569,13 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         if winner is not None:
             write_best(store, skeleton, evaluator, winner)
         summary = summarize(store, winner, evaluator, time.monotonic() - started, timeline, progress.stopped)
-        # Configs timed again against the incumbent during the search (`run_search`'s anchor)
+        # Configs timed again against the incumbent during the search (`run_search`'s anchor),
+        # and the drift between evaluations they measured: how far apart two timings of the same
+        # kernel minutes apart read on this device, and the margin the search ended with.
         summary["anchored"] = sum(1 for r in store.records() if r.anchored_s is not None)
+        if settings.anchors(meta.backend):
+            drift, n = measured_drift(store.records())
+            summary["drift"] = {"measured": drift, "anchors": n, "margin": drift_margin(store.records())}
         from tuner.run.html import report_at_end
         return report_at_end(store, summary, settings.report, view.note)
     finally:
