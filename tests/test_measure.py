@@ -544,6 +544,8 @@ def test_history_compares_only_lone_calls_the_host_did_not_delay(fast_settings, 
         assert history == (["flow"] * measure._IN_FLOW + ["made", "lone"]) * len(lone_calls)
     if status == "SUSPECT":
         assert "never seen" in m.detail and "two rounds" in m.detail
+        # The calls on the timed buffers right before the lone ones, said beside the verdict.
+        assert "right before the single ones: 5.0 us median" in m.detail, m.detail
 
 
 def test_a_kernel_that_works_only_when_its_call_will_be_checked_is_caught(fast_settings):

@@ -759,7 +759,7 @@ def _history(backend, kernel, op: Op, median: float, rotation: _Rotation) -> str
 
 
 _HISTORY_PAUSE_S = 1.0  # between the history check's rounds: a passing load passes
-_IN_FLOW = 3  # calls on the rotation's sets right before each lone call (their times unused)
+_IN_FLOW = 3  # calls on the rotation's sets right before each lone call (see _history_round)
 
 
 def _history_round(backend, kernel, op: Op, median: float, rotation: _Rotation, made: list) -> str | None:
@@ -777,7 +777,10 @@ def _history_round(backend, kernel, op: Op, median: float, rotation: _Rotation, 
     were clean, more fresh sets are made (one more batch), never a second call on the same
     ones (a kernel could answer it from the first); the fastest of all of them is compared.
     Each lone call comes in the flow of timed calls: right after `_IN_FLOW` calls on the
-    rotation's sets, as the timed calls follow each other. After a pause (the new inputs being
+    rotation's sets, as the timed calls follow each other (their times are said with a verdict,
+    not part of it: whether the timed buffers were slow at that moment too tells a slow machine
+    from buffers the kernel has not seen; they cannot excuse it, since a kernel that saw the
+    first lone call's new inputs knows the calls around the next ones and could slow them). After a pause (the new inputs being
     made) a kernel whose threads another process's work holds off its cores waits for the
     scheduler's next tick: 147 us at 2 ms apart, 8 ms at 5 ms apart (bench/RESULTS.md). The
     calls before it are on buffers the kernel has seen, so they tell it nothing of what comes
@@ -787,6 +790,7 @@ def _history_round(backend, kernel, op: Op, median: float, rotation: _Rotation, 
     maps a buffer at its first call), the sets are made first: making one is host work, a
     pause."""
     clean, unclean = [], []
+    in_flow: list[float] = []  # not part of the verdict: said with it (drift, or the buffers?)
     ahead = backend.isolated_kernels
 
     def new_set():
@@ -798,7 +802,7 @@ def _history_round(backend, kernel, op: Op, median: float, rotation: _Rotation, 
         n = _FRESH_CALLS - len(clean)
         made.append([new_set() for _ in range(n)] if ahead else [])  # kept: new addresses too
         for k in range(n):
-            backend.time_calls(rotation.call, _IN_FLOW, rotation.before)
+            in_flow += backend.time_calls(rotation.call, _IN_FLOW, rotation.before)
             if not ahead:
                 made[-1].append(new_set())
             fresh = made[-1][k]
@@ -821,7 +825,8 @@ def _history_round(backend, kernel, op: Op, median: float, rotation: _Rotation, 
         return (f"{cold / median:.1f}x slower on buffers it had never seen ({cold * 1e6:.1f} us, the "
                 f"fastest of {len(clean + unclean)} single calls) than on the buffers it was timed on "
                 f"({median * 1e6:.1f} us median): its time depends on the calls before it (results "
-                f"kept between calls, or work skipped on buffers seen before)")
+                f"kept between calls, or work skipped on buffers seen before); the calls on the timed "
+                f"buffers right before the single ones: {statistics.median(in_flow) * 1e6:.1f} us median")
     return None
 
 
