@@ -7,6 +7,7 @@ import warnings
 from typing import Any, Callable
 
 import numpy as np
+import optuna
 
 from tuner.core.space import Space
 from tuner.core.values import Config
@@ -16,12 +17,7 @@ TPE_EVERY = 4  # every 4th ask is TPE's (GuidedSampler; 0: never)
 TPE_FROM = 10  # timings (or failures) before TPE has a say
 
 
-def _optuna_sampler_base():
-    import optuna
-    return optuna.samplers.BaseSampler
-
-
-class GuidedSampler(_optuna_sampler_base()):
+class GuidedSampler(optuna.samplers.BaseSampler):
     """`GuidedSearch` behind Optuna's sampler interface, for the Searcher's ask/tell loop.
 
     Reads the whole history from the study on every ask (so a resumed study continues where
@@ -34,9 +30,8 @@ class GuidedSampler(_optuna_sampler_base()):
     def __init__(self, space: Space, distributions: dict, encode: Callable, decode: Callable,
                  seed: int | None = None, check: Callable[[Config], str | None] | None = None,
                  tpe_every: int = TPE_EVERY, **options: Any):
-        """`tpe_every`: every n-th ask is TPE's (see "A second opinion" in the module notes;
-        0: never); `options`: GuidedSearch's."""
-        import optuna
+        """`tpe_every`: every n-th ask is TPE's (see "A second opinion" in tuner.search.guided's
+        notes; 0: never); `options`: GuidedSearch's."""
         self.space = space
         self.tpe_every = tpe_every
         self.search = GuidedSearch(space, check, **options)
@@ -53,7 +48,6 @@ class GuidedSampler(_optuna_sampler_base()):
         return dict(self._dists)
 
     def sample_relative(self, study, trial, search_space: dict) -> dict:
-        import optuna
         if not search_space or trial.system_attrs.get("fixed_params"):
             return {}
         TS = optuna.trial.TrialState
@@ -107,7 +101,6 @@ class GuidedSampler(_optuna_sampler_base()):
         the model's own draws are, not by a generator that runs on between asks), repaired
         where the formulas reject it; None when it is a config already seen, one the failure
         model expects to fail, or none could be made of it."""
-        import optuna
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # multivariate TPE is "experimental"
             tpe = optuna.samplers.TPESampler(seed=(self._seed * 1_000_003 + trial.number) % 2**31,
