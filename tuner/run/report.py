@@ -156,8 +156,9 @@ def summary_table(s: dict[str, Any], run_dir: str = "") -> Table:
     if drift and drift.get("anchors"):
         measured = (f"{drift['measured']:.1%} between evaluations" if drift.get("measured") is not None
                     else "not yet measured")
-        t.add_row("timing drift", f"{measured}, from {drift['anchors']} configs re-timed against the best "
-                                  f"so far (those that timed at most {drift['margin']:.1%} slower than it)")
+        n = drift["anchors"]
+        t.add_row("timing drift", f"{measured}, from {n} config{'s' if n != 1 else ''} re-timed against the "
+                                  f"best so far (those that timed at most {drift['margin']:.1%} slower than it)")
     t.add_row("wall time", f"{s['wall_s']:.1f} s")
     if run_dir:
         t.add_row("run", run_dir)
