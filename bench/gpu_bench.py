@@ -167,7 +167,8 @@ def tune_one(op_name: str, shape: str, language: str, budget: int, out: Path, ro
     row.update({f"{tag}tune_wall_s": round(time.monotonic() - t0, 1), f"{tag}trials": summary["evaluations"],
                 f"{tag}failures": {k: f"{v['count']}: {v['example'][:160]}" for k, v in summary["failures"].items()
                                    if k != "INVALID"},
-                "device": summary["device"]["name"], "peaks": summary["device"]["peaks"]})
+                "device": summary["device"]["name"], "peaks": summary["device"]["peaks"],
+                f"{tag}anchored": summary.get("anchored"), f"{tag}drift": summary.get("drift")})
     best = summary["best"]
     if best is None:
         row[f"{tag}error"] = "no config passed: " + json.dumps(summary["failures"])[:500]
@@ -318,7 +319,7 @@ def cmd_seeds(args) -> None:
             except Exception as e:  # noqa: BLE001 - one seed's failure is a row, not a lost run
                 info["error"] = f"{type(e).__name__}: {e}"[:300]
                 k = None
-            row["seeds"][seed] = {k2: info[k2] for k2 in ("config", "run_best_us", "tune_wall_s", "trials", "error")
+            row["seeds"][seed] = {k2: info[k2] for k2 in ("config", "run_best_us", "tune_wall_s", "trials", "anchored", "drift", "error")
                                   if k2 in info}
             # Each seed's records beside the table (small): what each search timed, in order.
             for rec in (out / f"{op_name}_{shape}_{seed}").rglob("records.jsonl"):
