@@ -749,3 +749,61 @@ def test_the_range_check_lets_an_honest_kernel_round_where_the_op_is_ill_conditi
         _flash_attention(q, k, v, o, running_max=False)
     why = measure._range_check(backend, no_running_max, op)
     assert why is not None and "scaled by 16" in why
+
+
+@pytest.mark.parametrize("rounds, status, median_us", [
+    # Every round's timed buffers as slow as the new ones (the machine slower then): no verdict,
+    # and the kernel's time is the timed buffers' at the check (the fastest such round's).
+    ([(60, 55), (60, 50), (60, 58), (60, 52)], "OK", 50),
+    # Slow once, then a round passes: the timed median stands.
+    ([(60, 55), (5, 5)], "OK", 5),
+    # A round that flags (new buffers slow, the timed ones fast), then the timed buffers slowed
+    # for the rest: what a kernel that knows it is being checked could do. Excused, but recorded
+    # at the slowed calls' time, which is at least its time on new buffers over the factor.
+    ([(60, 5), (60, 45), (60, 45), (60, 45)], "OK", 45),
+    # Two rounds that flag, an excused one between them: SUSPECT.
+    ([(60, 5), (60, 55), (60, 5)], "SUSPECT", None),
+])
+def test_a_round_whose_timed_buffers_were_as_slow_as_the_new_ones_does_not_flag(fast_settings, monkeypatch,
+                                                                                 rounds, status, median_us):
+    """An honest C softmax on a 2-core machine read 0.95 ms and 2.0 ms by turns, for seconds at
+    a time; timed fast and checked slow it was SUSPECT, the calls on its timed buffers right
+    before the lone ones as slow as the lone ones (1634 against 1600 us). Such a round does not
+    flag. It cannot excuse a kernel for free: the kernel is then recorded at the time of those
+    calls, which is no faster than its work on new buffers over the factor."""
+    script = [r for r in rounds]
+    state = {}
+
+    class Host(HostClock):
+        def load(self, artifact, op):
+            return softmax_kernel
+
+        def time_calls(self, fn, n, before=None):
+            if not state.get("lone"):  # the first flow of a round
+                state["round"] = script.pop(0)
+                state["lone"] = 3
+            for _ in range(n):
+                fn()
+            return [state["round"][1] * 1e-6] * n
+
+        def time_call(self, fn, before=None):
+            fn()
+            state["lone"] -= 1
+            return state["round"][0] * 1e-6
+
+    def bench(backend, fn, settings, best_s=None, between=None, before=None):
+        return [5e-6] * 8, False
+
+    monkeypatch.setattr(measure, "bench", bench)
+    monkeypatch.setattr(measure, "_HISTORY_PAUSE_S", 0.0)
+    host = Host()
+    host.isolated_kernels = True
+    host.history_factor, host.history_slack_s = 1.4, 1e-6
+    m = measure.measure(host, "-", builtin_spec("softmax", "16x64", "fp32"), fast_settings)
+    assert m.status.value == status, m.detail
+    assert not script  # every round scripted was run, and no more
+    if status == "OK":
+        assert m.median == pytest.approx(median_us * 1e-6)
+        assert ("timed again" in m.detail) == (median_us != 5), m.detail
+    else:
+        assert "two rounds" in m.detail
