@@ -807,3 +807,26 @@ def test_a_round_whose_timed_buffers_were_as_slow_as_the_new_ones_does_not_flag(
         assert ("timed again" in m.detail) == (median_us != 5), m.detail
     else:
         assert "two rounds" in m.detail
+
+
+def test_the_absolute_slack_does_not_excuse_a_round(fast_settings, monkeypatch):
+    """A kernel of 1 us that skips 22 us of work on buffers it has seen, its calls on those
+    buffers slowed to 2.5 us once it sees new ones: within the 20 us slack of the new ones, but
+    not within the factor. Excused by the slack it would be recorded at 2.5 us for 22 us of work."""
+    class Host(HostClock):
+        def load(self, artifact, op):
+            return softmax_kernel
+
+        def time_calls(self, fn, n, before=None):
+            for _ in range(n):
+                fn()
+            return [2.5e-6] * n
+
+        def time_call(self, fn, before=None):
+            fn()
+            return 22e-6
+
+    monkeypatch.setattr(measure, "bench", lambda *a, **k: ([1e-6] * 8, False))
+    monkeypatch.setattr(measure, "_HISTORY_PAUSE_S", 0.0)
+    m = measure.measure(Host(), "-", builtin_spec("softmax", "16x64", "fp32"), fast_settings)
+    assert m.status.value == "SUSPECT", m.detail
