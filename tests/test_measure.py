@@ -329,6 +329,7 @@ def test_retiming_forgives_one_late_start_but_not_two(monkeypatch):
 
     monkeypatch.setattr(measure, "_Rotation", _Rotation)
     monkeypatch.setattr(measure, "bench", bench)
+    monkeypatch.setattr(measure, "_history", lambda *a: (None, None))  # the stubs make no new buffers
     monkeypatch.setattr(measure, "load_op", lambda spec: None)
     backend = types.SimpleNamespace(load=lambda artifact, op: artifact)
     out = measure.time_many(backend, ["once", "always", "never"], builtin_spec("softmax", "4x4"), Settings())
@@ -357,6 +358,7 @@ def test_retiming_gives_each_contender_each_place_in_the_round(monkeypatch):
     op = types.SimpleNamespace(make_inputs=lambda seed: [], torch_impl=lambda xs: None)
     monkeypatch.setattr(measure, "_Rotation", _Rotation)
     monkeypatch.setattr(measure, "bench", bench)
+    monkeypatch.setattr(measure, "_history", lambda *a: (None, None))  # the stubs make no new buffers
     monkeypatch.setattr(measure, "load_op", lambda spec: op)
     backend = types.SimpleNamespace(load=lambda artifact, op: artifact, data_device=lambda: None,
                                     to_device=lambda x: x)
@@ -830,3 +832,43 @@ def test_the_absolute_slack_does_not_excuse_a_round(fast_settings, monkeypatch):
     monkeypatch.setattr(measure, "_HISTORY_PAUSE_S", 0.0)
     m = measure.measure(Host(), "-", builtin_spec("softmax", "16x64", "fp32"), fast_settings)
     assert m.status.value == "SUSPECT", m.detail
+
+
+def test_a_kernel_that_starts_keeping_results_after_its_first_timing_is_caught_in_the_retiming(fast_settings,
+                                                                                                monkeypatch):
+    """A kernel's state can outlive a measurement (a GPU kernel's scratch tensor that the caching
+    allocator hands back, in a worker that serves every evaluation of a run), and so can a count
+    of its calls: honest through its first timing, whose history check it passes, it then keeps
+    its results keyed by its inputs. The re-timings that name the winner and anchor the search
+    reuse the pooled inputs: without a history check of their own they would time the cache."""
+    monkeypatch.setattr(measure, "_HISTORY_PAUSE_S", 0.0)
+
+    class LateCache:
+        def __init__(self):
+            self.kept, self.cheat = {}, False
+
+        def __call__(self, x, y):
+            key = tuple(x.flatten()[:8].tolist())
+            if self.cheat and key in self.kept:
+                y.copy_(self.kept[key])
+                return
+            time.sleep(400e-6)  # the work
+            softmax_kernel(x, y)
+            if self.cheat:
+                self.kept[key] = y.clone()
+
+    kernel = LateCache()
+
+    class Host(HostClock):
+        def load(self, artifact, op):
+            return kernel
+
+    spec = builtin_spec("softmax", "16x64", "fp32")
+    first = measure.measure(Host(), "-", spec, fast_settings)
+    assert first.status.value == "OK", first.detail
+    kernel.cheat = True  # from its next call on, as a count of its calls would tell it
+    out = measure.time_many(Host(), ["-"], spec, fast_settings)
+    assert isinstance(out[0], str) and "never seen" in out[0], out[0]
+    kernel.__init__()  # the same kernel, honest throughout: re-timed, no verdict
+    out = measure.time_many(Host(), ["-"], spec, fast_settings)
+    assert isinstance(out[0], list) and min(out[0]) >= 400e-6, out[0]

@@ -928,7 +928,12 @@ def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
     rounds a multiple of the contenders) so drift and a slower place in the round hit all
     alike (a fixed order handed the slow first place to the search's fastest, always first),
     each on its own rotation of buffer sets, checked as the first timing was.
-    A candidate whose re-timed calls are wrong gets the reason instead of samples.
+    A candidate whose re-timed calls are wrong gets the reason instead of samples, and so does
+    one whose calls on new buffers after the interleave are slower than its re-timed median
+    (`_history`, as after a first timing): a kernel's state can outlive its first measurement
+    (a GPU kernel's scratch memory that the caching allocator hands back, in a worker serving
+    the whole run), and one honest through its first timing could keep its results from then
+    on, for the pooled inputs these rotations reuse.
     `with_reference`: the torch reference is timed in the same interleave, its samples last
     (a speedup measured while the machine was busy then compares like with like)."""
     op = load_op(spec)
@@ -975,4 +980,20 @@ def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
                 out[i] = f"re-timing: {type(e).__name__}: {e}"[:2000]
                 continue
             out[i].extend(s)
+    for i, rot in enumerate(rotations):
+        if isinstance(out[i], str) or not out[i]:
+            continue
+        median = max(statistics.median(out[i]), 1e-12)
+        try:
+            why, retimed = _forgiving_one_late_start(
+                "calls on fresh buffers", lambda: _history(backend, kernels[i], op, median, rot))
+        except (OutsideKill, BackendUnavailable):
+            raise
+        except Exception as e:  # wrong on new buffers (Caught), late twice, its process died
+            out[i] = f"re-timing: {type(e).__name__}: {e}"[:2000] if not isinstance(e, Caught) else f"re-timing: {e}"
+            continue
+        if why:
+            out[i] = f"re-timing: {why}"
+        elif retimed:
+            out[i] = list(retimed)
     return out
