@@ -869,6 +869,7 @@ def test_a_kernel_that_starts_keeping_results_after_its_first_timing_is_caught_i
     kernel.cheat = True  # from its next call on, as a count of its calls would tell it
     out = measure.time_many(Host(), ["-"], spec, fast_settings)
     assert isinstance(out[0], str) and "never seen" in out[0], out[0]
+    assert measure.retimed_status(out[0]).value == "SUSPECT"  # not a wrong result: a time that lies
     kernel.__init__()  # the same kernel, honest throughout: re-timed, no verdict
     out = measure.time_many(Host(), ["-"], spec, fast_settings)
     assert isinstance(out[0], list) and min(out[0]) >= 400e-6, out[0]

@@ -922,6 +922,15 @@ def round_order(n: int, r: int) -> list[int]:
     return [(r + j) % n for j in range(n)]
 
 
+RETIMED_SUSPECT = "re-timing, suspect: "  # how time_many's reasons that are not wrong results begin
+
+
+def retimed_status(reason: str) -> Status:
+    """The status a candidate gets for `time_many`'s reason: SUSPECT for a time that depends on
+    the calls before it or a clock that did not fit, WRONG_RESULT for wrong re-timed calls."""
+    return Status.SUSPECT if reason.startswith(RETIMED_SUSPECT) else Status.WRONG_RESULT
+
+
 def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
               rounds: int = 5, with_reference: bool = False) -> list[list[float] | str]:
     """Re-time several candidates interleaved (A B C, B C A, C A B, ...: `round_order`, the
@@ -972,7 +981,7 @@ def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
                 if i not in late:
                     late.add(i)
                     continue
-                out[i] = f"re-timing: {type(e).__name__}: {e} (twice)"[:2000]
+                out[i] = f"{RETIMED_SUSPECT}{type(e).__name__}: {e} (twice)"[:2000]
                 continue
             except (OutsideKill, BackendUnavailable):
                 raise
@@ -989,11 +998,17 @@ def time_many(backend, artifacts: list[str], spec: OpSpec, settings: Settings,
                 "calls on fresh buffers", lambda: _history(backend, kernels[i], op, median, rot))
         except (OutsideKill, BackendUnavailable):
             raise
-        except Exception as e:  # wrong on new buffers (Caught), late twice, its process died
-            out[i] = f"re-timing: {type(e).__name__}: {e}"[:2000] if not isinstance(e, Caught) else f"re-timing: {e}"
+        except Caught as e:  # wrong on new buffers
+            out[i] = f"re-timing: {e}"
+            continue
+        except ClockMismatch as e:
+            out[i] = f"{RETIMED_SUSPECT}{type(e).__name__}: {e}"[:2000]
+            continue
+        except Exception as e:  # its process died under it (cpu), a launch error
+            out[i] = f"re-timing: {type(e).__name__}: {e}"[:2000]
             continue
         if why:
-            out[i] = f"re-timing: {why}"
+            out[i] = f"{RETIMED_SUSPECT}{why}"
         elif retimed:
             out[i] = list(retimed)
     return out

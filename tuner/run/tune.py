@@ -29,6 +29,7 @@ from tuner.core.settings import Settings
 from tuner.core.skeleton import Skeleton
 from tuner.core.values import Config, Measurement, OpSpec, Record, RunMeta, Status
 from tuner.exec.evaluate import Evaluator
+from tuner.exec.measure import retimed_status
 from tuner.exec.sandbox import missing as missing_sandbox
 from tuner.run.report import Progress, timing_flags
 from tuner.run.store import Store
@@ -192,9 +193,9 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
             return record
         retime = getattr(evaluator, "retime", None)
         samples = retime([record, incumbent]) if retime else None
-        if samples and isinstance(samples[0], str):  # its re-timed calls were wrong: so is it
+        if samples and isinstance(samples[0], str):  # its re-timed calls were wrong (or suspect): so is it
             return dataclasses.replace(record, measurement=Measurement(
-                Status.WRONG_RESULT, detail=f"re-timed against the incumbent: {samples[0]}"))
+                retimed_status(samples[0]), detail=f"re-timed against the incumbent: {samples[0]}"))
         if not samples or len(samples) < 2 or any(isinstance(x, str) or not x for x in samples[:2]):
             return record  # not re-timed (a worker failure; the incumbent's calls wrong): its own figure
         ratio = statistics.median(samples[0]) / statistics.median(samples[1])
@@ -322,9 +323,9 @@ def pick_winner(store: Store, evaluator: Evaluator, settings: Settings,
     if samples is not None:
         retimed = []
         for r, s in zip(top, samples):
-            if isinstance(s, str):  # its re-timed calls were wrong: recorded, out of the running
+            if isinstance(s, str):  # its re-timed calls were wrong (or suspect): recorded, out of the running
                 store.append(Record(r.op_key, r.skeleton_hash, r.config, r.build,
-                                    Measurement(Status.WRONG_RESULT, detail=s), r.device, r.toolchain,
+                                    Measurement(retimed_status(s), detail=s), r.device, r.toolchain,
                                     time.time(), r.trial))
                 continue
             retimed.append(Record(r.op_key, r.skeleton_hash, r.config, r.build,
