@@ -596,3 +596,27 @@ def test_a_problem_files_module_is_read_as_a_literal_only(tmp_path, text):
     r = read(p)
     assert time.perf_counter() - t0 < 1.0
     assert r == ({"class": "a:B", "attrs": {}} if text.endswith("= 3") else None)
+
+
+def test_verify_times_each_forward_on_inputs_no_call_before_it_had():
+    """`tuner verify`'s timed forwards: a served kernel that kept its results keyed by its
+    inputs (honest while it was tuned, a count of its calls telling it when to start) would
+    answer every timed forward from the first if each took the same inputs. Floating-point
+    inputs are rotated per call (the same values, dtype, shape); token ids and masks kept."""
+    import torch
+
+    from tuner.model.verify import cycling, timing_sets
+    x = torch.randn(4, 300, dtype=torch.bfloat16)
+    ids = torch.arange(12).view(3, 4)
+    sets = timing_sets([x, ids, 7], 21)
+    assert len(sets) == 21
+    assert len({tuple(s[0].flatten()[:8].tolist()) for s in sets}) == 21  # every forward its own
+    for s in sets:
+        assert s[0].shape == x.shape and s[0].dtype == x.dtype
+        assert torch.equal(s[0].flatten().sort().values, x.flatten().sort().values)
+        assert s[1] is ids and s[2] == 7
+    seen = []
+    call = cycling(lambda a, b, c: seen.append(a), sets)
+    for _ in range(22):
+        call()
+    assert seen[:21] == [s[0] for s in sets] and seen[21] is sets[0][0]
