@@ -83,7 +83,8 @@ def timing_sets(xs: list, n: int) -> list[list]:
     values a model may depend on for its meaning. Fewer where the copies would take more than
     `TIMING_SET_BYTES`. A kernel served inside the model that kept its results keyed by its
     inputs (honest while tuned, caching later) would otherwise answer every timed forward from
-    the first: the inputs are floating point wherever a cache could be keyed by them."""
+    the first. Not covered: a model whose only inputs are token ids (its hidden states repeat
+    with them)."""
     import torch
     floats = [x for x in xs if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 1]
     per_set = sum(x.numel() * x.element_size() for x in floats)
