@@ -217,7 +217,7 @@ def in_tmp(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, in_tmp, capsys):
+def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, in_tmp, capsys, monkeypatch):
     """The whole path a user takes from a model, through the commands: profile (an RMSNorm and
     a gated MLP written as transformers writes them are rows of the library's ops, a module
     that ignores its weight is not), emit, sweep, db update, export, verify (outputs held to
@@ -249,8 +249,14 @@ def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, in_tmp, capsys):
     capsys.readouterr()
     # --serve-slower: at these tiny shapes torch's own may win a kernel's run (then left to torch
     # by default: tests/test_runtime.py); routing is what is checked here.
+    from tuner.model import verify as verify_module
+    timed_sets = []  # the input sets each timed variant cycles over
+    real_cycling = verify_module.cycling
+    monkeypatch.setattr(verify_module, "cycling", lambda fn, sets: (timed_sets.append(sets), real_cycling(fn, sets))[1])
     assert main(["verify", "model.py", "--db", "exp/tuning.json", "--rounds", "2", "--json", "--serve-slower"]) == 0
     v = json.loads(capsys.readouterr().out)
+    # Every timed variant, each forward on inputs of its own (the warm-up's and two rounds').
+    assert len(timed_sets) >= 4 and all(len({tuple(s[0].flatten()[:4].tolist()) for s in sets}) == 3 for sets in timed_sets)
     assert v["passed"] and v["error"] <= v["allowed"]
     assert [list(m) for m in v["modules"]] == [["mlp", "swiglu"], ["norm", "rmsnorm"]]
     assert ["rmsnorm 32x64 fp32", 1, 0] in [list(r) for r in v["routed"]]
