@@ -80,7 +80,7 @@ def watch_lone_calls(backend) -> list[tuple[float, bool]]:
             del calls[kept:]
 
     backend.time_call, backend.time_calls = time_call, time_calls
-    real_history = measure._history
+    real_history = measure.check_history
     lone: list[tuple[float, bool]] = []
 
     def history(*args):
@@ -90,7 +90,7 @@ def watch_lone_calls(backend) -> list[tuple[float, bool]]:
         finally:
             lone[:] = calls
 
-    measure._history = history
+    measure.check_history = history
     return lone
 
 

@@ -306,7 +306,7 @@ def launch(x, y):
 def stray_store_verdicts(workdir: str, interpret: bool) -> dict[bool, str | None]:
     """What the check says of the masked and the unmasked kernel."""
     from tuner.core.ops import builtin_spec, load_op
-    from tuner.exec.measure import _reference, check
+    from tuner.exec.checks import check, reference as _reference
     spec = builtin_spec("softmax", "3x40", "fp32")
     backend = CudaBackend(0, interpret=interpret, op=spec.to_json())
     op = load_op(spec)

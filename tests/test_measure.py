@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tuner.core.ops import builtin_spec, load_op
-from tuner.exec import measure
+from tuner.exec import checks, history, measure
 
 
 class HostBackend:
@@ -63,40 +63,40 @@ def softmax_kernel(x, y):
 
 def test_interleaved_ops_do_not_regenerate_their_references(monkeypatch):
     calls = []
-    real = measure._reference
-    monkeypatch.setattr(measure, "_reference", lambda op, seed: calls.append(op.spec.key) or real(op, seed))
-    monkeypatch.setattr(measure, "_pool", type(measure._pool)())
+    real = checks.reference
+    monkeypatch.setattr(checks, "reference", lambda op, seed: calls.append(op.spec.key) or real(op, seed))
+    monkeypatch.setattr(checks, "_pool", type(checks._pool)())
     backend = HostBackend()
     ops = [load_op(builtin_spec("softmax", f"{m}x64", "fp32")) for m in (8, 16, 32)]
     for _ in range(3):  # a sweep's bench worker switches between ops all the time
         for op in ops:
-            for seed, ref in measure._rng.sample(measure._pooled(op), 2):
-                assert measure.check(backend, softmax_kernel, op, seed, ref)[0] is None
-    assert len(calls) == 3 * measure._POOL_SIZE  # one pool per op, made once
+            for seed, ref in measure._rng.sample(checks.pooled(op), 2):
+                assert checks.check(backend, softmax_kernel, op, seed, ref)[0] is None
+    assert len(calls) == 3 * checks._POOL_SIZE  # one pool per op, made once
 
 
 def test_a_stray_write_into_the_kept_inputs_is_caught_and_does_not_stay(monkeypatch):
-    monkeypatch.setattr(measure, "_pool", type(measure._pool)())
-    monkeypatch.setattr(measure, "_on_device", type(measure._on_device)())
+    monkeypatch.setattr(checks, "_pool", type(checks._pool)())
+    monkeypatch.setattr(checks, "_on_device", type(checks._on_device)())
     backend = HostBackend()
     op = load_op(builtin_spec("softmax", "8x64", "fp32"))
-    seed, ref = measure._pooled(op)[0]
-    assert measure.check(backend, softmax_kernel, op, seed, ref)[0] is None
+    seed, ref = checks.pooled(op)[0]
+    assert checks.check(backend, softmax_kernel, op, seed, ref)[0] is None
 
     def scribbler(x, y):  # an out-of-bounds write that lands in the kept pristine copy
         softmax_kernel(x, y)
-        measure._on_device[(measure._op_key(op), seed)][1][0].zero_()
+        checks._on_device[(checks._op_key(op), seed)][1][0].zero_()
 
-    why, _, _ = measure.check(backend, scribbler, op, seed, ref)
+    why, _, _ = checks.check(backend, scribbler, op, seed, ref)
     assert why and "into the harness's own copy of the inputs or the reference" in why
     # The kept copies were dropped: the next check starts again from the host's.
-    assert measure.check(backend, softmax_kernel, op, seed, ref)[0] is None
+    assert checks.check(backend, softmax_kernel, op, seed, ref)[0] is None
 
 
 def test_a_data_device_backend_makes_its_sets_there_once_and_again_after_a_stray_write(monkeypatch):
-    monkeypatch.setattr(measure, "_pool", type(measure._pool)())
-    monkeypatch.setattr(measure, "_seeds", {})
-    monkeypatch.setattr(measure, "_on_device", type(measure._on_device)())
+    monkeypatch.setattr(checks, "_pool", type(checks._pool)())
+    monkeypatch.setattr(checks, "_seeds", {})
+    monkeypatch.setattr(checks, "_on_device", type(checks._on_device)())
     made = []
     backend = DeviceMadeBackend()
     ops = [load_op(builtin_spec("softmax", f"{m}x64", "fp32")) for m in (8, 16)]
@@ -105,25 +105,25 @@ def test_a_data_device_backend_makes_its_sets_there_once_and_again_after_a_stray
         monkeypatch.setattr(op, "make_inputs", lambda seed, device=None, real=real: made.append(seed) or real(seed, device))
     for _ in range(3):
         for op in ops:
-            for seed, ref in measure._rng.sample(measure._pooled(op, backend), 2):
+            for seed, ref in measure._rng.sample(checks.pooled(op, backend), 2):
                 assert ref is None  # nothing on the host's side
-                assert measure.check(backend, softmax_kernel, op, seed, ref)[0] is None
-    assert not measure._pool and len(set(made)) == len(made) <= 2 * measure._POOL_SIZE
+                assert checks.check(backend, softmax_kernel, op, seed, ref)[0] is None
+    assert not checks._pool and len(set(made)) == len(made) <= 2 * checks._POOL_SIZE
 
     op = ops[0]
-    seed, _ = measure._pooled(op, backend)[0]
-    pristine = [x.clone() for x in measure._device_set(backend, op, seed, None)[0]]
+    seed, _ = checks.pooled(op, backend)[0]
+    pristine = [x.clone() for x in checks.device_set(backend, op, seed, None)[0]]
 
     def scribbler(x, y):
         softmax_kernel(x, y)
-        measure._on_device[(measure._op_key(op), seed)][1][0].zero_()
+        checks._on_device[(checks._op_key(op), seed)][1][0].zero_()
 
-    why, _, _ = measure.check(backend, scribbler, op, seed, None)
+    why, _, _ = checks.check(backend, scribbler, op, seed, None)
     assert why and "into the harness's own copy of the inputs or the reference" in why
-    assert (measure._op_key(op), seed) not in measure._on_device
+    assert (checks._op_key(op), seed) not in checks._on_device
     # Made again from the seed: the same inputs as before the stray write, and they verify.
-    assert torch.equal(measure._device_set(backend, op, seed, None)[0][0], pristine[0])
-    assert measure.check(backend, softmax_kernel, op, seed, None)[0] is None
+    assert torch.equal(checks.device_set(backend, op, seed, None)[0][0], pristine[0])
+    assert checks.check(backend, softmax_kernel, op, seed, None)[0] is None
 
 
 
@@ -165,10 +165,10 @@ def test_on_a_gpu_sets_are_made_there_and_problem_files_still_verify(tmp_path, f
     # launch_checked, is tests/test_redteam.py's); here only where the sets are made is tested.
     backend.launch_checked = backend.launch
     op = load_op(builtin_spec("softmax", "256x512", "fp32"))
-    for seed, ref in measure._rng.sample(measure._pooled(op, backend), 2):
+    for seed, ref in measure._rng.sample(checks.pooled(op, backend), 2):
         assert ref is None
-        assert measure.check(backend, softmax_kernel, op, seed, ref)[0] is None
-        assert measure._on_device[(measure._op_key(op), seed)][1][0].device.type == "cuda"
+        assert checks.check(backend, softmax_kernel, op, seed, ref)[0] is None
+        assert checks._on_device[(checks._op_key(op), seed)][1][0].device.type == "cuda"
 
     linear = Path(__file__).parent / "fixtures/kernelbench/linear.py"
     lop = load_op(spec_from_problem_file(linear))
@@ -176,8 +176,8 @@ def test_on_a_gpu_sets_are_made_there_and_problem_files_still_verify(tmp_path, f
 
     def linear_kernel(x, w, b, y):
         y.copy_(torch.nn.functional.linear(x, w, b))
-    for seed, ref in measure._pooled(lop, backend):
-        assert measure.check(backend, linear_kernel, lop, seed, ref)[0] is None
+    for seed, ref in checks.pooled(lop, backend):
+        assert checks.check(backend, linear_kernel, lop, seed, ref)[0] is None
 
     path = tmp_path / "host_tensor.py"
     path.write_text(HOST_TENSOR_MODEL)
@@ -185,9 +185,9 @@ def test_on_a_gpu_sets_are_made_there_and_problem_files_still_verify(tmp_path, f
 
     def host_tensor_kernel(x, y):
         y.copy_(x * torch.arange(x.shape[-1], dtype=x.dtype, device=x.device) / 7)
-    seed, ref = measure._pooled(hop, backend)[0]
-    assert measure.check(backend, host_tensor_kernel, hop, seed, ref)[0] is None
-    assert measure._op_key(hop) in measure._HOST_ONLY
+    seed, ref = checks.pooled(hop, backend)[0]
+    assert checks.check(backend, host_tensor_kernel, hop, seed, ref)[0] is None
+    assert checks._op_key(hop) in checks._HOST_ONLY
 
 
 def test_output_shapes_on_meta_tensors_leave_a_problem_models_weights_alone():
@@ -290,7 +290,7 @@ def test_timing_stops_once_the_median_is_known_and_a_noisy_kernel_uses_its_budge
 
 
 class _Rotation:
-    """measure._Rotation for the re-timing tests: a kernel's calls that do nothing."""
+    """measure.Rotation for the re-timing tests: a kernel's calls that do nothing."""
 
     def __init__(self, backend, kernel, op):
         self.kernel = kernel
@@ -327,9 +327,9 @@ def test_retiming_forgives_one_late_start_but_not_two(monkeypatch):
             raise ClockMismatch("the kernel's process began its calls late")
         return [1e-3, 1e-3, 1e-3], False
 
-    monkeypatch.setattr(measure, "_Rotation", _Rotation)
+    monkeypatch.setattr(measure, "Rotation", _Rotation)
     monkeypatch.setattr(measure, "bench", bench)
-    monkeypatch.setattr(measure, "_history", lambda *a: (None, None))  # the stubs make no new buffers
+    monkeypatch.setattr(measure, "check_history", lambda *a: (None, None))  # the stubs make no new buffers
     monkeypatch.setattr(measure, "load_op", lambda spec: None)
     backend = types.SimpleNamespace(load=lambda artifact, op: artifact)
     out = measure.time_many(backend, ["once", "always", "never"], builtin_spec("softmax", "4x4"), Settings())
@@ -356,9 +356,9 @@ def test_retiming_gives_each_contender_each_place_in_the_round(monkeypatch):
         return [1.05e-3 if len(order) % 4 == 1 else 1e-3], False
 
     op = types.SimpleNamespace(make_inputs=lambda seed: [], torch_impl=lambda xs: None)
-    monkeypatch.setattr(measure, "_Rotation", _Rotation)
+    monkeypatch.setattr(measure, "Rotation", _Rotation)
     monkeypatch.setattr(measure, "bench", bench)
-    monkeypatch.setattr(measure, "_history", lambda *a: (None, None))  # the stubs make no new buffers
+    monkeypatch.setattr(measure, "check_history", lambda *a: (None, None))  # the stubs make no new buffers
     monkeypatch.setattr(measure, "load_op", lambda spec: op)
     backend = types.SimpleNamespace(load=lambda artifact, op: artifact, data_device=lambda: None,
                                     to_device=lambda x: x)
@@ -421,15 +421,15 @@ def test_the_winners_recheck_leaves_no_reference_in_memory_for_a_kernel_to_copy(
                 return
 
     seed = 4242
-    assert measure.check(backend, copier, op, seed, measure._reference(op, seed))[0] is None  # copied
-    why = measure._check_reference_after(backend, copier, op, seed + 1)[0]
+    assert checks.check(backend, copier, op, seed, checks.reference(op, seed))[0] is None  # copied
+    why = checks.check_reference_after(backend, copier, op, seed + 1)[0]
     assert why is not None and "output" in why
 
     def honest(args):
         x, y = args
         y.copy_(op.reference([x.double()])[0])
 
-    assert measure._check_reference_after(backend, honest, op, seed + 2)[0] is None
+    assert checks.check_reference_after(backend, honest, op, seed + 2)[0] is None
 
 
 def test_checks_and_the_winners_recheck_forgive_one_late_start_too(fast_settings, monkeypatch):
@@ -520,14 +520,14 @@ def test_history_compares_only_lone_calls_the_host_did_not_delay(fast_settings, 
     def bench(backend, fn, settings, best_s=None, between=None, before=None):
         return [5e-6] * 8, False
 
-    made = measure._unreferenced_set
+    made = checks.unreferenced_set
 
     def spy(*args):
         events.append("made")
         return made(*args)
 
     monkeypatch.setattr(measure, "bench", bench)
-    monkeypatch.setattr(measure, "_unreferenced_set", spy)
+    monkeypatch.setattr(checks, "unreferenced_set", spy)
     host = Host()
     host.isolated_kernels = isolated
     for name, value in limits.items():
@@ -537,13 +537,13 @@ def test_history_compares_only_lone_calls_the_host_did_not_delay(fast_settings, 
     assert not script  # every scripted lone call was made, and no more
     assert len(set(lone)) == len(lone) == len(lone_calls)  # each on buffers of its own
     assert not set(lone) & set(flow)  # the calls before them: on the rotation's buffers
-    history = events[events.index("flow"):]
+    after = events[events.index("flow"):]
     if isolated:  # each batch's sets made first (3, then as many as were not clean)
-        calls = [e for e in history if e != "made"]
-        assert calls == (["flow"] * measure._IN_FLOW + ["lone"]) * len(lone_calls)
-        assert history[0] == "flow" and events[events.index("flow") - 1] == "made"
+        calls = [e for e in after if e != "made"]
+        assert calls == (["flow"] * history._IN_FLOW + ["lone"]) * len(lone_calls)
+        assert after[0] == "flow" and events[events.index("flow") - 1] == "made"
     else:
-        assert history == (["flow"] * measure._IN_FLOW + ["made", "lone"]) * len(lone_calls)
+        assert after == (["flow"] * history._IN_FLOW + ["made", "lone"]) * len(lone_calls)
     if status == "SUSPECT":
         assert "never seen" in m.detail and "two rounds" in m.detail
         # The calls on the timed buffers right before the lone ones, said beside the verdict.
@@ -628,10 +628,10 @@ def test_a_kernel_that_copies_its_inputs_reference_is_slow_where_none_exists_yet
     and its time on them gives it away (SUSPECT; before, their references were made first and
     it was OK at the copy's time)."""
     visible = []  # every reference the harness has made: what such a kernel can read
-    monkeypatch.setattr(measure, "_pool", type(measure._pool)())  # none made by earlier tests
-    monkeypatch.setattr(measure, "_on_device", type(measure._on_device)())
-    real = measure._reference_of
-    monkeypatch.setattr(measure, "_reference_of", lambda op, xs: visible.append(real(op, xs)) or visible[-1])
+    monkeypatch.setattr(checks, "_pool", type(checks._pool)())  # none made by earlier tests
+    monkeypatch.setattr(checks, "_on_device", type(checks._on_device)())
+    real = checks.reference_of
+    monkeypatch.setattr(checks, "reference_of", lambda op, xs: visible.append(real(op, xs)) or visible[-1])
 
     class Host(HostClock):
         def load(self, artifact, op):
@@ -661,7 +661,7 @@ def test_the_rotation_never_repeats_a_set_back_to_back_and_its_order_is_not_a_cy
         def launch(self, kernel, args):
             order.append(args[0].data_ptr())
 
-    rot = measure._Rotation(Host(), None, op)
+    rot = measure.Rotation(Host(), None, op)
     for _ in range(300):
         rot.call()
     assert all(a != b for a, b in zip(order, order[1:]))
@@ -686,19 +686,19 @@ def test_the_range_check_holds_a_kernel_where_torchs_own_is_right_and_nowhere_el
         e = torch.exp(x.float() - x.float().amax(-1, keepdim=True)).flip(-1)
         y.copy_((e / e.cumsum(-1)[:, -1:]).flip(-1))
 
-    assert measure.check(backend, no_row_max, op, 7, measure._reference(op, 7))[0] is None  # the checks pass it
-    why = measure._range_check(backend, no_row_max, op)
+    assert checks.check(backend, no_row_max, op, 7, checks.reference(op, 7))[0] is None  # the checks pass it
+    why = checks.range_check(backend, no_row_max, op)
     assert why is not None and "NaN" in why and "scaled by 16" in why and "row max" in why
-    assert measure._range_check(backend, reversed_sum, op) is None
+    assert checks.range_check(backend, reversed_sum, op) is None
 
     def sampled(x, y):  # does the max pass only where 4 elements of the row look like the range check's
         big = x[:, :4].abs().amax(-1, keepdim=True) > 9
         e = torch.exp(x - torch.where(big, x.amax(-1, keepdim=True), torch.zeros_like(x[:, :1])))
         y.copy_(e / e.sum(-1, keepdim=True))
     wide = load_op(builtin_spec("softmax", "64x1024"))
-    assert measure.check(backend, sampled, wide, 7, measure._reference(wide, 7))[0] is None
+    assert checks.check(backend, sampled, wide, 7, checks.reference(wide, 7))[0] is None
     # Scaled whole, 3 of 10 range checks caught it; outliers in half the rows catch it every time.
-    assert all(measure._range_check(backend, sampled, wide) is not None for _ in range(5))
+    assert all(checks.range_check(backend, sampled, wide) is not None for _ in range(5))
     problem = tmp_path / "exp.py"
     problem.write_text("import torch\nimport torch.nn as nn\nn = 256\n\n\nclass Model(nn.Module):\n"
                        "    def forward(self, x):\n        return torch.exp(x)\n\n\n"
@@ -708,7 +708,7 @@ def test_the_range_check_holds_a_kernel_where_torchs_own_is_right_and_nowhere_el
     def zero_for_inf(x, y):  # wrong only where fp32 overflows: so does torch's own there
         e = torch.exp(x)
         y.copy_(torch.where(torch.isinf(e), torch.zeros_like(e), e))
-    assert all(measure._range_check(backend, zero_for_inf, exp_op) is None for _ in range(5))
+    assert all(checks.range_check(backend, zero_for_inf, exp_op) is None for _ in range(5))
 
 
 def _flash_attention(q, k, v, o, running_max=True, block=16):
@@ -741,15 +741,15 @@ def test_the_range_check_lets_an_honest_kernel_round_where_the_op_is_ill_conditi
     from tuner.core import tolerance
     monkeypatch.setattr(tolerance, "_slack", {})
     draws = random.Random(237)  # a draw with such a near tie (the checks' and the slack's draws)
-    monkeypatch.setattr(measure, "_rng", draws)
+    monkeypatch.setattr(checks, "_rng", draws)
     monkeypatch.setattr(tolerance, "_rng", draws)
-    assert measure._range_check(backend, _flash_attention, op) is None
-    assert all(measure._range_check(backend, _flash_attention, op) is None for _ in range(4))
-    assert measure.check(backend, _flash_attention, op, 3, None)[0] is None
+    assert checks.range_check(backend, _flash_attention, op) is None
+    assert all(checks.range_check(backend, _flash_attention, op) is None for _ in range(4))
+    assert checks.check(backend, _flash_attention, op, 3, None)[0] is None
 
     def no_running_max(q, k, v, o):
         _flash_attention(q, k, v, o, running_max=False)
-    why = measure._range_check(backend, no_running_max, op)
+    why = checks.range_check(backend, no_running_max, op)
     assert why is not None and "scaled by 16" in why
 
 
@@ -797,7 +797,7 @@ def test_a_round_whose_timed_buffers_were_as_slow_as_the_new_ones_does_not_flag(
         return [5e-6] * 8, False
 
     monkeypatch.setattr(measure, "bench", bench)
-    monkeypatch.setattr(measure, "_HISTORY_PAUSE_S", 0.0)
+    monkeypatch.setattr(history, "_HISTORY_PAUSE_S", 0.0)
     host = Host()
     host.isolated_kernels = True
     host.history_factor, host.history_slack_s = 1.4, 1e-6
@@ -829,7 +829,7 @@ def test_the_absolute_slack_does_not_excuse_a_round(fast_settings, monkeypatch):
             return 22e-6
 
     monkeypatch.setattr(measure, "bench", lambda *a, **k: ([1e-6] * 8, False))
-    monkeypatch.setattr(measure, "_HISTORY_PAUSE_S", 0.0)
+    monkeypatch.setattr(history, "_HISTORY_PAUSE_S", 0.0)
     m = measure.measure(Host(), "-", builtin_spec("softmax", "16x64", "fp32"), fast_settings)
     assert m.status.value == "SUSPECT", m.detail
 
@@ -841,7 +841,7 @@ def test_a_kernel_that_starts_keeping_results_after_its_first_timing_is_caught_i
     of its calls: honest through its first timing, whose history check it passes, it then keeps
     its results keyed by its inputs. The re-timings that name the winner and anchor the search
     reuse the pooled inputs: without a history check of their own they would time the cache."""
-    monkeypatch.setattr(measure, "_HISTORY_PAUSE_S", 0.0)
+    monkeypatch.setattr(history, "_HISTORY_PAUSE_S", 0.0)
 
     class LateCache:
         def __init__(self):

@@ -258,7 +258,7 @@ def interpret_all(workdir: str) -> None:
     interpret mode (options checked, then stripped) and checked against the reference.
     Runs in a child process: TRITON_INTERPRET must be set before triton is imported."""
     from tests.test_triton_library import sample_configs
-    from tuner.exec.measure import _reference, check
+    from tuner.exec.checks import check, reference as _reference
     for op_name in ASCEND_OPS:
         shape, dtypes = TINY[op_name]
         skeleton = library_skeleton(op_name, "triton_ascend")

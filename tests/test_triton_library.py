@@ -17,7 +17,7 @@ from tuner.backends.cuda import CudaBackend  # noqa: E402
 from tuner.core.ops import builtin_spec, load_op, render_context  # noqa: E402
 from tuner.core.skeleton import library_skeleton, library_skeletons  # noqa: E402
 from tuner.core.values import Status  # noqa: E402
-from tuner.exec.measure import _reference, check  # noqa: E402
+from tuner.exec.checks import check, reference as _reference  # noqa: E402
 
 # Small shapes with ragged edges, so that masked paths run too.
 SMALL = {

@@ -124,10 +124,10 @@ class Backend(abc.ABC):
     limit_memory: bool = True
     # Whether kernels run in a process of their own that maps nothing of the harness's but their
     # buffers (cpu): the harness's copies of inputs and references are then out of their reach
-    # and need no digest (tuner/exec/measure.py).
+    # and need no digest (tuner/exec/checks.py).
     isolated_kernels: bool = False
     last_call_clean: bool = True  # see `time_call` in the module docstring
-    # The history check (tuner/exec/measure.py): a kernel whose fastest lone call on buffers it
+    # The history check (tuner/exec/history.py): a kernel whose fastest lone call on buffers it
     # has never seen is more than `history_factor` times its timed median, and slower by more
     # than `history_slack_s`, keeps something between calls. A kernel that keeps part of its
     # result and gains less than the factor goes unseen, so a backend whose honest lone calls

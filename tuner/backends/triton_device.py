@@ -117,7 +117,7 @@ class TritonDevice(Backend):
         if the host takes longer to launch it than the device takes to flush (a busy machine's
         compile processes preempt it, a launch path that runs cold after a wait), the device
         idles between the start event and the kernel, and a 5 us kernel reads 30-60 us; that
-        made honest short kernels fail the history check (`measure._history`). So the device
+        made honest short kernels fail the history check (`history.check_history`). So the device
         is held busy after the flush for twice the host's recent launch time (a spin kernel,
         where the device module has one), and `last_call_clean` says whether the host's launch
         time stayed under what the device had ahead of the start event, which bounds any wait

@@ -360,7 +360,7 @@ def _problem_op(spec: OpSpec) -> Op:
         # A copy of the model with its parameters where the inputs are (a GPU worker's); the
         # host's model itself is never moved (meta inputs, for output shapes, would wipe its
         # weights). A model that makes host tensors in forward still fails on a GPU; the
-        # verifier then computes its reference on the host (measure._reference_of).
+        # verifier then computes its reference on the host (checks.reference_of).
         dev = next((x.device for x in xs if isinstance(x, torch.Tensor)), None)
         if dev is None or dev.type in ("cpu", "meta"):
             return model

@@ -22,7 +22,7 @@ def main() -> int:
     from tuner.core import problem
     from tuner.core.ops import load_op
     from tuner.core.values import OpSpec
-    from tuner.exec import measure
+    from tuner.exec import checks
     problem.CHECKED_ELSEWHERE = True  # its parent's parent loaded and checked the op
     problem.COUNT_FLOPS = False  # read by nothing here
     backend_name, artifact, op_json = sys.argv[1:4]
@@ -45,7 +45,7 @@ def main() -> int:
         artifact = lines[0]
     kernel = backend.load(artifact, op)
     seed = random.SystemRandom().randrange(1, 2**31)
-    why, _, _ = measure.check(backend, kernel, op, seed, measure._reference(op, seed, backend.data_device()))
+    why, _, _ = checks.check(backend, kernel, op, seed, checks.reference(op, seed, backend.data_device()))
     if why:
         print(why, file=sys.stderr)
         return 3
