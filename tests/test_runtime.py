@@ -971,3 +971,29 @@ def test_a_models_rope_function_runs_as_two_rope_calls_while_its_forward_runs(tm
     finally:
         del sys.modules[other.__name__]
 
+
+
+def test_a_borrowed_config_is_checked_on_inputs_it_cannot_know_in_advance():
+    """A kernel right only on inputs it recognises (the check's, were its seed fixed) is wrong at
+    the call's sizes everywhere else: the check before its first use must refuse it. The same
+    check passes an honest kernel."""
+    from tuner.backends.null import NullBackend
+    from tuner.core.ops import load_op
+    from tuner.serve.runtime import Kernel, verified_here
+    op = load_op(builtin_spec("softmax", "32x64"))
+    known = {seed: op.make_inputs(seed)[0] for seed in (1, 42, 12345)}  # seeds a check might fix
+
+    def recogniser(args):
+        x, y = args
+        hit = any(torch.equal(x, k) for k in known.values())
+        y.copy_(torch.softmax(x, -1) if hit else torch.zeros_like(y))
+
+    def honest(args):
+        x, y = args
+        y.copy_(torch.softmax(x.double(), -1).to(y.dtype))
+
+    def kernel(fn):
+        return Kernel(entry={}, sizes={"M": 32, "N": 64}, exact=False, distance=1.0,
+                      backend=NullBackend(), op=op, fn=fn)
+    assert not any(verified_here(kernel(recogniser)) for _ in range(3))
+    assert all(verified_here(kernel(honest)) for _ in range(3))

@@ -537,7 +537,7 @@ class Table:
         fn = backend.load_for_serving(artifact, op)
         k = Kernel(e, dict(sizes), c.exact, c.distance, backend, op, fn)
         if self.verify == "always" or (self.verify == "nearest" and not c.exact):
-            if not self._verified(k):
+            if not verified_here(k):
                 return None
         return k
 
@@ -577,19 +577,23 @@ class Table:
         except (FileNotFoundError, OSError, subprocess.SubprocessError):
             return False
 
-    def _verified(self, k: Kernel) -> bool:
-        """One check against the float64 reference on fresh random inputs of the call's shape."""
-        from tuner.exec import measure
-        seed = 12345
-        try:
-            # The reference where the backend keeps its sets (a GPU's on the GPU): a host one
-            # made the outputs on the host, and a Triton kernel refused them, so no nearest
-            # shape was ever served on a GPU.
-            ref = measure._reference(k.op, seed, k.backend.data_device())
-            why, _, _ = measure.check(k.backend, k.fn, k.op, seed, ref)
-        except Exception:  # noqa: BLE001 - a kernel that fails at this shape does not serve it
-            return False
-        return why is None
+def verified_here(k: Kernel) -> bool:
+    """Whether `k` computes its op at its sizes: one check on inputs drawn from a seed no one can
+    know in advance (a fixed seed would let a kernel recognise the check's inputs and answer
+    them alone), its float64 reference made only after the kernel returned (on a GPU a kernel
+    can read any device memory: a reference made first could be found and copied). False also
+    when it raises: a kernel that fails at these sizes does not serve them."""
+    import random
+
+    from tuner.exec import checks
+    seed = random.SystemRandom().randrange(1, 2**31)
+    try:
+        # On the backend's data device where it has one (a GPU's): a host reference made the
+        # outputs on the host, and a Triton kernel refused them.
+        why, _, _ = checks.check_reference_after(k.backend, k.fn, k.op, seed)
+    except Exception:  # noqa: BLE001
+        return False
+    return why is None
 
 
 def _diff(a: dict, b: dict) -> str:
