@@ -1,7 +1,8 @@
 """The history check: whether a kernel's time depends on the calls before it (used by
 tuner/exec/measure.py after every timing and re-timing).
 
-Contract: `check_history(backend, kernel, op, median, rotation)` returns (why the kernel is
+Contract: `check_history(backend, kernel, op, median, rotation)` (`rotation`: the
+`measure.Rotation` the kernel was timed through) returns (why the kernel is
 SUSPECT, or None; the samples that replace its timed ones, or None), and raises
 `checks.Caught` when a call on new buffers was wrong."""
 
@@ -10,13 +11,10 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple
 
 from tuner.core.ops import Op
 from tuner.exec import checks
-
-if TYPE_CHECKING:
-    from tuner.exec.measure import Rotation
 
 _rng = random.SystemRandom()
 
@@ -34,7 +32,7 @@ class _Round(NamedTuple):
 
 
 def check_history(backend, kernel, op: Op, median: float,
-                  rotation: "Rotation") -> tuple[str | None, tuple[float, ...] | None]:
+                  rotation: Any) -> tuple[str | None, tuple[float, ...] | None]:
     """(why the kernel's time depends on the calls before it, or None; the samples that replace
     its timed ones, or None). Rounds `_HISTORY_PAUSE_S` apart (other work on the machine can
     hold all of one round's lone calls, which follow each other within milliseconds: an honest
@@ -79,7 +77,7 @@ _HISTORY_PAUSE_S = 1.0  # between the history check's rounds: a passing load pas
 _IN_FLOW = 3  # calls on the rotation's sets right before each lone call (see _round)
 
 
-def _round(backend, kernel, op: Op, rotation: "Rotation", made: list) -> _Round:
+def _round(backend, kernel, op: Op, rotation: Any, made: list) -> _Round:
     """What a kernel takes on inputs it has never seen (`check_history` judges it). Single calls on inputs
     it has never seen (each from a brand-new seed, in new buffers, outputs poisoned, its
     reference made only after the call), timed as the timed calls are and then checked: an
