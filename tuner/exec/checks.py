@@ -27,11 +27,6 @@ from tuner.core.tolerance import SLACK_FACTOR, poison as _poison, torch_slack
 _POOL_SIZE = 4
 _pool: OrderedDict[str, list[tuple[int, list]]] = OrderedDict()
 _rng = random.SystemRandom()
-_pool: OrderedDict[str, list[tuple[int, list]]] = OrderedDict()
-_rng = random.SystemRandom()
-# Where this process's measurements spent their time (seconds per phase, counts): read by the
-# worker's "stats" request, so that a slow sweep can be told apart from a slow harness.
-TIMES: dict[str, float] = {"measures": 0, "load_s": 0.0, "check_s": 0.0, "bench_s": 0.0, "reps": 0}
 
 
 def _nbytes(ts: list) -> int:
