@@ -306,7 +306,11 @@ def test_the_judges_wait_settings_stay_with_the_judge(monkeypatch):
         monkeypatch.delenv(name)
     for name, value in judge.items():
         monkeypatch.setenv(name, value)
-    assert _host_env() == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "123", "OMP_NUM_THREADS": "2"}
+    limit = str(max(os.cpu_count() or 1, 2))  # every thread a team can have: the host clears their stacks
+    assert _host_env() == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "123", "OMP_NUM_THREADS": "2",
+                           "OMP_THREAD_LIMIT": limit}
+    monkeypatch.setenv("OMP_THREAD_LIMIT", "3")  # the user's own limit is kept
+    assert _host_env()["OMP_THREAD_LIMIT"] == "3"
 
 
 def test_the_torch_reference_is_timed_cold(backend, monkeypatch):

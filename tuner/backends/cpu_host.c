@@ -33,12 +33,33 @@
  *   EXIT.
  * Replies are two int64: (status, value); status < 0 is -errno.
  *
+ * Nothing a call leaves in memory reaches the next call. A kernel may keep nothing between
+ * calls: a stash it found again would let it answer inputs it has seen without the work (or
+ * part of it), and the judge's history check sees only gains above its factor. The places a
+ * C kernel can keep memory without naming anything the object check refuses are its heap
+ * blocks (a freed block that the next malloc hands back with its contents; a block never
+ * freed, found again beside the next ones) and its threads' stacks (an uninitialised local
+ * array at the same depth). So:
+ *   - the kernel's own malloc family (calls from the kernel's object; the C library's and
+ *     OpenMP's own allocations stay the C library's) is served from an arena of this host's,
+ *     zeroed after every call; past its used part the arena is unmapped (PROT_NONE: a store
+ *     there faults), and a call that returns holding a block it did not free ends the process
+ *     (EXIT_KEPT_HEAP): what a kernel allocates it frees before it returns;
+ *   - before every call the stacks of this thread and of OpenMP's threads are cleared below
+ *     their frames (a window zeroed, the rest handed back, to be mapped as zero pages if
+ *     touched again).
+ * Not closed: the writable data of this host and of the libraries it has loaded, which a
+ * kernel could reach only by scanning for memory it was never given an address of.
+ *
  * Built with -DTUNER_EVICT_LIBRARY -shared, this file is instead a library with one function,
  * tuner_evict: the same eviction, for what the judge times in its own process (the torch
  * reference, the copy that measures the machine's bandwidth).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <sys/resource.h>
 #include <errno.h>
 #include <grp.h>
 #include <signal.h>
@@ -104,7 +125,7 @@ int tuner_evict(const void *p, size_t n) { (void)p; (void)n; return -1; }
 #ifndef TUNER_EVICT_LIBRARY
 enum { OP_MAP = 1, OP_CALL = 2, OP_EXIT = 3 };
 enum { HELD_SECCOMP = 1, HELD_USER_DROPPED = 2, HELD_NOT_ROOT = 4, HELD_NO_NEW_PRIVS = 8,
-       HELD_FIXED_READ_ONLY = 16 };
+       HELD_FIXED_READ_ONLY = 16, HELD_KERNEL_HEAP = 32 };
 #define MAX_ARGS 16
 #define MAX_BUFS 65536
 
@@ -125,9 +146,15 @@ static struct {
     size_t flush_bytes;
     int ctl, clk;
     kernel_t kernel;
+    const char *klo, *khi;  /* the kernel object's mapped range: its calls to malloc come from here */
+    char *heap;             /* the kernel's arena (see the top of this file), NULL where there is none */
+    size_t heap_bytes;
+    char *stack_lo;         /* the lowest address this (main) thread's stack may reach */
+    int threads;            /* OpenMP's team: every thread whose stack a call could have used */
 } __attribute__((aligned(4096))) fixed = {.ctl = -1, .clk = -1};
 
-#define EXIT_TEAM_LEFT_RUNNING 6  /* tuner/backends/cpu_host.py reads this code */
+#define EXIT_TEAM_LEFT_RUNNING 6  /* tuner/backends/cpu_host.py reads these codes */
+#define EXIT_KEPT_HEAP 7
 
 static void reply(int64_t status, int64_t value) {
     int64_t r[2] = {status, value};
@@ -156,7 +183,13 @@ static int64_t map_buf(uint32_t id, uint64_t nbytes, int ro, int fd) {
     return 0;
 }
 
-static void call(int n, P *a) {
+/* The kernel's frames begin a gap below this one: the host's own calls from main's level (the
+ * stack clearing) have frames smaller than the gap, so the window they zero starts above the
+ * highest byte a kernel's frame can have used. */
+#define CALL_GAP 4096
+static __attribute__((noinline)) void call(int n, P *a) {
+    volatile char gap[CALL_GAP];
+    gap[0] = 0;
     switch (n) {
 #define K(...) ((void (*)(__VA_ARGS__))fixed.kernel)
     case 1: K(P)(a[0]); break;
@@ -184,6 +217,211 @@ static void call(int n, P *a) {
                                                                a[15]); break;
 #undef K
     }
+    __asm__ volatile("" : : "r"(gap) : "memory");  /* the gap lives until the kernel has returned */
+}
+
+/* ---- the kernel's heap ---- */
+#if defined(__GLIBC__)
+void *__libc_malloc(size_t);
+void __libc_free(void *);
+void *__libc_calloc(size_t, size_t);
+void *__libc_realloc(void *, size_t);
+void *__libc_memalign(size_t, size_t);
+#define HEAP_BUILT 1
+#define HEAP_HDR 64                 /* before each block: its size and a check word */
+#define HEAP_MAGIC 0x6b65726e656c6862ULL
+#define HEAP_STEP ((size_t)1 << 16) /* the arena is mapped read-write in steps of this */
+static size_t heap_top;   /* bytes handed out in this call */
+static size_t heap_rw;    /* bytes mapped read-write: everything the kernel could have written */
+static long heap_live;    /* blocks handed out and not freed */
+static int heap_lock;
+struct heap_hdr { size_t size; uint64_t check; };
+
+static int from_kernel(const void *ret) {
+    return fixed.klo && (const char *)ret >= fixed.klo && (const char *)ret < fixed.khi;
+}
+static int in_arena(const void *p) {
+    return fixed.heap && (const char *)p >= fixed.heap && (const char *)p < fixed.heap + fixed.heap_bytes;
+}
+static void heap_take(void) {
+    while (__atomic_exchange_n(&heap_lock, 1, __ATOMIC_ACQUIRE))
+        while (__atomic_load_n(&heap_lock, __ATOMIC_RELAXED)) {}
+}
+static void heap_give(void) { __atomic_store_n(&heap_lock, 0, __ATOMIC_RELEASE); }
+
+static void *arena_alloc(size_t n, size_t align) {
+    if (align < HEAP_HDR) align = HEAP_HDR;
+    if (align & (align - 1)) { errno = EINVAL; return NULL; }
+    heap_take();
+    size_t start = (heap_top + HEAP_HDR + align - 1) & ~(align - 1), end = start + n;
+    if (start < heap_top || end < start || end > fixed.heap_bytes) { heap_give(); errno = ENOMEM; return NULL; }
+    if (end > heap_rw) {
+        size_t want = (end + HEAP_STEP - 1) & ~(HEAP_STEP - 1);
+        if (want > fixed.heap_bytes) want = fixed.heap_bytes;
+        if (mprotect(fixed.heap + heap_rw, want - heap_rw, PROT_READ | PROT_WRITE) != 0) {
+            heap_give();
+            errno = ENOMEM;
+            return NULL;
+        }
+        heap_rw = want;
+    }
+    struct heap_hdr *h = (struct heap_hdr *)(fixed.heap + start) - 1;
+    h->size = n;
+    h->check = HEAP_MAGIC ^ start;
+    heap_top = end;
+    heap_live++;
+    heap_give();
+    return fixed.heap + start;
+}
+static size_t arena_free(void *p) {  /* the block's size; 0 for a pointer that is not a live block */
+    size_t off = (size_t)((char *)p - fixed.heap), size = 0;
+    heap_take();
+    struct heap_hdr *h = (struct heap_hdr *)p - 1;
+    if (off >= HEAP_HDR && off <= heap_top && h->check == (HEAP_MAGIC ^ off)) {
+        h->check = 0;
+        size = h->size ? h->size : 1;
+        heap_live--;
+    }
+    heap_give();
+    return size;
+}
+
+/* The C library's names, exported (-rdynamic): the kernel object's calls resolve here. */
+void *malloc(size_t n) {
+    if (from_kernel(__builtin_return_address(0)) && fixed.heap) return arena_alloc(n, 0);
+    return __libc_malloc(n);
+}
+void *calloc(size_t k, size_t n) {
+    if (from_kernel(__builtin_return_address(0)) && fixed.heap) {
+        if (n && k > (size_t)-1 / n) { errno = ENOMEM; return NULL; }
+        void *p = arena_alloc(k * n, 0);
+        if (p) memset(p, 0, k * n);
+        return p;
+    }
+    return __libc_calloc(k, n);
+}
+void *aligned_alloc(size_t align, size_t n) {
+    if (from_kernel(__builtin_return_address(0)) && fixed.heap) return arena_alloc(n, align);
+    return __libc_memalign(align, n);
+}
+int posix_memalign(void **out, size_t align, size_t n) {
+    void *p;
+    if (from_kernel(__builtin_return_address(0)) && fixed.heap) {
+        if (align < sizeof(void *) || (align & (align - 1))) return EINVAL;
+        p = arena_alloc(n, align);
+    } else {
+        p = __libc_memalign(align, n);
+    }
+    if (!p) return ENOMEM;
+    *out = p;
+    return 0;
+}
+void free(void *p) {
+    if (in_arena(p)) arena_free(p);
+    else __libc_free(p);
+}
+void *realloc(void *p, size_t n) {
+    if (in_arena(p)) {
+        size_t old = ((struct heap_hdr *)p - 1)->size;
+        void *q = arena_alloc(n, 0);
+        if (!q) return NULL;
+        memcpy(q, p, old < n ? old : n);
+        arena_free(p);
+        return q;
+    }
+    if (!p && from_kernel(__builtin_return_address(0)) && fixed.heap) return arena_alloc(n, 0);
+    return __libc_realloc(p, n);
+}
+
+/* After a call: nothing the kernel allocated may outlive it, and none of it is readable again. */
+static void heap_after_call(void) {
+    if (!fixed.heap) return;
+    if (heap_live) _exit(EXIT_KEPT_HEAP);
+    memset(fixed.heap, 0, heap_rw);
+    heap_top = 0;
+}
+
+static int kernel_range(struct dl_phdr_info *info, size_t size, void *base) {
+    (void)size;
+    if ((void *)info->dlpi_addr != base) return 0;
+    const char *lo = NULL, *hi = NULL;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD) continue;
+        const char *a = (const char *)(info->dlpi_addr + ph->p_vaddr), *b = a + ph->p_memsz;
+        if (!lo || a < lo) lo = a;
+        if (!hi || b > hi) hi = b;
+    }
+    fixed.klo = lo;
+    fixed.khi = hi;
+    return 1;
+}
+
+/* The arena: as large as the address space allows (the worker may cap it), none of it mapped
+ * read-write until handed out. */
+static void heap_start(void) {
+    Dl_info di;
+    if (!fixed.kernel || !dladdr((void *)fixed.kernel, &di)) return;
+    dl_iterate_phdr(kernel_range, di.dli_fbase);
+    if (!fixed.klo) return;
+    size_t bytes = (size_t)16 << 30;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 4 < bytes)
+        bytes = (size_t)(rl.rlim_cur / 4) & ~(HEAP_STEP - 1);
+    for (; bytes >= HEAP_STEP * 16; bytes /= 2) {
+        void *p = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p != MAP_FAILED) {
+            fixed.heap = p;
+            fixed.heap_bytes = bytes;
+            return;
+        }
+    }
+}
+#else
+#define HEAP_BUILT 0
+static void heap_after_call(void) {}
+static void heap_start(void) {}
+#endif
+
+/* ---- the threads' stacks ---- */
+#define STACK_WINDOW ((size_t)256 << 10)  /* zeroed below a frame; deeper pages are handed back */
+
+/* Clear the stack below the caller's frame down to `lo`: a window zeroed (pages a kernel's
+ * frames use on every call stay mapped: no page fault in a timed call), everything deeper
+ * handed back (MADV_DONTNEED: a zero page if touched again). */
+static __attribute__((noinline)) void clear_stack_below(char *lo) {
+    char mark;
+    char *sp = &mark;
+    if (!lo || sp <= lo + 2 * STACK_WINDOW / 4) return;
+    size_t n = (size_t)(sp - lo) - STACK_WINDOW / 4;  /* room for memset's and madvise's frames */
+    if (n > STACK_WINDOW) n = STACK_WINDOW;
+    volatile char window[n];
+    memset((char *)window, 0, n);
+    __asm__ volatile("" : : "r"(window) : "memory");
+    char *deep = (char *)(((uintptr_t)window - STACK_WINDOW / 4) & ~(uintptr_t)4095);
+    char *low = (char *)(((uintptr_t)lo + 4095) & ~(uintptr_t)4095);
+    if (deep > low) madvise(low, (size_t)(deep - low), MADV_DONTNEED);
+}
+
+static char *thread_stack_lo(void) {
+    pthread_attr_t at;
+    void *addr;
+    size_t size;
+    if (pthread_getattr_np(pthread_self(), &at) != 0) return NULL;
+    int ok = pthread_attr_getstack(&at, &addr, &size) == 0;
+    pthread_attr_destroy(&at);
+    return ok ? (char *)addr + 65536 : NULL;  /* past a guard page */
+}
+
+/* Every thread of OpenMP's team (its size: the thread limit the host was started with, so a
+ * kernel's team has no thread this does not reach) clears its stack, then this thread its own;
+ * the team is awake when the call begins. */
+static void stacks_before_call(void) {
+#pragma omp parallel num_threads(fixed.threads)
+    {
+        if (omp_get_thread_num() != 0) clear_stack_below(thread_stack_lo());
+    }
+    clear_stack_below(fixed.stack_lo);
 }
 
 static int drop_user(void) {
@@ -342,6 +580,10 @@ int main(int argc, char **argv) {
 #pragma omp atomic
         threads++;
     }
+    fixed.threads = omp_get_thread_limit() < 4096 ? omp_get_thread_limit() : threads;
+    fixed.stack_lo = thread_stack_lo();  /* the main thread's: read from /proc, before seccomp */
+    heap_start();
+    if (fixed.heap || (probe && HEAP_BUILT)) held |= HELD_KERNEL_HEAP;  /* the probe: what a kernel would get */
     if (mprotect(&fixed, sizeof fixed, PROT_READ) == 0) held |= HELD_FIXED_READ_ONLY;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0) held |= HELD_NO_NEW_PRIVS;
     int err = 0;
@@ -401,8 +643,7 @@ int main(int argc, char **argv) {
              * between calls), and a sleeping thread can take milliseconds to get a core back
              * on a virtual machine: the time would be the wake-up's, not the kernel's. Every
              * call, timed or lone, begins with the same awake team. */
-#pragma omp parallel
-            __asm__ volatile("" ::: "memory");
+            stacks_before_call();  /* also wakes the team, its threads' stacks cleared */
             int64_t t[2] = {r, now_ns()};
             if (write(fixed.clk, t, sizeof t) != (ssize_t)sizeof t) _exit(3);
             call((int)q->n, a);
@@ -412,6 +653,7 @@ int main(int argc, char **argv) {
              * on computing after t1, untimed, through the flush before the next call. The
              * process ends instead; the judge reads this exit code as that fault. */
             if (omp_get_level() != 0) _exit(EXIT_TEAM_LEFT_RUNNING);
+            heap_after_call();
             reply(0, t1);
         } else if (q->op == OP_EXIT) {
             return 0;

@@ -47,6 +47,7 @@ from tuner.backends.fence import BAND_BYTES, FENCE_BYTES
 SOURCE = Path(__file__).with_name("cpu_host.c")
 _OP_MAP, _OP_CALL, _OP_EXIT = 1, 2, 3
 _HELD_SECCOMP, _HELD_USER_DROPPED, _HELD_NOT_ROOT, _HELD_NO_NEW_PRIVS, _HELD_FIXED_READ_ONLY = 1, 2, 4, 8, 16
+_HELD_KERNEL_HEAP = 32
 _REPLY = struct.Struct("<qq")
 _MAX_ARGS = 16
 _START_S = 60.0  # the host's set-up (dlopen, OpenMP's threads) answers within this
@@ -94,7 +95,7 @@ def host_binary(cc: str, cache_dir: str | None = None) -> tuple[str, str]:
     tmp = folder / f"cpu_host.{os.getpid()}.tmp"
     note = ""
     for extra in ([], ["-DTUNER_NO_SECCOMP"]):
-        proc = subprocess.run([cc, "-O2", "-std=gnu11", "-fopenmp", *extra, str(SOURCE), "-o", str(tmp), "-ldl"],
+        proc = subprocess.run([cc, "-O2", "-std=gnu11", "-fopenmp", "-rdynamic", *extra, str(SOURCE), "-o", str(tmp), "-ldl", "-lpthread"],
                               capture_output=True, text=True, timeout=120)
         if proc.returncode == 0:
             break
@@ -204,6 +205,12 @@ def _host_env() -> dict[str, str]:
     for name in WAIT_SETTINGS:
         if "TUNER_KERNEL_" + name in os.environ:
             env[name] = os.environ["TUNER_KERNEL_" + name]
+    if "OMP_THREAD_LIMIT" not in env:
+        # Every thread a kernel's team can have is one the host clears the stack of before each
+        # call (cpu_host.c); a thread past the limit would keep what a call left there. The
+        # library's spaces ask for at most the cores.
+        first = env.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+        env["OMP_THREAD_LIMIT"] = str(max(os.cpu_count() or 1, int(first) if first.isdigit() else 0))
     return env
 
 
@@ -261,6 +268,10 @@ class HostKernel:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return KernelFault("the kernel's process stopped answering (its channel closed); killed")
+        if code == _EXIT_KEPT_HEAP:
+            return KernelFault("the kernel returned holding heap memory it had allocated and not freed: "
+                               "a kernel keeps nothing from one call to the next, so every block it "
+                               "allocates it frees before it returns")
         if code == _EXIT_TEAM_LEFT_RUNNING:
             return KernelFault("the kernel returned with an OpenMP team of its own still running (work "
                                "that would go on after the call, untimed): every parallel region a "
@@ -399,6 +410,7 @@ def _stop(proc: subprocess.Popen, sock: socket.socket, clock: int) -> None:
 
 
 _EXIT_TEAM_LEFT_RUNNING = 6  # cpu_host.c's EXIT_TEAM_LEFT_RUNNING
+_EXIT_KEPT_HEAP = 7  # cpu_host.c's EXIT_KEPT_HEAP
 _MEANING = {
     signal.SIGSEGV: " (a store outside its buffers, or to a read-only input, faults: its inputs were "
                     "read-only and every buffer fenced by unmapped pages)",
@@ -427,6 +439,11 @@ def _facts(held: int, err: int) -> str:
         parts.append("user: root (MISSING: could not drop to nobody)")
     if not held & _HELD_FIXED_READ_ONLY:
         parts.append("host settings: writable (MISSING: the page could not be made read-only)")
+    if held & _HELD_KERNEL_HEAP:
+        parts.append("kernel heap and stacks: cleared between calls")
+    else:
+        parts.append("kernel heap: the C library's (MISSING: no arena of the host's, so a freed block "
+                     "keeps its contents for the next call; stacks are still cleared)")
     return "; ".join(parts)
 
 
