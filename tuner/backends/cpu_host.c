@@ -385,22 +385,48 @@ static void heap_start(void) {}
 
 /* ---- the threads' stacks ---- */
 #define STACK_WINDOW ((size_t)256 << 10)  /* zeroed below a frame; deeper pages are handed back */
+#define STACK_MARGIN ((size_t)16 << 10)   /* under the window: the frames of memset and madvise */
 
-/* Clear the stack below the caller's frame down to `lo`: a window zeroed (pages a kernel's
- * frames use on every call stay mapped: no page fault in a timed call), everything deeper
- * handed back (MADV_DONTNEED: a zero page if touched again). */
-static __attribute__((noinline)) void clear_stack_below(char *lo) {
-    char mark;
-    char *sp = &mark;
-    if (!lo || sp <= lo + 2 * STACK_WINDOW / 4) return;
-    size_t n = (size_t)(sp - lo) - STACK_WINDOW / 4;  /* room for memset's and madvise's frames */
-    if (n > STACK_WINDOW) n = STACK_WINDOW;
+/* Hand back (MADV_DONTNEED: a zero page if touched again) the stack below a window of `n` bytes
+ * under this frame, down to `lo`; from the top down, a MiB at a time: a range that reaches below
+ * what the stack has grown to (lo is the lowest it may reach) fails whole, so the last one is
+ * retried page by page. madvise's own frame lies in the margin under the window. */
+static __attribute__((noinline)) void drop_stack_below(char *lo, size_t n) {
+    volatile char window[n];
+    __asm__ volatile("" : : "r"(window) : "memory");
+    uintptr_t deep = ((uintptr_t)window - STACK_MARGIN) & ~(uintptr_t)4095;
+    uintptr_t low = ((uintptr_t)lo + 4095) & ~(uintptr_t)4095;
+    const uintptr_t chunk = (uintptr_t)1 << 20;
+    while (deep > low) {
+        uintptr_t q = deep - low > chunk ? deep - chunk : low;
+        if (madvise((void *)q, deep - q, MADV_DONTNEED) != 0) {
+            for (; deep > q && madvise((void *)(deep - 4096), 4096, MADV_DONTNEED) == 0; deep -= 4096) {}
+            return;
+        }
+        deep = q;
+    }
+}
+
+/* Zero `n` bytes under this frame (memset's frame lies under them). */
+static __attribute__((noinline)) void zero_stack_below(size_t n) {
     volatile char window[n];
     memset((char *)window, 0, n);
     __asm__ volatile("" : : "r"(window) : "memory");
-    char *deep = (char *)(((uintptr_t)window - STACK_WINDOW / 4) & ~(uintptr_t)4095);
-    char *low = (char *)(((uintptr_t)lo + 4095) & ~(uintptr_t)4095);
-    if (deep > low) madvise(low, (size_t)(deep - low), MADV_DONTNEED);
+}
+
+/* Clear the stack below the caller's frame down to `lo`: the window zeroed (pages a kernel's
+ * frames use on every call stay mapped: no page fault in a timed call), everything deeper
+ * handed back. The two helpers' frames begin at the same depth, so the zeroed window (with the
+ * margin and a page more) reaches down past where the handed-back part begins. */
+static __attribute__((noinline)) void clear_stack_below(char *lo) {
+    char mark;
+    char *sp = &mark;
+    const size_t room = 2 * STACK_MARGIN + 8192;
+    if (!lo || sp <= lo || (size_t)(sp - lo) <= room) return;
+    size_t n = (size_t)(sp - lo) - room;
+    if (n > STACK_WINDOW) n = STACK_WINDOW;
+    drop_stack_below(lo, n);
+    zero_stack_below(n + STACK_MARGIN + 4096);
 }
 
 static char *thread_stack_lo(void) {
@@ -410,7 +436,7 @@ static char *thread_stack_lo(void) {
     if (pthread_getattr_np(pthread_self(), &at) != 0) return NULL;
     int ok = pthread_attr_getstack(&at, &addr, &size) == 0;
     pthread_attr_destroy(&at);
-    return ok ? (char *)addr + 65536 : NULL;  /* past a guard page */
+    return ok ? (char *)addr : NULL;  /* the usable stack: glibc leaves its guard out */
 }
 
 /* Every thread of OpenMP's team (its size: the thread limit the host was started with, so a
