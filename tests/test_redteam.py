@@ -41,6 +41,7 @@ C_CASES = {
     "finds_heap": (Status.OK, ""),
     "finds_stack": (Status.OK, ""),
     "keeps_heap": (Status.RUNTIME_ERROR, "not freed"),
+    "omp_heap": (Status.COMPILE_ERROR, "memory allocators"),
     "result_cache": (Status.COMPILE_ERROR, "writable global or static data"),
     "same_buffers": (Status.COMPILE_ERROR, "writable global or static data"),
     "restore_input": (Status.RUNTIME_ERROR, "inputs were read-only"),

@@ -122,12 +122,18 @@ _GOMP = re.compile(r"GOMP_(parallel(_loop_\w+|_sections|_reductions)?|loop_\w+|b
                    r"critical(_name)?_(start|end)|atomic_(start|end)|single_start|single_copy_(start|end)|"
                    r"sections2?_\w+|ordered_(start|end)|doacross_\w+|task|taskwait(_depend(_nowait)?)?|taskyield|"
                    r"taskloop(_ull)?|task_reduction_remap|taskgroup_\w+|workshare_task_reduction_unregister|"
-                   r"cancel|cancellation_point|scope_start|(add_|is_)?alloc|free|error|warning)")
+                   r"cancel|cancellation_point|scope_start|error|warning)")
 _GOMP_SPLIT = re.compile(r"GOMP_parallel\w*_start")
+# OpenMP's memory allocators (and `#pragma omp allocate`, which calls GOMP_alloc): their blocks
+# come from the C library's heap, not the arena the kernel host clears between calls
+# (tuner/backends/cpu_host.c), so a freed one would hand its contents to the next call.
+_OMP_ALLOCATORS = ("omp_alloc", "omp_aligned_alloc", "omp_calloc", "omp_aligned_calloc", "omp_realloc",
+                   "omp_free", "omp_init_allocator", "omp_destroy_allocator")
 # Offloading, a detached task's completion, the API's printing (a kernel does no I/O) and its
 # clock (omp_get_wtime: the clock through the vDSO, no system call, which a kernel may not
 # read any more than through libc).
-_OMP_DENIED = ("omp_target_", "omp_fulfill_event", "omp_display_", "omp_get_wtime", "omp_get_wtick")
+_OMP_DENIED = ("omp_target_", "omp_fulfill_event", "omp_display_", "omp_get_wtime", "omp_get_wtick",
+               *_OMP_ALLOCATORS)
 _OPENMP_WHY = ("of OpenMP a kernel may use the pragmas (and the omp_ API), not offloading or a team "
                "left running after the call (GOMP_parallel_start without its end): its work ends "
                "when it returns")
@@ -136,6 +142,9 @@ _OPENMP_WHY = ("of OpenMP a kernel may use the pragmas (and the omp_ API), not o
 def _openmp_why(name: str) -> str:
     if name.startswith(("omp_get_wtime", "omp_get_wtick")):
         return "OpenMP's clock: a kernel may not read the clock"
+    if name.startswith(_OMP_ALLOCATORS) or name in ("GOMP_alloc", "GOMP_free"):
+        return ("OpenMP's memory allocators (and #pragma omp allocate): use malloc and free, whose "
+                "blocks the kernel host clears between calls")
     return _OPENMP_WHY
 
 
