@@ -321,6 +321,8 @@ def cmd_seeds(args) -> None:
                 k = None
             row["seeds"][seed] = {k2: info[k2] for k2 in ("config", "run_best_us", "tune_wall_s", "trials", "anchored", "drift", "error")
                                   if k2 in info}
+            # As each seed ends (a device call cut off by its time limit keeps what it finished).
+            print(json.dumps({"op": op_name, "shape": shape, "seed": seed, **row["seeds"][seed]}), flush=True)
             # Each seed's records beside the table (small): what each search timed, in order.
             for rec in (out / f"{op_name}_{shape}_{seed}").rglob("records.jsonl"):
                 (out / "records").mkdir(exist_ok=True)
