@@ -37,9 +37,11 @@ C_CASES = {
     "heap_cache": ((Status.SUSPECT, Status.WRONG_RESULT, "not faster"), ""),
     # Probes of those channels that answer wrong when they find what an earlier call left
     # (found before the host cleared them; a quarter of the rows kept in the heap was 1.26x
-    # faster and OK, under the history factor): nothing is found, they are right.
-    "finds_heap": (Status.OK, ""),
-    "finds_stack": (Status.OK, ""),
+    # faster and OK, under the history factor): nothing is found, they are right. A find is a
+    # wrong result wherever it happens (checks, timed calls, calls on new buffers); SUSPECT is
+    # a timing verdict a busy machine can give any kernel (a late start), not a find.
+    "finds_heap": ((Status.OK, Status.SUSPECT), ""),
+    "finds_stack": ((Status.OK, Status.SUSPECT), ""),
     "keeps_heap": (Status.RUNTIME_ERROR, "not freed"),
     "omp_heap": (Status.COMPILE_ERROR, "memory allocators"),
     "result_cache": (Status.COMPILE_ERROR, "writable global or static data"),

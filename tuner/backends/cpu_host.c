@@ -322,10 +322,15 @@ void free(void *p) {
 }
 void *realloc(void *p, size_t n) {
     if (in_arena(p)) {
-        size_t old = ((struct heap_hdr *)p - 1)->size;
+        size_t off = (size_t)((char *)p - fixed.heap);
+        const struct heap_hdr *h = (const struct heap_hdr *)p - 1;
+        if (off < HEAP_HDR || off > heap_top || h->check != (HEAP_MAGIC ^ off)) {
+            errno = EINVAL;  /* not a live block of the arena: nothing to copy from */
+            return NULL;
+        }
         void *q = arena_alloc(n, 0);
         if (!q) return NULL;
-        memcpy(q, p, old < n ? old : n);
+        memcpy(q, p, h->size < n ? h->size : n);
         arena_free(p);
         return q;
     }
