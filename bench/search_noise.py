@@ -99,7 +99,7 @@ def kernel_tuner_trace(land, strategy: str, seed: int, budget: int, noise) -> re
 
 
 def one(job: tuple) -> tuple:
-    path, shape, sampler, rule, seed, budget, noise, guided, anchor, twice, patience = job
+    path, shape, sampler, rule, seed, budget, noise, guided, anchor, twice, patience, parallel = job
     import warnings
     warnings.simplefilter("ignore")
     import optuna
@@ -116,7 +116,7 @@ def one(job: tuple) -> tuple:
     if patience:
         options["patience"] = patience
     t = replay.replay_search(land, sampler, seed, budget=budget, noise=noise, finalists=RULES[rule],
-                             anchor_margin=anchor, **options)
+                             anchor_margin=anchor, parallel=parallel, **options)
     if twice:
         return same_command_twice(land, t, sampler, seed, budget, noise, RULES[rule], anchor, guided)
     return (t.named_within(0.03), t.named_within(0.01), t.named_s / t.best_s - 1, t.evaluations_to(0.03), t.retimed,
@@ -190,7 +190,13 @@ def main() -> None:
     ap.add_argument("--patience", type=int, metavar="N",
                     help="stop a search once N evaluations in a row found nothing 0.5 %% faster (as "
                          "`tuner tune --patience`; the budget still caps it)")
+    ap.add_argument("--parallel", type=int, default=1, metavar="N",
+                    help="evaluations in flight, as `tuner tune` keeps one per compile worker (15 on a "
+                         "16-CPU machine); replayed as batches: asks made while N are in flight learn "
+                         "nothing from each other (default: 1)")
     a = ap.parse_args()
+    if a.parallel > 1 and (a.twice or any(s.strip().startswith("kt:") for s in a.strategies.split(","))):
+        raise SystemExit("--parallel replays this tool's searches only, once")
     if a.patience and a.twice:
         raise SystemExit("--patience with --twice is not replayed")
     noise = None if a.noise == "none" else replay.Noise.parse(a.noise)
@@ -208,7 +214,7 @@ def main() -> None:
                 for seed in range(a.seeds):
                     sampler = s.strip() if s.strip().startswith("kt:") else SAMPLERS[s.strip()]
                     jobs.append((path, shape, sampler, rule, seed, a.budget, noise, guided, a.anchor, a.twice,
-                                 a.patience))
+                                 a.patience, a.parallel))
                     keys.append((label, s.strip(), rule))
     t0 = time.monotonic()
     if a.jobs > 1:
@@ -221,7 +227,7 @@ def main() -> None:
     crashed: dict[tuple, list] = {}
     for k, r in zip(keys, results):
         (crashed if isinstance(r, str) else rows).setdefault(k, []).append(r)
-    print(f"noise: {noise}; budget {a.budget}; patience {a.patience}; {a.seeds} seeds; guided options "
+    print(f"noise: {noise}; budget {a.budget}; patience {a.patience}; in flight {a.parallel}; {a.seeds} seeds; guided options "
           f"{dict(guided) or 'default'}; anchor margin {a.anchor}\n")
     if a.twice:
         twice_table(rows)

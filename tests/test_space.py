@@ -151,6 +151,32 @@ def test_repair_can_keep_params_as_they_are():
     assert space.repair(moved, {"N": 1024}, keep=("LOOPED", "BLOCK")) is None
 
 
+def test_a_default_rejected_at_the_shape_starts_the_search_at_each_single_change_that_repairs_it():
+    """A one-pass default whose block is short of this row is repaired as well by the looped
+    kernel at that block as by one pass with a block as long as the row; the two were 1.4x
+    apart either way on recorded rmsnorm and layernorm landscapes, and a search that began at
+    only the first (the smaller change) missed the other regime on a device. Every single
+    change that repairs it is a start, the smallest changes first, up to MAX_STARTS."""
+    from tuner.core.space import MAX_STARTS
+    space = parse_space("language: c\nsizes: [N]\nparams:\n  LOOPED: [false, true]\n"
+                        "  BLOCK: {pow2: [64, 4096]}\n  W: [1, 2, 4]\n"
+                        "constraints:\n  - LOOPED or BLOCK >= N\n  - not LOOPED or BLOCK < N\n"
+                        "default:\n  LOOPED: false\n  BLOCK: 256\n  W: 2\n")
+    starts = space.starts({"N": 1024})
+    assert [c.as_dict() for c in starts] == [{"LOOPED": False, "BLOCK": 256, "W": 2},  # the default, as written
+                                             {"LOOPED": True, "BLOCK": 256, "W": 2},
+                                             {"LOOPED": False, "BLOCK": 1024, "W": 2}]  # the nearest long enough block
+    assert space.starts({"N": 128}) == [space.default_config()]  # valid here: no other start
+    many = parse_space("language: c\nparams:\n" + "".join(f"  {n}: [0, 1]\n" for n in "ABCDEF")
+                       + "constraints:\n  - A + B + C + D + E + F <= 5\n"
+                       "default: {A: 1, B: 1, C: 1, D: 1, E: 1, F: 1}\n")
+    assert len(many.starts({})) == 1 + MAX_STARTS
+    coupled = parse_space("params:\n  A: [1, 2, 4, 8]\n  B: [1, 2, 4, 8]\n  C: [1, 2]\n"
+                          "constraints:\n  - A == B\n  - A >= 4 or C == 9\n"
+                          "default: {A: 1, B: 1, C: 1}\n")
+    assert coupled.starts({})[1:] == [coupled.repair(coupled.default_config(), {})]  # no single change: `repair`
+
+
 def test_promising_configs_are_completed_repaired_at_this_shape_and_kept_in_the_json():
     """The author's guesses: partial configs take the default's other values; one the formulas
     reject at this shape becomes the nearest config they accept; repeats are tried once."""

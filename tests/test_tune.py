@@ -651,3 +651,51 @@ def test_a_noisy_winner_timing_is_flagged_in_the_summary(tmp_path, monkeypatch, 
     assert "torch's own is faster" not in shown(summary)
     summary["best"]["speedup_vs_reference"] = 0.8
     assert "0.80x" in shown(summary) and "torch's own is faster here" in " ".join(shown(summary).split())
+
+
+def test_evaluations_in_flight_are_what_keeps_the_device_busy_and_no_more():
+    """Asks made while others are in flight learn nothing from them: a search with 15 compile
+    workers asked its first 15 configs of 40 with nothing timed, and each later one with 14
+    answers outstanding, while the GPU timed one kernel at a time and compiles took 0.2 s. In
+    flight: at most IN_FLIGHT_START until answers come, then no more than the answers so far,
+    and no more than keeps the device fed at the pace measured (compile time over the gap
+    between finished evaluations, plus two)."""
+    import dataclasses
+    import threading
+
+    from tuner.offline import replay
+    from tuner.run.tune import IN_FLIGHT_START, in_flight_cap, run_search
+    from tuner.search.searcher import prepare_searcher
+    assert [in_flight_cap(15, d) for d in (0, 1, 2, 3, 5, 8, 14, 15, 40)] == [2, 2, 2, 3, 5, 8, 14, 15, 15]
+    assert in_flight_cap(1, 0) == 1 and in_flight_cap(0, 9) == 1
+    assert in_flight_cap(15, 40, 0.2, 0.2) == 3  # Triton on one GPU: one compiling, one timed, one ready
+    assert in_flight_cap(15, 40, 15.0, 0.5) == 15  # nvcc: as many as the workers
+    assert in_flight_cap(15, 40, 3.0, 1.0) == 5 and in_flight_cap(15, 4, 3.0, 1.0) == 4
+    assert in_flight_cap(15, 40, 0.0, 0.0) == 2
+
+    def run(compile_s: float) -> list[tuple[int, int]]:
+        land = replay.synthetic("smooth", 0)
+        ev = replay.ReplayEvaluator(land)
+        lock, now, seen = threading.Lock(), [0], []
+        real = ev.evaluate
+
+        def evaluate(config, *a, **k):
+            with lock:
+                now[0] += 1
+                seen.append((sum(1 for r in store.records() if r.status is not Status.INVALID), now[0]))
+            time.sleep(0.01)
+            try:
+                r = real(config, *a, **k)
+                return dataclasses.replace(r, build=dataclasses.replace(r.build, compile_s=compile_s))
+            finally:
+                with lock:
+                    now[0] -= 1
+        ev.evaluate = evaluate
+        store = replay.MemoryStore()
+        searcher = prepare_searcher(land.space, "random", 0, ev.check, ev.context, ev.limits)
+        run_search(store, ev, searcher, 40, None, 15)
+        assert len([r for r in store.records() if r.status is not Status.INVALID]) == 40
+        assert all(n <= max(IN_FLIGHT_START, done) for done, n in seen), seen
+        return seen
+    assert max(n for _, n in run(0.0)) <= 3  # compiles take no time: one timed, one ready
+    assert max(n for _, n in run(5.0)) >= 8  # compiles take far longer than a timing: the workers fill

@@ -22,6 +22,8 @@ from tuner.core.values import Config
 # Pairs of moves `Space.repair` tries at most at a step where no single move helps (each costs one
 # evaluation of the formulas: ~20 us).
 _REPAIR_PAIRS = 2000
+# Configs a search starts from where the default is rejected at the shape (`Space.starts`).
+MAX_STARTS = 3
 
 # Names a space may read besides its params, its declared sizes and its resources. ARCH (the
 # compute capability as one number, 90 for sm_90) is given by the cuda backend only: elsewhere a
@@ -178,13 +180,36 @@ class Space:
 
     def starts(self, context: dict[str, Any], limits: dict[str, float] | None = None) -> list[Config]:
         """Where a search begins: the default config and, when the formulas reject it at this
-        shape, the nearest config they accept (`repair`), so the search starts next to what the
-        space's author meant."""
+        shape, the configs nearest to it that they accept, so the search starts next to what
+        the space's author meant. Where several single changes each make the default valid,
+        each is as near as the others and the author's intent does not choose between them
+        (a one-pass default whose block is short of this row: the looped kernel at that
+        block, or one pass with a block as long as the row; they can be 1.4x apart either
+        way): up to MAX_STARTS of them, the smallest changes first. Where no single change
+        does, the nearest by `repair`."""
         default = self.default_config()
         if self.check(default, context, limits) is None:
             return [default]
-        near = self.repair(default, context, limits)
-        return [default] + ([near] if near is not None else [])
+        d = default.as_dict()
+        singles = []
+        for p in self.params:
+            at = self._at(p, d)
+            for j, value in enumerate(p.values):
+                if value != d[p.name]:
+                    config = Config.of({**d, p.name: value})
+                    if self.check(config, context, limits) is None:
+                        singles.append((abs(j - at), config))
+        # Per param the smallest change that repairs, then the params by that change.
+        firsts: dict[str, tuple[int, Config]] = {}
+        for steps, config in singles:
+            name = next(k for k, v in config.as_dict().items() if v != d[k])
+            if name not in firsts or steps < firsts[name][0]:
+                firsts[name] = (steps, config)
+        near = [c for _, c in sorted(firsts.values(), key=lambda sc: sc[0])][:MAX_STARTS]
+        if not near:
+            repaired = self.repair(default, context, limits)
+            near = [repaired] if repaired is not None else []
+        return [default] + near
 
     def promising_configs(self, context: dict[str, Any], limits: dict[str, float] | None = None,
                           notes: list[str] | None = None) -> list[Config]:
