@@ -361,6 +361,8 @@ def cmd_seeds(args) -> None:
             row["best_seed_us"], row["worst_seed_us"] = round(min(ours) * 1e6, 2), round(max(ours) * 1e6, 2)
             row["worst_vs_best_pct"] = round(100 * (max(ours) / min(ours) - 1), 2)
             row["worst_vs_best_peer_pct"] = round(100 * (max(ours) / min(peers) - 1), 2)
+        if args.top:
+            row["top"] = top_configs(out, op, op_name, shape, args.top, backend, xs, outs, args.rounds)
         rows.append(row)
         (out / "gpu_seeds.json").write_text(json.dumps(rows, indent=1))
         print(json.dumps(row), flush=True)
@@ -374,6 +376,43 @@ def cmd_seeds(args) -> None:
         peer = min((k for k in ("compile", "liger") if k in r["us"]), key=r["us"].get)
         print(f"| {r['op']} | {r['shape']} | {seeds} | +{r['worst_vs_best_pct']:.1f} % | {r['us'][peer]:.1f} ({peer}) | "
               f"{r['worst_vs_best_peer_pct']:+.1f} % | {r['us']['copy']:.1f} |")
+
+
+def top_configs(out: Path, op, op_name: str, shape: str, n: int, backend, xs, outs, rounds: int) -> list[dict]:
+    """Every seed's `n` fastest configs by the figure its search ranked them by, timed together
+    in two interleaves (with Liger and a copy): tells a search that never evaluated the best
+    config from one that evaluated it and named another. Per config: both interleaves' times
+    and, per seed that had it among its `n`, its rank there and its search-time figures."""
+    from tuner.run.store import Store
+    cands: dict[str, dict] = {}
+    for seed_dir in sorted(out.glob(f"{op_name}_{shape}_*")):
+        seed = seed_dir.name.rsplit("_", 1)[1]
+        for run_json in seed_dir.rglob("run.json"):
+            store = Store(run_json.parent)
+            ok = sorted((r for r in store.records() if r.status is Status.OK), key=lambda r: r.search_s)
+            named = json.dumps(((store.read_json("summary.json") or {}).get("best") or {}).get("config"),
+                               sort_keys=True)
+            for rank, r in enumerate(ok[:n]):
+                key = json.dumps(r.config.as_dict(), sort_keys=True)
+                c = cands.setdefault(key, {"artifact": r.build.artifact, "seen": {}})
+                c["seen"][seed] = {"rank": rank, "search_us": round(r.search_s * 1e6, 2),
+                                   "own_us": round(r.seconds * 1e6, 2), "named": key == named}
+    fns = {}
+    for i, c in enumerate(cands.values()):
+        k = backend.load(c["artifact"], op)
+        fns[f"c{i}"] = (lambda k: lambda: k(*xs, *outs))(k)
+    liger = liger_fn(op_name, xs)
+    if liger is not None:
+        fns["liger"] = liger
+    fns["copy"] = copy_fn(op)
+    runs = [interleaved(backend, fns, rounds=rounds) for _ in range(2)]
+    rows = [{"config": json.loads(key), "us": [round(t[f"c{i}"] * 1e6, 2) for t in runs], "seen": c["seen"]}
+            for i, (key, c) in enumerate(cands.items())]
+    rows.sort(key=lambda r: min(r["us"]))
+    for k in ("liger", "copy"):
+        if k in fns:
+            rows.append({"peer": k, "us": [round(t[k] * 1e6, 2) for t in runs]})
+    return rows
 
 
 # ---- tuning wall time against @triton.autotune ------------------------------------------
@@ -520,6 +559,9 @@ def main() -> None:
     sd.add_argument("--seeds", type=int, default=5)
     sd.add_argument("--budget", type=int, default=40)
     sd.add_argument("--rounds", type=int, default=10)
+    sd.add_argument("--top", type=int, default=0, metavar="N",
+                    help="also time every seed's N fastest configs together (did a seed miss the best "
+                         "config, or evaluate it and name another?)")
     sd.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     sd.set_defaults(fn=cmd_seeds)
     a = sub.add_parser("autotune")

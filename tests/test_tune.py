@@ -657,16 +657,17 @@ def test_evaluations_in_flight_are_what_keeps_the_device_busy_and_no_more():
     """Asks made while others are in flight learn nothing from them: a search with 15 compile
     workers asked its first 15 configs of 40 with nothing timed, and each later one with 14
     answers outstanding, while the GPU timed one kernel at a time and compiles took 0.2 s. In
-    flight: at most IN_FLIGHT_START until answers come, then no more than the answers so far,
-    and no more than keeps the device fed at the pace measured (compile time over the gap
-    between finished evaluations, plus two)."""
+    flight: the configs it was given to try first (here the default alone), then of its own
+    asks at most IN_FLIGHT_START until answers come, no more than the answers so far, and no
+    more than keeps the device fed at the pace measured (compile time over the gap between
+    finished evaluations, plus two)."""
     import dataclasses
     import threading
 
     from tuner.offline import replay
     from tuner.run.tune import IN_FLIGHT_START, in_flight_cap, run_search
     from tuner.search.searcher import prepare_searcher
-    assert [in_flight_cap(15, d) for d in (0, 1, 2, 3, 5, 8, 14, 15, 40)] == [2, 2, 2, 3, 5, 8, 14, 15, 15]
+    assert [in_flight_cap(15, d) for d in (0, 1, 2, 3, 5, 8, 14, 15, 40)] == [1, 1, 2, 3, 5, 8, 14, 15, 15]
     assert in_flight_cap(1, 0) == 1 and in_flight_cap(0, 9) == 1
     assert in_flight_cap(15, 40, 0.2, 0.2) == 3  # Triton on one GPU: one compiling, one timed, one ready
     assert in_flight_cap(15, 40, 15.0, 0.5) == 15  # nvcc: as many as the workers

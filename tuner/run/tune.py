@@ -41,19 +41,21 @@ STALL_ASKS = 300  # consecutive asks that bring nothing new: the sampler has run
 # passed: the skeleton is broken, not its configs, and the rest of the budget would fail the
 # same way (a compile each on a GPU). The search stops and says so.
 SAME_FAILURE_STOP = 8
-IN_FLIGHT_START = 2  # evaluations in flight before any has finished (`in_flight_cap`)
+IN_FLIGHT_START = 1  # the search's own asks in flight before any evaluation has finished (`in_flight_cap`)
 PACE_WINDOW, PACE_MIN = 8, 3  # the finishes a run's pace is read from (`Pace`)
 
 
 def in_flight_cap(limit: int, done: int, compile_s: float | None = None, gap_s: float | None = None) -> int:
-    """How many evaluations a search keeps in flight: enough to keep the device busy, no more.
+    """How many evaluations a search keeps in flight while it asks configs of its own (those
+    it was given to try first, the default, warm starts, `promising:`, go in flight at once up
+    to `limit`): enough to keep the device busy, no more.
 
     Asks made while others are in flight learn nothing from them. With one in flight per
     compile worker (15 on a 16-CPU machine), a 40-evaluation search on one GPU asked its first
     15 configs with nothing timed and each later one with 14 answers outstanding, though the
     GPU, timing one kernel at a time, was the bottleneck and the compiles were done in 0.2 s.
     So: at most `limit` (the compile workers, or a sweep's share of them); at most the answers
-    so far (at least IN_FLIGHT_START: the count doubles with each generation of answers); and,
+    so far, at least IN_FLIGHT_START (the count doubles with each generation of answers); and,
     once the run has measured its pace, what Little's law says keeps the device fed: one
     compiling per `gap_s` (the seconds between finished evaluations) that a compile takes
     (`compile_s`), plus one being timed and one ready. Slow compiles (nvcc) raise it towards
@@ -274,7 +276,8 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
     # Threads start as evaluations are submitted: the bound is never reached when fixed.
     with cf.ThreadPoolExecutor(max_workers=parallel if isinstance(parallel, int) else 256) as pool:
         while True:
-            while (len(inflight) < in_flight_cap(limit(), progress.evaluations, pace.compile_s(), pace.gap_s())
+            while (len(inflight) < (max(1, limit()) if searcher.queued() else
+                                    in_flight_cap(limit(), progress.evaluations, pace.compile_s(), pace.gap_s()))
                    and progress.evaluations + len(inflight) < budget
                    and (deadline is None or time.monotonic() < deadline) and stall < STALL_ASKS
                    and len(known) + len(inflight) < space.size and not searcher.stalled()

@@ -201,6 +201,10 @@ class Searcher:
         """Propose `config` next (the skeleton's default, warm starts, a proposer's picks)."""
         self.study.enqueue_trial(self._encode(self.space, config), skip_if_exists=True)
 
+    def queued(self) -> int:
+        """Configs enqueued and not asked yet: the next asks are these, whatever is known."""
+        return len(self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+
     def ask(self) -> tuple[optuna.Trial, Config]:
         trial = self.study.ask(self.dists)
         return trial, self._decode(self.space, trial.params)
