@@ -673,6 +673,10 @@ def test_evaluations_in_flight_are_what_keeps_the_device_busy_and_no_more():
     assert in_flight_cap(15, 40, 15.0, 0.5) == 15  # nvcc: as many as the workers
     assert in_flight_cap(15, 40, 3.0, 1.0) == 5 and in_flight_cap(15, 4, 3.0, 1.0) == 4
     assert in_flight_cap(15, 40, 0.0, 0.0) == 2
+    # eight devices: one timed on each and one ready, never fewer (a pace read from devices left
+    # idle would hold the count down), plus the compiles their pace needs
+    assert in_flight_cap(64, 40, 0.0, 0.01, slots=8) == 9
+    assert in_flight_cap(64, 40, 0.25, 0.03, slots=8) == 18
 
     def run(compile_s: float) -> list[tuple[int, int]]:
         land = replay.synthetic("smooth", 0)

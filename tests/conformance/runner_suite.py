@@ -45,6 +45,9 @@ def test_runner_answers_device_requests(make_evaluator, fast_settings, tmp_path)
         meas = ev.runner.device("measure", 120, "measure", artifact=build.artifact, spec=SPEC,
                                 settings=fast_settings, best_s=None, reference_s=min(samples))
         assert meas.status is Status.OK and meas.samples
+        # one slot per device the runner times on: what a search keeps in flight is sized by it
+        assert isinstance(ev.runner.timing_slots, int) and ev.runner.timing_slots >= 1
+        assert ev.timing_slots == ev.runner.timing_slots
     finally:
         ev.close()
 

@@ -61,6 +61,7 @@ class Evaluator:
                                    str(self.workdir / "workers.log"))
         self.runner: Runner = runner(self.placement, settings)
         self.default_parallel = self.runner.default_parallel
+        self.timing_slots = self.runner.timing_slots
         self._by_source: dict[str, tuple[Build, Measurement]] = {}
         self._source_lock = threading.Lock()
         self.device_info: DeviceInfo | None = None

@@ -657,6 +657,7 @@ class RayRunner:
         self.pool = executor.pool(placement.backend)
         self.exclusive = executor.quiet_lock(placement.backend) if placement.exclusive_timing else None
         self.default_parallel = executor.default_parallel(placement.backend)
+        self.timing_slots = max(1, executor.n_devices(placement.backend))
         self.retries = 0
         self._deaths = _death_errors(self.ray)
         self._files: dict[str, list] = {}  # artifact -> [ObjectRef of its build folder's files]

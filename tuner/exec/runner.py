@@ -19,6 +19,8 @@ Contract (every runner; tests/conformance/test_runners.py holds each to it):
   machine to itself (cpu: a compile beside a timing slows the timing), or None.
 * `default_parallel`: how many evaluations keep this runner busy, or None (the settings' count
   of compile workers).
+* `timing_slots`: how many `device` requests run at once (one per device): a search keeps one
+  evaluation in flight per slot beside those compiling (`tune.in_flight_cap`).
 * `retried()` is told each time a request is sent again after a process died under it; the
   count is `retries`.
 * `warm_up()` starts compile processes ahead of the first compile (not before a timing that
@@ -59,6 +61,7 @@ class Placement:
 class Runner(Protocol):
     exclusive: threading.Lock | None
     default_parallel: int | None
+    timing_slots: int
     retries: int
 
     def compile(self, source: str, op_json: str, workdir: str, timeout_s: float) -> Build: ...
@@ -93,6 +96,7 @@ class LocalRunner:
                                   for d in p.devices]
         else:
             self.compilers, self.bench_workers = workers
+        self.timing_slots = max(1, len(self.bench_workers))
         self._compilers: queue.Queue[Worker] = queue.Queue()
         for w in self.compilers:
             self._compilers.put(w)

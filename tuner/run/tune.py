@@ -45,10 +45,11 @@ IN_FLIGHT_START = 1  # the search's own asks in flight before any evaluation has
 PACE_WINDOW, PACE_MIN = 8, 3  # the finishes a run's pace is read from (`Pace`)
 
 
-def in_flight_cap(limit: int, done: int, compile_s: float | None = None, gap_s: float | None = None) -> int:
+def in_flight_cap(limit: int, done: int, compile_s: float | None = None, gap_s: float | None = None,
+                  slots: int = 1) -> int:
     """How many evaluations a search keeps in flight while it asks configs of its own (those
     it was given to try first, the default, warm starts, `promising:`, go in flight at once up
-    to `limit`): enough to keep the device busy, no more.
+    to `limit`): enough to keep the devices busy, no more.
 
     Asks made while others are in flight learn nothing from them. With one in flight per
     compile worker (15 on a 16-CPU machine), a 40-evaluation search on one GPU asked its first
@@ -56,16 +57,16 @@ def in_flight_cap(limit: int, done: int, compile_s: float | None = None, gap_s: 
     GPU, timing one kernel at a time, was the bottleneck and the compiles were done in 0.2 s.
     So: at most `limit` (the compile workers, or a sweep's share of them); at most the answers
     so far, at least IN_FLIGHT_START (the count doubles with each generation of answers); and,
-    once the run has measured its pace, what Little's law says keeps the device fed: one
-    compiling per `gap_s` (the seconds between finished evaluations) that a compile takes
-    (`compile_s`), plus one being timed and one ready. Slow compiles (nvcc) raise it towards
-    `limit`; instant ones (a replay) hold it at 2."""
+    once the run has measured its pace, what Little's law says keeps the `slots` devices fed:
+    one being timed on each and one ready, plus one compiling per `gap_s` (the seconds between
+    finished evaluations) that a compile takes (`compile_s`). Slow compiles (nvcc) raise it
+    towards `limit`; instant ones (a replay) hold it at `slots` + 1. It never falls below
+    `slots` + 1 once the answers allow: fewer would leave a device idle, the finishes would
+    come further apart, and a pace read from them would hold the count down."""
     cap = min(limit, max(IN_FLIGHT_START, done))
     if compile_s is not None and gap_s is not None:
-        if gap_s > 0:
-            cap = min(cap, 2 + math.ceil(compile_s / gap_s))
-        elif compile_s <= 0:
-            cap = min(cap, 2)
+        fed = slots + 1 + (math.ceil(compile_s / gap_s) if gap_s > 0 else (0 if compile_s <= 0 else limit))
+        cap = min(cap, fed)
     return max(1, cap)
 
 
@@ -260,6 +261,7 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
     on_progress(progress)
 
     pace = Pace()
+    slots = max(1, getattr(evaluator, "timing_slots", 1))
 
     def finish(trial, record: Record) -> None:
         record = anchored(record)
@@ -277,7 +279,7 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
     with cf.ThreadPoolExecutor(max_workers=parallel if isinstance(parallel, int) else 256) as pool:
         while True:
             while (len(inflight) < (max(1, limit()) if searcher.queued() else
-                                    in_flight_cap(limit(), progress.evaluations, pace.compile_s(), pace.gap_s()))
+                                    in_flight_cap(limit(), progress.evaluations, pace.compile_s(), pace.gap_s(), slots))
                    and progress.evaluations + len(inflight) < budget
                    and (deadline is None or time.monotonic() < deadline) and stall < STALL_ASKS
                    and len(known) + len(inflight) < space.size and not searcher.stalled()
