@@ -73,7 +73,12 @@ def test_tune_from_python_returns_the_run_with_its_records_and_report(tmp_path, 
 def test_the_report_page_loads_in_a_browser_with_its_data_points(tmp_path, monkeypatch):
     fast_env(monkeypatch, tmp_path)
     monkeypatch.setenv("TUNER_REPORT", "0")  # written below by the command instead
-    run = tuner.tune("softmax", shape=(64, 512), budget=15, seed=4, runs_dir=str(tmp_path / "runs"), **NULL)
+    # Two configs that fail (a wrong answer, a crash) tried first, whatever the search then does.
+    failing = tmp_path / "failing.json"
+    failing.write_text(json.dumps([{"BM": 32, "BN": 512, "WARPS": 2, "STAGES": 1},
+                                   {"BM": 16, "BN": 16, "WARPS": 2, "STAGES": 1}]))
+    run = tuner.tune("softmax", shape=(64, 512), budget=15, seed=4, runs_dir=str(tmp_path / "runs"),
+                     warm_start=str(failing), **NULL)
     assert "report" not in run.summary and not (run.path / "report.html").exists()
     from tuner.cli.main import main
     out = tmp_path / "page" / "r.html"
