@@ -275,12 +275,18 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
         _count(progress, record)
         on_progress(progress)
 
+    def room() -> int:
+        """Evaluations that may be in flight now: the configs the search was given to try first
+        fill every worker (they do not depend on any answer); its own asks are held to what
+        keeps the devices busy (`in_flight_cap`)."""
+        if searcher.queued():
+            return max(1, limit())
+        return in_flight_cap(limit(), progress.evaluations, pace.compile_s(), pace.gap_s(), slots)
+
     # Threads start as evaluations are submitted: the bound is never reached when fixed.
     with cf.ThreadPoolExecutor(max_workers=parallel if isinstance(parallel, int) else 256) as pool:
         while True:
-            while (len(inflight) < (max(1, limit()) if searcher.queued() else
-                                    in_flight_cap(limit(), progress.evaluations, pace.compile_s(), pace.gap_s(), slots))
-                   and progress.evaluations + len(inflight) < budget
+            while (len(inflight) < room() and progress.evaluations + len(inflight) < budget
                    and (deadline is None or time.monotonic() < deadline) and stall < STALL_ASKS
                    and len(known) + len(inflight) < space.size and not searcher.stalled()
                    and not progress.stopped and not (stop is not None and stop.is_set())):
