@@ -1,6 +1,7 @@
 """--storage keeps each run as an Optuna study that shows the search as it was (seconds, real
 param values, failures as FAIL/PRUNED trials with their reasons), one study per run."""
 
+import json
 import math
 
 import optuna
@@ -20,8 +21,13 @@ def _study(journal, name):
 def test_the_stored_study_is_the_run_as_it_was(tmp_path, monkeypatch):
     fast_env(monkeypatch, tmp_path)
     runs, journal = tmp_path / "runs", tmp_path / "study.journal"
+    # Two of the landscape's scripted faults (a wrong answer, a crash) tried first, whatever the
+    # search then does: the study must hold failures as failures.
+    failing = tmp_path / "failing.json"
+    failing.write_text(json.dumps([{"BM": 32, "BN": 512, "WARPS": 2, "STAGES": 1},
+                                   {"BM": 16, "BN": 16, "WARPS": 2, "STAGES": 1}]))
     assert main(["tune", "softmax", "--shape", "64x512", *NULL, "--budget", "25", "--seed", "1",
-                 "--runs-dir", str(runs), "--storage", str(journal), "--quiet"]) == 0
+                 "--runs-dir", str(runs), "--storage", str(journal), "--warm-start", str(failing), "--quiet"]) == 0
     run = only_run(runs)
     records = Store.open(run).records()
     study = _study(journal, run.name)  # named after the run

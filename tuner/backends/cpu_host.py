@@ -54,8 +54,9 @@ _START_S = 60.0  # the host's set-up (dlopen, OpenMP's threads) answers within t
 # A call's start after it was sent (the host waking to read it: tens of microseconds) may not
 # be late by more than this, or a quarter of the kernel's own time, in the median of the last
 # _LATE_WINDOW calls, with the host's main thread busy in most of them: the host was still
-# working when it was asked. Busy: on a core for at least _BUSY_SHARE of the lateness, beyond
-# the kernel's own time, between the send and the reply (/proc/<host>/schedstat). A host that
+# working when it was asked. Busy: on a core for at least _BUSY_SHARE of the lateness before it
+# read the call (/proc/<host>/schedstat over the send to the reply, less the read to the reply:
+# what the host spent before the read, at least). A host that
 # was preempted (its reply woke the judge, which took its core; other work on a loaded machine)
 # or asleep spends none of that time on a core; one that works on after answering spends it all.
 _LATE_S = 200e-6
@@ -344,7 +345,13 @@ class HostKernel:
             raise ClockMismatch(f"the kernel's process reported a call read at {read}, run from {t0} to {t1} "
                                 f"ns, outside the judge's own reading of the clock ({sent} to {came} ns)")
         if cpu0 is not None and cpu1 is not None:
-            ran = (cpu1 - cpu0) - (t1 - t0) >= _BUSY_SHARE * (read - sent)
+            # Time on a core before the host read the call: all it spent, less the most it could
+            # have spent from the read to the reply (the wall time between them: the flush, the
+            # stacks cleared, the kernel, the heap zeroed, all on this thread). Less only the
+            # kernel's own time, as before, counted the host's untimed work after the read as
+            # busy: every late call looked busy, and an honest kernel on a loaded machine (two
+            # busy loops on two cores) was SUSPECT once in four evaluations.
+            ran = (cpu1 - cpu0) - (came - read) >= _BUSY_SHARE * (read - sent)
         self._late = [*self._late[1 - _LATE_WINDOW:], read - sent]
         self._took = [*self._took[1 - _LATE_WINDOW:], t1 - t0]
         self._ran = [*self._ran[1 - _LATE_WINDOW:], ran]
