@@ -665,7 +665,8 @@ def test_evaluations_in_flight_are_what_keeps_the_device_busy_and_no_more():
     import threading
 
     from tuner.offline import replay
-    from tuner.run.tune import IN_FLIGHT_START, in_flight_cap, run_search
+    from tuner.run.pace import IN_FLIGHT_START, in_flight_cap
+    from tuner.run.tune import run_search
     from tuner.search.searcher import prepare_searcher
     assert [in_flight_cap(15, d) for d in (0, 1, 2, 3, 5, 8, 14, 15, 40)] == [1, 1, 2, 3, 5, 8, 14, 15, 15]
     assert in_flight_cap(1, 0) == 1 and in_flight_cap(0, 9) == 1

@@ -191,21 +191,15 @@ class Space:
         if self.check(default, context, limits) is None:
             return [default]
         d = default.as_dict()
-        singles = []
+        nearest = []  # per param, its smallest change that repairs the default: (steps, config)
         for p in self.params:
             at = self._at(p, d)
-            for j, value in enumerate(p.values):
-                if value != d[p.name]:
-                    config = Config.of({**d, p.name: value})
-                    if self.check(config, context, limits) is None:
-                        singles.append((abs(j - at), config))
-        # Per param the smallest change that repairs, then the params by that change.
-        firsts: dict[str, tuple[int, Config]] = {}
-        for steps, config in singles:
-            name = next(k for k, v in config.as_dict().items() if v != d[k])
-            if name not in firsts or steps < firsts[name][0]:
-                firsts[name] = (steps, config)
-        near = [c for _, c in sorted(firsts.values(), key=lambda sc: sc[0])][:MAX_STARTS]
+            moves = sorted(((abs(j - at), Config.of({**d, p.name: value})) for j, value in enumerate(p.values)
+                            if value != d[p.name]), key=lambda m: m[0])
+            fix = next((m for m in moves if self.check(m[1], context, limits) is None), None)
+            if fix is not None:
+                nearest.append(fix)
+        near = [c for _, c in sorted(nearest, key=lambda sc: sc[0])][:MAX_STARTS]
         if not near:
             repaired = self.repair(default, context, limits)
             near = [repaired] if repaired is not None else []

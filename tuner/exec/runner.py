@@ -20,7 +20,7 @@ Contract (every runner; tests/conformance/test_runners.py holds each to it):
 * `default_parallel`: how many evaluations keep this runner busy, or None (the settings' count
   of compile workers).
 * `timing_slots`: how many `device` requests run at once (one per device): a search keeps one
-  evaluation in flight per slot beside those compiling (`tune.in_flight_cap`).
+  evaluation in flight per slot beside those compiling (`pace.in_flight_cap`).
 * `retried()` is told each time a request is sent again after a process died under it; the
   count is `retries`.
 * `warm_up()` starts compile processes ahead of the first compile (not before a timing that
