@@ -79,10 +79,12 @@ class CudaBackend(TritonDevice):
     # most 1.04x their queued median, so a few us cover it, and a result cache in a kernel
     # of 10 us is seen (the default 20 us let it be).
     history_slack_s = 5e-6
-    # Honest library Triton kernels' fastest lone call read at most 1.013x their median (36
-    # kernels, 12 cases; 1.000 for 10 with every host core busy: bench/lone_calls.py), and a
-    # matmul keeping half its tiles in an allocator-recycled scratch gained 1.68x: under 2x.
-    history_factor = 1.3
+    # Honest library Triton kernels' fastest lone call read at most 1.013x their median on an
+    # H200 (36 kernels, 12 cases; 1.000 for 10 with every host core busy) and 1.015x on an H100
+    # (24 kernels): bench/lone_calls.py. A matmul keeping one output tile in four in an
+    # allocator-recycled scratch passed 1.3x and is caught here (tests/test_redteam.py); what a
+    # kernel gains unseen is now under 15 %.
+    history_factor = 1.15
 
     def __init__(self, device: int = 0, **options: Any) -> None:
         super().__init__(device, **options)
