@@ -314,7 +314,8 @@ def test_launch_graphs_capture_a_buffer_set_on_its_second_call_and_keep_the_most
     """The books of `LaunchGraphs` (the GPU itself: the cuda-marked test below): a buffer set's
     first call launches, its second captures and replays, later ones replay; past MAX graphs the
     least recently used goes (its set launches directly again, then is captured again); the
-    sets seen once are remembered up to SEEN; a failed capture launches and captures no more."""
+    sets seen once are remembered up to SEEN; a failed capture launches and captures no more;
+    beyond FREE captures, one more per PAYBACK replays (a set seen again before that launches)."""
     from types import SimpleNamespace
 
     from tuner.serve.graphs import LaunchGraphs
@@ -322,12 +323,13 @@ def test_launch_graphs_capture_a_buffer_set_on_its_second_call_and_keep_the_most
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     done = []
     graphs = LaunchGraphs(lambda args: done.append(("launch", args[0].data_ptr())))
-    graphs.MAX, graphs.SEEN = 2, 3
+    graphs.MAX, graphs.SEEN, graphs.FREE = 2, 3, 100
 
     def capture(args):
         if args[0].data_ptr() == 99:
             graphs.off = "RuntimeError: refused"
             return None
+        graphs.captured += 1
         return SimpleNamespace(replay=lambda p=args[0].data_ptr(): done.append(("replay", p)))
     monkeypatch.setattr(graphs, "_capture", capture)
 
@@ -344,6 +346,16 @@ def test_launch_graphs_capture_a_buffer_set_on_its_second_call_and_keep_the_most
     assert list(graphs._seen) == [(11,), (12,), (13,)]
     assert [call(p) for p in (99, 99, 13)] == [("launch", 99), ("launch", 99), ("launch", 13)]
     assert graphs.off == "RuntimeError: refused"
+
+    graphs = LaunchGraphs(lambda args: done.append(("launch", args[0].data_ptr())))
+    graphs.FREE, graphs.PAYBACK = 1, 2
+    monkeypatch.setattr(graphs, "_capture", capture)
+    assert [call(p) for p in (1, 1, 2, 2, 1, 2, 1, 2, 2)] == [
+        ("launch", 1), ("replay", 1),  # the free capture
+        ("launch", 2), ("launch", 2),  # no replay yet to pay for a second
+        ("replay", 1), ("launch", 2), ("replay", 1),  # two replays: one capture earned
+        ("replay", 2), ("replay", 2)]
+    assert graphs.captured == 2 and graphs.replays == 3
 
 
 @pytest.mark.cuda

@@ -21,13 +21,20 @@ class LaunchGraphs:
     tuner.codecheck), so a replay on the same buffers is the same launch: the key is each
     argument's data pointer (the shapes and dtypes are the kernel's, checked before the launch).
     A buffer set is captured on its second call (one seen once, a prefill of a new length, costs
-    no capture); at most MAX graphs a kernel, the least recently used dropped. Launched directly
+    no capture), while the kernel's graphs have paid for their captures: beyond the first FREE,
+    one capture per PAYBACK replays of the graphs before it. A capture costs the host 0.2-1.3 ms,
+    what 10-40 replays save over direct launches (bench/RESULTS.md); a kernel whose buffer sets
+    rarely come back (per-forward tensors such as a rope's cos and sin halves, an output the
+    allocator places anew) would otherwise capture on most calls and launch slower than
+    directly. At most MAX graphs a kernel, the least recently used dropped. Launched directly
     instead: while the caller captures a graph of its own, when the tensors are not on the
     current device, and for good once a capture fails (`off` says why). Settings.serve_graphs
     (TUNER_SERVE_GRAPHS=0) turns them off."""
 
     MAX = 64  # graphs kept per kernel
     SEEN = 1024  # buffer sets remembered from a first call
+    FREE = 2  # captures made before any replay
+    PAYBACK = 16  # replays that earn one more capture
 
     def __init__(self, launch):
         from collections import OrderedDict
@@ -39,6 +46,7 @@ class LaunchGraphs:
         self._capturing = threading.Lock()
         self.off: str | None = None
         self.captured = 0
+        self.replays = 0  # of graphs captured on an earlier call
 
     @classmethod
     def of(cls, kernel):
@@ -59,8 +67,11 @@ class LaunchGraphs:
             g = self._graphs.get(key)
             if g is not None:
                 self._graphs.move_to_end(key)
-            elif self.off is not None or key not in self._seen:
+                self.replays += 1
+            elif (self.off is not None or key not in self._seen
+                  or self.captured >= self.FREE + self.replays // self.PAYBACK):
                 self._seen[key] = None
+                self._seen.move_to_end(key)
                 if len(self._seen) > self.SEEN:
                     self._seen.popitem(last=False)
             else:
