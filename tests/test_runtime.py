@@ -357,6 +357,18 @@ def test_launch_graphs_capture_a_buffer_set_on_its_second_call_and_keep_the_most
         ("replay", 2), ("replay", 2)]
     assert graphs.captured == 2 and graphs.replays == 3
 
+    # More buffer sets in turn than MAX graphs (the norms of a model with many layers): each
+    # graph would be dropped before its set came back, a capture on every call; held to what
+    # the replays of the graphs kept have earned.
+    graphs = LaunchGraphs(lambda args: done.append(("launch", args[0].data_ptr())))
+    graphs.MAX, graphs.FREE, graphs.PAYBACK = 4, 2, 16
+    monkeypatch.setattr(graphs, "_capture", capture)
+    for _ in range(20):
+        for p in range(100, 110):
+            call(p)
+    assert graphs.captured <= graphs.FREE + graphs.replays // graphs.PAYBACK and graphs.captured <= 5
+    assert done[-200:].count(("launch", 109)) >= 15  # the rest launched directly
+
 
 @pytest.mark.cuda
 def test_a_served_gpu_kernel_replays_its_launch_as_a_graph_on_buffers_it_has_seen(tmp_path, cache_dir, monkeypatch):
