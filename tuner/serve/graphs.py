@@ -22,14 +22,14 @@ class LaunchGraphs:
     argument's data pointer (the shapes and dtypes are the kernel's, checked before the launch).
     A buffer set is captured on its second call (one seen once, a prefill of a new length, costs
     no capture), while the kernel's graphs have paid for their captures: beyond the first FREE,
-    one capture per PAYBACK replays of the graphs before it. A capture costs the host 0.2-1.3 ms,
-    what 10-40 replays save over direct launches (bench/RESULTS.md); a kernel whose buffer sets
-    rarely come back (per-forward tensors such as a rope's cos and sin halves, an output the
-    allocator places anew) would otherwise capture on most calls and launch slower than
-    directly. At most MAX graphs a kernel, the least recently used dropped. Launched directly
-    instead: while the caller captures a graph of its own, when the tensors are not on the
-    current device, and for good once a capture fails (`off` says why). Settings.serve_graphs
-    (TUNER_SERVE_GRAPHS=0) turns them off."""
+    one capture per PAYBACK replays of the graphs before it. A capture costs the host 0.2-1.3
+    ms, what tens of replays save over direct launches (5-26 us each on the H100 hosts measured,
+    bench/RESULTS.md); a kernel whose buffer sets rarely come back (per-forward tensors such as
+    a rope's cos and sin halves, an output the allocator places anew) would otherwise capture on
+    most calls and launch slower than directly. At most MAX graphs a kernel, the least recently
+    used dropped. Launched directly instead: while the caller captures a graph of its own, when
+    the tensors are not on the current device, and for good once a capture fails (`off` says
+    why). Settings.serve_graphs (TUNER_SERVE_GRAPHS=0) turns them off."""
 
     MAX = 64  # graphs kept per kernel
     SEEN = 1024  # buffer sets remembered from a first call
