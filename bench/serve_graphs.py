@@ -1,0 +1,84 @@
+"""What replaying served launches as CUDA graphs does to a patched model's forward, three rules side by side.
+
+    python bench/serve_graphs.py MODEL_FILE --db export/tuning.json [--dtype bf16] [--rounds 60] [--queued 30]
+
+The model file (a `tuner profile` / `tuner verify` model file) runs plain and patched with the
+exported table three times over, each patched copy with a table of its own (kernels and graphs
+not shared): its served launches made directly (no graphs), replayed as graphs captured on every
+second sighting of a buffer set (`LaunchGraphs.FREE` unbounded: the rule before captures had to
+pay back), and as served by default (`tuner.serve.graphs.LaunchGraphs`). Printed: each
+variant's median forward against eager, timed in turns (`tuner.model.verify.interleaved`),
+first with the same inputs every forward and then with a new set each (`timing_sets`); the
+time per forward of `--queued` forwards back to back (the host's time per forward is then what
+the device waits for); and per served kernel, the graphs captured and replayed. On a machine
+without a GPU the three rules are the same (graphs serve GPU launches only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tuner.model.profile import _prepared, load_model  # noqa: E402
+from tuner.model.verify import cycling, interleaved, timing_sets  # noqa: E402
+from tuner.serve.patch import patched_copy  # noqa: E402
+from tuner.serve.runtime import Table  # noqa: E402
+
+RULES = ("launched directly", "graphs on every call", "graphs as served")
+
+
+def set_rule(patched, rule: str) -> None:
+    """Every served kernel of `patched` launched by `rule` (after a forward made its graphs)."""
+    for _key, _op, _ins, kernel, _n in patched.tuner_patch.served():
+        if rule == "launched directly":
+            kernel._graphs = False
+        elif rule == "graphs on every call" and kernel._graphs:
+            kernel._graphs.FREE = 10 ** 9
+
+
+def main() -> None:
+    import torch
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--db", required=True, help="an exported tuning.json")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--queued", type=int, default=30, help="forwards back to back per variant")
+    a = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    model, inputs = load_model(a.model)
+    model, xs = _prepared(model, inputs, device, a.dtype)
+    print(f"{a.model} on {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, {a.dtype}")
+    with torch.no_grad():
+        patched = {rule: patched_copy(model, Table.load(a.db)) for rule in RULES}
+        for rule, p in patched.items():
+            p(*xs)  # makes each served kernel's graphs
+            set_rule(p, rule)
+        for label, sets in (("the same inputs", [xs]), ("a new set of inputs each forward", timing_sets(xs, a.rounds + 1))):
+            fns = {"eager": cycling(model, sets), **{rule: cycling(p, sets) for rule, p in patched.items()}}
+            med = interleaved(fns, sync, a.rounds)
+            print(f"\n{label}, forwards timed one by one in turns ({a.rounds} rounds):")
+            for name, s in med.items():
+                print(f"  {name:22s} {s * 1e6:9.1f} us  {med['eager'] / s:.3f}x eager")
+            print(f"{label}, {a.queued} forwards back to back:")
+            for name, f in fns.items():
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(a.queued):
+                    f()
+                sync()
+                print(f"  {name:22s} {(time.perf_counter() - t0) / a.queued * 1e6:9.1f} us per forward")
+        print("\ngraphs per served kernel (captured / replayed):")
+        for rule, p in patched.items():
+            for key, _op, _ins, kernel, _n in p.tuner_patch.served():
+                g = kernel._graphs
+                print(f"  {rule:22s} {key}: " + (f"{g.captured} / {g.replays}" if g else "none"))
+
+
+if __name__ == "__main__":
+    main()
