@@ -305,3 +305,36 @@ def test_the_roofline_holds_an_op_to_the_bound_that_binds():
                                                                             "fp32_gflops": 200.0})
     assert slow_fpu["unit"] == "GFLOP/s"
     assert ceiling(flops=None, nbytes=1e8, seconds=1e-3, dtype="fp32", peaks={}) is None
+
+
+def test_two_threads_calling_one_worker_each_get_their_own_answer(fast_settings, tmp_path):
+    """Two runners over the same workers (a model proposer's validator, alive for the whole run,
+    and each round's search: `WorkerPools` hands both the same processes) can call one worker
+    at once. Their requests and replies shared its pipe unguarded: one thread read the other's
+    reply, or the middle of it as a length (CI: `OverflowError` reading a pickle as a 2^63-byte
+    header). Each call now has the worker to itself from its request to its reply."""
+    import threading
+
+    from tuner.exec import worker
+    w = worker.Worker("null", 0, {}, fast_settings, str(tmp_path / "w.log"))
+    pid = w.call("ping", timeout=60)
+    wrong: list = []
+
+    def pings() -> None:
+        for _ in range(300):
+            try:
+                got = w.call("ping", timeout=60)
+            except Exception as e:  # noqa: BLE001 - what the desync raised, recorded
+                wrong.append(f"{type(e).__name__}: {e}")
+                return
+            if got != pid:
+                wrong.append(got)
+    try:
+        threads = [threading.Thread(target=pings) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        w.kill()
+    assert not wrong and w.started == 1, (wrong[:3], w.started)

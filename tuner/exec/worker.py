@@ -21,6 +21,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -110,7 +111,11 @@ COMPILE_NICE = 10
 
 
 class Worker:
-    """Parent-side handle. Not thread-safe: one caller at a time (the executor pools them)."""
+    """Parent-side handle. One call at a time has the process, from its request to its reply
+    (`call` holds a lock): runners that share workers (`WorkerPools`: a model proposer's
+    validator, alive for the whole run, and each round's search) each pool them in a queue of
+    their own, so two threads could otherwise call one worker at once and read each other's
+    replies. `kill` takes no lock: it ends a call in flight."""
 
     def __init__(self, backend: str, device: int = 0, options: dict | None = None,
                  settings=None, log_path: str | None = None, limit_memory: bool = True,
@@ -119,6 +124,7 @@ class Worker:
         self.settings, self.log_path, self.limit_memory = settings, log_path, limit_memory
         self.nice = nice  # added to the process's niceness (compile workers: see COMPILE_NICE)
         self.proc: subprocess.Popen | None = None
+        self._calling = threading.Lock()
         self.started = 0  # processes started; restarts = started - 1
         self.deaths = 0  # processes that died under a call (crash, exit, killed from outside)
 
@@ -156,6 +162,10 @@ class Worker:
         return backend_class(self.backend).bench_env(env)
 
     def call(self, method: str, timeout: float | None, **kwargs) -> Any:
+        with self._calling:
+            return self._call(method, timeout, **kwargs)
+
+    def _call(self, method: str, timeout: float | None, **kwargs) -> Any:
         if self.proc is None or self.proc.poll() is not None:
             self._start()
             self.started += 1
