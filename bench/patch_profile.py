@@ -24,23 +24,36 @@ from tuner.serve.patch import patched_copy  # noqa: E402
 from tuner.serve.runtime import Table  # noqa: E402
 
 
-def main() -> None:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def model_arguments(doc: str) -> argparse.ArgumentParser:
+    """The arguments of a bench on a model file and its exported table."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("--db", required=True, help="an exported tuning.json")
     ap.add_argument("--dtype", default="bf16")
+    return ap
+
+
+def prepared(model_file: str, dtype: str):
+    """(device, its synchronisation, the model file's model and inputs on it in `dtype`)."""
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    model, inputs = load_model(model_file)
+    model, xs = _prepared(model, inputs, device, dtype)
+    return device, sync, model, xs
+
+
+def main() -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    ap = model_arguments(__doc__)
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--mode", default="max-autotune-no-cudagraphs",
                     help="torch.compile's mode (\"default\" compiles in a fraction of the time)")
     ap.add_argument("--eager", action="store_true", help="break the patched eager forward down instead")
     ap.add_argument("--top", type=int, default=12, help="kernels and host events listed per variant")
     args = ap.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    model, inputs = load_model(args.model)
-    model, xs = _prepared(model, inputs, device, args.dtype)
+    device, sync, model, xs = prepared(args.model, args.dtype)
     table = Table.load(args.db)
     if args.eager:
         return eager_breakdown(model, xs, table, sync, args.iterations)

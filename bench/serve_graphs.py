@@ -16,14 +16,15 @@ without a GPU the three rules are the same (graphs serve GPU launches only).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tuner.model.profile import _prepared, load_model  # noqa: E402
+from patch_profile import model_arguments, prepared  # noqa: E402
+
 from tuner.model.verify import cycling, interleaved, timing_sets  # noqa: E402
 from tuner.serve.patch import patched_copy  # noqa: E402
 from tuner.serve.runtime import Table  # noqa: E402
@@ -42,17 +43,11 @@ def set_rule(patched, rule: str) -> None:
 
 def main() -> None:
     import torch
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model")
-    ap.add_argument("--db", required=True, help="an exported tuning.json")
-    ap.add_argument("--dtype", default="bf16")
+    ap = model_arguments(__doc__)
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--queued", type=int, default=30, help="forwards back to back per variant")
     a = ap.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    model, inputs = load_model(a.model)
-    model, xs = _prepared(model, inputs, device, a.dtype)
+    device, sync, model, xs = prepared(a.model, a.dtype)
     print(f"{a.model} on {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, {a.dtype}")
     with torch.no_grad():
         patched = {rule: patched_copy(model, Table.load(a.db)) for rule in RULES}
