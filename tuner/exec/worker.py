@@ -115,7 +115,9 @@ class Worker:
     (`call` holds a lock): runners that share workers (`WorkerPools`: a model proposer's
     validator, alive for the whole run, and each round's search) each pool them in a queue of
     their own, so two threads could otherwise call one worker at once and read each other's
-    replies. `kill` takes no lock: it ends a call in flight."""
+    replies. A call's timeout counts from when it has the process: one waiting for another
+    waits at most that one's timeout longer (every call has one; a hung kernel is killed at
+    it). `kill` takes no lock: it ends a call in flight."""
 
     def __init__(self, backend: str, device: int = 0, options: dict | None = None,
                  settings=None, log_path: str | None = None, limit_memory: bool = True,
