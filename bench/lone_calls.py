@@ -10,6 +10,7 @@ lone call of its first round) over the timed median, per case and overall.
 
     python bench/lone_calls.py --backend cpu [--configs 4] [--cases softmax:37x1000,...]
     python bench/lone_calls.py --backend cuda --dtype bf16          # on a GPU machine
+    python bench/lone_calls.py --backend cuda --language cuda --dtype bf16  # the CUDA C++ library
     python bench/lone_calls.py --backend cuda --module k.py --cases matmul:2048x2048x2048
 
 `--module`: a launch module (or C source) of one's own instead of the library's configs: what a
@@ -40,6 +41,11 @@ CASES = {
              "add_rmsnorm:4096x8192,swiglu:4096x28672,rope:4096x32x128,cross_entropy:4096x32000,"
              "matmul:4096x4096x4096,matmul:16x14336x4096,attention:4x32x4096x128"),
 }
+# The CUDA C++ library (language cuda) at the same shapes where it has a skeleton: its matmul
+# is the decode one (M <= 16).
+CUDA_CPP = ("softmax:8192x8192,softmax:1024x1024,rmsnorm:8192x8192,rmsnorm:256x1024,layernorm:32768x4096,"
+            "add_rmsnorm:4096x8192,swiglu:4096x28672,rope:4096x32x128,cross_entropy:4096x32000,"
+            "matmul:16x14336x4096")
 LANGUAGE = {"cpu": "c", "cuda": "triton"}
 
 
@@ -102,18 +108,22 @@ def main() -> None:
     ap.add_argument("--configs", type=int, default=4, help="random valid configs per case, besides the default")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--module", help="a kernel source to measure instead of the library's configs")
+    ap.add_argument("--language", default=None, help="cuda backend: triton (default) or cuda (CUDA C++)")
     a = ap.parse_args()
     dtype = a.dtype or ("fp32" if a.backend == "cpu" else "bf16")
-    backend, settings = get_backend(a.backend, 0), Settings()
+    language = a.language or LANGUAGE[a.backend]
+    options = {"language": language} if a.backend == "cuda" else {}
+    backend, settings = get_backend(a.backend, 0, **options), Settings()
     if hasattr(backend, "bench_env"):  # as the benchmark worker runs
         import os
         os.environ.update(backend.bench_env(dict(os.environ)))
     lone = watch_lone_calls(backend)
     rng = random.Random(a.seed)
     ratios: list[float] = []
-    print(f"{a.backend} ({backend.device_info(peaks=False).name}), {dtype}\n")
+    print(f"{a.backend} ({backend.device_info(peaks=False).name}), {language}, {dtype}\n")
     print("| case | config | median | lone calls (clean) | check's figure / median |\n|---|---|---|---|---|")
-    for case in (a.cases or CASES[a.backend]).split(","):
+    default_cases = CUDA_CPP if language == "cuda" else CASES[a.backend]
+    for case in (a.cases or default_cases).split(","):
         op_name, shape = case.split(":")
         spec = builtin_spec(op_name, shape, dtype)
         op = measure.load_op(spec)
@@ -121,12 +131,12 @@ def main() -> None:
         if a.module:  # a template of its own, with a one-point space (as tests/test_redteam.py renders one)
             folder = Path(tempfile.mkdtemp())
             (folder / "k.j2").write_text(Path(a.module).read_text())
-            (folder / "k.yaml").write_text(f"language: {LANGUAGE[a.backend]}\nsizes: {list(op.sizes)}\n"
+            (folder / "k.yaml").write_text(f"language: {language}\nsizes: {list(op.sizes)}\n"
                                            f"params:\n  V: [1]\n")
             own = load_skeleton(folder / "k.j2", folder / "k.yaml")
             sources = [(Path(a.module).name, own.render(own.space.default_config(), context))]
         else:
-            skeleton = library_skeleton(op_name, LANGUAGE[a.backend])
+            skeleton = library_skeleton(op_name, language)
             sources = [(config, skeleton.render(config, context))
                        for config in configs(skeleton, context, backend.limits(), a.configs, rng)]
         for config, source in sources:

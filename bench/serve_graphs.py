@@ -9,9 +9,12 @@ second sighting of a buffer set (`LaunchGraphs.FREE` unbounded: the rule before 
 pay back), and as served by default (`tuner.serve.graphs.LaunchGraphs`). Printed: each
 variant's median forward against eager, timed in turns (`tuner.model.verify.interleaved`),
 first with the same inputs every forward and then with a new set each (`timing_sets`); the
-time per forward of `--queued` forwards back to back (the host's time per forward is then what
-the device waits for); and per served kernel, the graphs captured and replayed. On a machine
-without a GPU the three rules are the same (graphs serve GPU launches only).
+same in turns of `--block` forwards each, every forward timed alone, the first of each turn
+left out (how a user's loop runs one model: does running another model in between move the
+buffers the graphs were captured on?); the time per forward of `--queued` forwards back to back
+(the host's time per forward is then what the device waits for); and per served kernel and
+section, the graphs captured and replayed. On a machine without a GPU the three rules are the
+same (graphs serve GPU launches only).
 """
 
 from __future__ import annotations
@@ -41,11 +44,46 @@ def set_rule(patched, rule: str) -> None:
             kernel._graphs.FREE = 10 ** 9
 
 
+def blocked(fns: dict, sync, rounds: int, block: int) -> dict[str, float]:
+    """The median seconds per forward of each function, `block` forwards a turn in rotation,
+    each timed alone between synchronisations; the first of each turn not counted."""
+    import statistics
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            for i in range(block):
+                sync()
+                t0 = time.perf_counter()
+                fns[name]()
+                sync()
+                if i:
+                    samples[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def graph_books(patched: dict) -> dict:
+    return {(rule, key): (k._graphs.captured, k._graphs.replays) if k._graphs else (0, 0)
+            for rule, p in patched.items() for key, _o, _i, k, _n in p.tuner_patch.served()}
+
+
+def graph_delta(patched: dict, before: dict) -> str:
+    now = graph_books(patched)
+    per_rule: dict[str, list[int]] = {}
+    for (rule, key), (c, r) in now.items():
+        c0, r0 = before.get((rule, key), (0, 0))
+        t = per_rule.setdefault(rule, [0, 0])
+        t[0] += c - c0
+        t[1] += r - r0
+    return "; ".join(f"{rule} {c} / {r}" for rule, (c, r) in per_rule.items())
+
+
 def main() -> None:
     import torch
     ap = model_arguments(__doc__)
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--queued", type=int, default=30, help="forwards back to back per variant")
+    ap.add_argument("--block", type=int, default=4, help="forwards per variant's turn in the blocked timing")
     a = ap.parse_args()
     device, sync, model, xs = prepared(a.model, a.dtype)
     print(f"{a.model} on {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, {a.dtype}")
@@ -56,10 +94,18 @@ def main() -> None:
             set_rule(p, rule)
         for label, sets in (("the same inputs", [xs]), ("a new set of inputs each forward", timing_sets(xs, a.rounds + 1))):
             fns = {"eager": cycling(model, sets), **{rule: cycling(p, sets) for rule, p in patched.items()}}
+            books = graph_books(patched)
             med = interleaved(fns, sync, a.rounds)
             print(f"\n{label}, forwards timed one by one in turns ({a.rounds} rounds):")
             for name, s in med.items():
                 print(f"  {name:22s} {s * 1e6:9.1f} us  {med['eager'] / s:.3f}x eager")
+            print("  graphs captured / replayed meanwhile: " + graph_delta(patched, books))
+            books = graph_books(patched)
+            med = blocked(fns, sync, a.rounds // a.block + 1, a.block)
+            print(f"{label}, in turns of {a.block} forwards each, each timed alone, the first of a turn left out:")
+            for name, s in med.items():
+                print(f"  {name:22s} {s * 1e6:9.1f} us  {med['eager'] / s:.3f}x eager")
+            print("  graphs captured / replayed meanwhile: " + graph_delta(patched, books))
             print(f"{label}, {a.queued} forwards back to back:")
             for name, f in fns.items():
                 sync()
