@@ -630,7 +630,7 @@ def test_verify_says_which_patched_variant_is_slower_than_the_model_unpatched():
     assert slower({"eager": 1.0, "patched eager": 1.01, "torch.compile": 0.5, "patched + torch.compile": 0.4}) == []
     said = slower({"eager": 1.0, "patched eager": 0.9, "torch.compile": 0.81, "patched + torch.compile": 1.08})
     assert said == ["patched + torch.compile is slower than torch.compile (0.75x): the routed calls cost more than "
-                    "they save here; run the model unpatched under torch.compile"]
+                    "they save here under torch.compile (which to keep: below)"]
     assert len(slower({"eager": 1.0, "patched eager": 1.1})) == 1
 
 
@@ -646,6 +646,50 @@ def test_verify_says_which_routes_to_keep_under_torch_compile():
     assert none.startswith("under torch.compile, leave rmsnorm, swiglu to the compiler (routed in eager mode only): "
                            "runtime.patch(model, table, under_compile=())")
     assert compile_advice(["rmsnorm"], []).endswith("under_compile=())")
+
+
+def test_verify_measures_which_routes_pay_in_eager_mode(monkeypatch):
+    """After patched eager measured slower than eager with several ops routed: the model
+    patched with one op at a time, each timed against eager end to end (its route's own host
+    time counted, which the per-op table leaves out); the ops that paid alone are then timed
+    routed together, and the advice names them as `ops=` with every figure measured. A variant
+    whose outputs miss the bound is said and not timed."""
+    import tuner.model.verify as verify
+    import tuner.serve.patch as sp
+    state = {}
+
+    class Routed:  # the model patched with `ops` only; its outputs wrong when swiglu alone is routed
+        def __init__(self, ops):
+            self.ops = frozenset(ops)
+
+        def __call__(self, x):
+            state["last"] = self.ops
+            return x + (0.5 if self.ops == {"swiglu"} else 0.0)
+
+    made = []
+    monkeypatch.setattr(sp, "patched_copy", lambda model, table, ops=None: made.append(frozenset(ops)) or Routed(ops))
+    monkeypatch.setattr(sp, "unpatch", lambda m: None)
+    seconds = {frozenset({"rmsnorm"}): 0.9, frozenset({"rope"}): 1.1, frozenset({"attention_decode"}): 0.97,
+               frozenset({"attention_decode", "rmsnorm"}): 0.85}
+
+    def interleaved(fns, sync, rounds):
+        fns["only"]()
+        return {"eager": 1.0, "only": seconds[state["last"]]}
+    monkeypatch.setattr(verify, "interleaved", interleaved)
+    notes = []
+    ops = ["attention_decode", "rmsnorm", "rope", "swiglu"]
+    x = torch.zeros(4)
+    got = verify.routes_in_eager(None, None, [x], lambda: None, 3, ops, None, [x], 0.1, notes)
+    assert made == [frozenset({op}) for op in ops] + [frozenset({"attention_decode", "rmsnorm"})]
+    assert got == [("attention_decode", 0.97, 1.0), ("rmsnorm", 0.9, 1.0), ("rope", 1.1, 1.0),
+                   ("attention_decode+rmsnorm", 0.85, 1.0)]
+    assert notes == ["patched eager routing only swiglu: error 0.5 > allowed 0.1"]
+    assert verify.routes_advice(ops, got) == (
+        "in eager mode, route only attention_decode, rmsnorm: runtime.patch(model, table, ops={'attention_decode', "
+        "'rmsnorm'}); only attention_decode routed: 1.03x eager; only rmsnorm routed: 1.11x eager; only rope routed: "
+        "0.91x eager; attention_decode, rmsnorm routed together: 1.18x eager")
+    assert verify.routes_advice(["rope"], [("rope", 1.2, 1.0)]) == (
+        "in eager mode no route paid alone (rope): run the model unpatched in eager mode; only rope routed: 0.83x eager")
 
 
 def test_verify_says_which_ops_to_route_in_eager_mode():

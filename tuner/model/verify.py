@@ -14,6 +14,12 @@ held to the same bound), timed in one interleave (a call of each in turn, `round
 device-synchronised), medians reported with the speedups. Nothing is claimed that this run
 did not measure. The timed calls go through `timing_sets`: no call repeats the inputs of the
 calls before it, so a served kernel that keeps results keyed by its inputs finds none to reuse.
+
+Advice: a patched variant slower than its plain one is said; which routes to keep is then
+measured, not inferred from the kernels timed alone (their routes' host time is not in
+those): in eager mode the model patched with each routed op alone, and the ones that paid
+together, against eager (`routes_in_eager`); under torch.compile each op alone routed
+against torch.compile (`routes_under_compile`).
 """
 
 from __future__ import annotations
@@ -48,6 +54,12 @@ class Verdict:
     # compiler), timed in an interleave with torch.compile (its median in the same run).
     under_compile: tuple[tuple[str, float, float], ...] = ()
     functions: tuple[tuple[str, str], ...] = ()  # (the model's function, op) taken over by the patch
+    # When patched eager was slower than eager and several ops were routed: per op, the
+    # median with only that op routed, then ("+".join(the ops kept), median) with every op
+    # that paid alone routed together (where that is a subset), each timed in an interleave
+    # with eager (eager's median in the same run): the routes that pay end to end, their
+    # checks, copies and launches counted, which the per-op table (kernels alone) leaves out.
+    in_eager: tuple[tuple[str, float, float], ...] = ()
 
 
 # The mode every variant is compiled in, each with dynamic=False: for the shapes it is timed
@@ -59,7 +71,8 @@ SAME_WITHIN = 0.02  # a patched variant this much slower than its plain one is s
 
 def slower(medians: dict[str, float], compiled: bool = True) -> list[str]:
     """What a user should not run: each patched variant measured slower than the same model
-    unpatched in the same mode (eager, torch.compile), with the ratio. `compiled`: whether any
+    unpatched in the same mode (eager, torch.compile), with the ratio (the routes to keep in
+    that mode are measured and advised after it: `routes_advice`, `compile_advice`). `compiled`: whether any
     call is routed under torch.compile (modules extracted whole are not: the compiler traces
     their own forward, and a difference there is the machine's)."""
     out = []
@@ -69,7 +82,7 @@ def slower(medians: dict[str, float], compiled: bool = True) -> list[str]:
             continue
         if patched in medians and plain in medians and medians[patched] > medians[plain] * (1 + SAME_WITHIN):
             out.append(f"{patched} is slower than {plain} ({medians[plain] / medians[patched]:.2f}x): the routed "
-                       f"calls cost more than they save here; run the model unpatched {mode}")
+                       f"calls cost more than they save here {mode} (which to keep: below)")
     return out
 
 
@@ -237,9 +250,18 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
                              f"{e['op']} {'x'.join(str(v) for v in e['sizes'].values())} {e['dtype']} "
                              f"({e['speedup_vs_reference']:.2f}x)" for e in beaten[:6])
                          + (f" and {len(beaten) - 6} more" if len(beaten) > 6 else ""))
-        advice = eager_advice(ops)
-        if advice:
-            notes.append(advice)
+        eager_ops = sorted({k.split(" ")[0] for k, v in stats.items() if v[0]})
+        in_eager: list[tuple[str, float, float]] = []
+        if eager_ops and medians["patched eager"] > medians["eager"] * (1 + SAME_WITHIN):
+            # The per-op table times each kernel alone; end to end its route costs more (the
+            # checks, views and copies around the launch), so which routes pay is measured.
+            in_eager = (routes_in_eager(model, table, xs, sync, rounds, eager_ops, fns["eager"], ref, allowed, notes)
+                        if len(eager_ops) > 1 else [(eager_ops[0], medians["patched eager"], medians["eager"])])
+            notes.append(routes_advice(eager_ops, in_eager))
+        else:
+            advice = eager_advice(ops)
+            if advice:
+                notes.append(advice)
         singles: list[tuple[str, float, float]] = []
         if routed_ops and "torch.compile" in medians and medians.get("patched + torch.compile", 0.0) > \
                 medians["torch.compile"] * (1 + SAME_WITHIN):
@@ -250,7 +272,56 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
     routed = tuple(sorted((k, v[0], v[1]) for k, v in stats.items()))
     return Verdict(str(path), device, dt, passed, err, eager_err, allowed,
                    tuple(medians.items()), routed, tuple(notes),
-                   tuple(sorted(modules.items())), tuple(ops), tuple(singles), tuple(sorted(functions.items())))
+                   tuple(sorted(modules.items())), tuple(ops), tuple(singles), tuple(sorted(functions.items())),
+                   tuple(in_eager))
+
+
+def routes_in_eager(model, table, xs, sync, rounds: int, ops: list[str], eager, ref, allowed: float,
+                    notes: list[str]) -> list[tuple[str, float, float]]:
+    """(op, median with only `op` routed in eager mode, eager's median in the same interleave)
+    per op; then, where some but not all paid alone (faster than eager by more than
+    SAME_WITHIN), ("a+b", median, eager's) with those routed together: the routes that pay end
+    to end. A variant whose outputs miss the bound is said and left out."""
+    from tuner.serve.patch import patched_copy, unpatch
+
+    def timed(names: set[str]) -> tuple[float, float] | None:
+        m = patched_copy(model, table, ops=names)
+        try:
+            e = _max_err(_outputs(m(*xs)), ref)
+            if e > allowed:
+                notes.append(f"patched eager routing only {', '.join(sorted(names))}: error {e:.3g} > allowed {allowed:.3g}")
+                return None
+            t = interleaved({"eager": eager, "only": cycling(m, timing_sets(xs, rounds + 1))}, sync, rounds)
+            return t["only"], t["eager"]
+        finally:
+            unpatch(m)
+
+    out = []
+    for op in ops:
+        t = timed({op})
+        if t is not None:
+            out.append((op, *t))
+    keep = sorted(op for op, t, t_eager in out if t < t_eager * (1 - SAME_WITHIN))
+    if 1 < len(keep) < len(ops):
+        t = timed(set(keep))
+        if t is not None:
+            out.append(("+".join(keep), *t))
+    return out
+
+
+def routes_advice(ops: list[str], measured: list[tuple[str, float, float]]) -> str:
+    """What to pass `runtime.patch(..., ops=)` after patched eager measured slower than eager:
+    the ops that were faster routed alone than eager (by more than SAME_WITHIN), with what
+    routing them together measured where it was, or none."""
+    singles = [(op, t, t_eager) for op, t, t_eager in measured if "+" not in op]
+    keep = sorted(op for op, t, t_eager in singles if t < t_eager * (1 - SAME_WITHIN))
+    said = "".join(f"; only {op} routed: {t_eager / t:.2f}x eager" for op, t, t_eager in singles)
+    together = next(((t, t_eager) for op, t, t_eager in measured if op == "+".join(keep) and "+" in op), None)
+    if together:
+        said += f"; {', '.join(keep)} routed together: {together[1] / together[0]:.2f}x eager"
+    if keep:
+        return f"in eager mode, route only {', '.join(keep)}: runtime.patch(model, table, ops={_names(keep)}){said}"
+    return (f"in eager mode no route paid alone ({', '.join(ops)}): run the model unpatched in eager mode{said}")
 
 
 def routes_under_compile(model, table, xs, sync, rounds: int, ops: list[str], compiled, ref, allowed: float,
