@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tuner.backends.sim import Estimate, model_space  # noqa: E402
+from tuner.backends.ascend_model import Estimate  # noqa: E402
+from tuner.backends.sim import model_space  # noqa: E402
 from tuner.core.ops import builtin_spec  # noqa: E402
 from tuner.core.settings import Settings  # noqa: E402
 from tuner.core.skeleton import library_skeleton  # noqa: E402

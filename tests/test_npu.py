@@ -31,7 +31,8 @@ from tuner.backends.npu import (
     read_cost,
     strip_options,
 )
-from tuner.backends.sim import Cost, SimBackend, check_capacity, ub_required_bytes
+from tuner.backends.ascend_model import Cost, check_capacity, ub_required_bytes
+from tuner.backends.sim import SimBackend
 from tuner.codecheck import require_clean
 from tuner.core.ops import builtin_spec, load_op, render_context
 from tuner.core.skeleton import library_skeleton, library_skeletons

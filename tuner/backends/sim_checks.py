@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-# `cost` arguments are sim.Cost (not imported: sim imports this module).
+# `cost` arguments are ascend_model.Cost.
 
 
 def declared_program(cost) -> tuple[float, float, float]:

@@ -145,7 +145,7 @@ class PromptKit:
         path = self.dir / RULES.get((name, self.language), f"backend_{name}.md")
         if not path.is_file():
             return f"(no rules written for the {self.backend} backend; the kernel entry is {self.entry()})"
-        from tuner.backends.sim import COST_KEYS  # (no heavy imports: sim imports torch lazily)
+        from tuner.backends.ascend_model import COST_KEYS  # (no heavy imports)
         return self.render(path.name, entry=self.entry(), limits=self._limits_text(),
                            ctype=self.context.get("ctype", ""), simulated=self.backend == "sim",
                            cost_keys=list(COST_KEYS.items()))
