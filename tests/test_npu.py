@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 
 from tuner.backends import BackendUnavailable, default_backend, get_backend
-from tuner.backends.npu import (
+from tuner.backends.ascend_model import Cost, check_capacity, ub_required_bytes
+from tuner.backends.ascend_source import (
     ASCEND_OPTIONS,
     MULTIBUFFER_DEFAULT,
-    NpuBackend,
     bishengir_flags,
-    cann_version,
     check_launch_options,
     check_option,
     compile_excerpt,
@@ -31,7 +30,7 @@ from tuner.backends.npu import (
     read_cost,
     strip_options,
 )
-from tuner.backends.ascend_model import Cost, check_capacity, ub_required_bytes
+from tuner.backends.npu import NpuBackend, cann_version
 from tuner.backends.sim import SimBackend
 from tuner.codecheck import require_clean
 from tuner.core.ops import builtin_spec, load_op, render_context
@@ -330,7 +329,7 @@ def test_npu_ceilings_are_measured_once_per_process_and_the_highest_is_kept(tmp_
 def test_options_are_those_the_release_accepts():
     """Names read from each release's NPUOptions: 3.2.0 (PyPI) rejects the newer names, 3.3+
     dropped enable_linearize, and no release takes maxnreg."""
-    from tuner.backends.npu import accepted_options, release_key
+    from tuner.backends.ascend_source import accepted_options, release_key
     assert release_key("3.2.0") == "3.2.0" and release_key("3.4.1+gitabc") == "3.3"
     assert release_key("3.5.0") == "3.5" and release_key("3.7.0.dev1") == "3.5"
     assert check_option("enable_ubuf_saving", True, "3.2.0").startswith("NPU compile option 'enable_ubuf_saving' "
@@ -377,7 +376,7 @@ def test_fp32_matmul_is_a_mixed_kernel_as_the_adapter_marks_it():
     """triton-ascend's adapter gives an fp32 tl.dot kernel mix_mode "mix", like bf16: the
     template's cost says so, its UB holds the accumulator and the output tile, and the CV
     options are passed."""
-    from tuner.backends.npu import read_cost
+    from tuner.backends.ascend_source import read_cost
     from tuner.core.ops import builtin_spec, load_op, render_context
     from tuner.core.skeleton import library_skeleton
     sk = library_skeleton("matmul", "triton_ascend")

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tuner.backends.chips import ChipError, available, load_profile, parse_ini
-from tuner.backends.npu import parse_ub_overflow
+from tuner.backends.ascend_source import parse_ub_overflow
 from tuner.backends.ascend_model import COST_KEYS, Cost, Estimate, estimate
 from tuner.backends.sim import SimBackend, model_config, model_space
 from tuner.core.ops import builtin_spec, load_op, render_context

@@ -37,7 +37,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tuner.backends.npu import MULTIBUFFER_DEFAULT
+from tuner.backends.ascend_source import MULTIBUFFER_DEFAULT
 
 # The ASCEND_COST description a template renders (values are per the op's sizes and the config).
 COST_KEYS = {

@@ -58,7 +58,7 @@ from tuner.backends.ascend_model import (ADAPTER_KINDS, COST_KEYS, Cost, CostErr
                                          estimate, roofline_s, ub_required_bytes)
 from tuner.backends.base import Backend, BackendUnavailable, Refused
 from tuner.backends.sim_checks import poisoned_copies, short_of_the_op, understated, wrong_where_written
-from tuner.backends.npu import MULTIBUFFER_DEFAULT, check_launch_options, launches, read_cost, strip_options
+from tuner.backends.ascend_source import MULTIBUFFER_DEFAULT, check_launch_options, launches, read_cost, strip_options
 from tuner.backends.triton_source import load_module
 from tuner.codecheck import Forbidden, require_clean
 from tuner.core.values import Build, DeviceInfo, OpSpec, Status
