@@ -311,14 +311,16 @@ def routes_in_eager(model, table, xs, sync, rounds: int, ops: list[str], eager, 
 
 def routes_advice(ops: list[str], measured: list[tuple[str, float, float]]) -> str:
     """What to pass `runtime.patch(..., ops=)` after patched eager measured slower than eager:
-    the ops that were faster routed alone than eager (by more than SAME_WITHIN), with what
-    routing them together measured where it was, or none."""
+    the ops that were faster routed alone than eager (by more than SAME_WITHIN), or the one
+    fastest alone where those routed together were not, or none; with every figure measured."""
     singles = [(op, t, t_eager) for op, t, t_eager in measured if "+" not in op]
     keep = sorted(op for op, t, t_eager in singles if t < t_eager * (1 - SAME_WITHIN))
     said = "".join(f"; only {op} routed: {t_eager / t:.2f}x eager" for op, t, t_eager in singles)
     together = next(((t, t_eager) for op, t, t_eager in measured if op == "+".join(keep) and "+" in op), None)
     if together:
         said += f"; {', '.join(keep)} routed together: {together[1] / together[0]:.2f}x eager"
+        if together[0] >= together[1] * (1 - SAME_WITHIN):  # together they did not pay: the best one alone
+            keep = [min((r for r in singles if r[0] in keep), key=lambda r: r[1] / r[2])[0]]
     if keep:
         return f"in eager mode, route only {', '.join(keep)}: runtime.patch(model, table, ops={_names(keep)}){said}"
     return (f"in eager mode no route paid alone ({', '.join(ops)}): run the model unpatched in eager mode{said}")
