@@ -172,8 +172,8 @@ def cmd_verify(args) -> int:
     for call, routed, fell in v.routed:
         print(f"  {call}: {routed} call(s) ran the tuned kernel, {fell} torch's own")
     if v.ops:
-        print("  each routed call timed alone here (torch's definition -> the tuned kernel, on random inputs "
-              "of the call's shapes):")
+        print("  each routed call timed alone here (torch's definition -> the tuned kernel's launch, on random "
+              "inputs of the call's shapes; its route's checks and copies not counted):")
         for key, n, t_torch, t_tuned, saved in v.ops:
             print(f"    {key}: {fmt_time(t_torch)} -> {fmt_time(t_tuned)} ({t_torch / t_tuned:.2f}x), {n} per forward: "
                   f"{fmt_time(abs(saved))} {'saved' if saved >= 0 else 'lost'} per forward")
