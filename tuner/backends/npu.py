@@ -22,7 +22,7 @@ and `def launch(<inputs>, <outputs>)`, AST-checked by `tuner.codecheck`), plus:
 
 Render context: `CORES` (= `AIV`, the vector cores), `AIC` (the cube cores), `UB_BYTES`.
 `limits()` gives `ub_bytes` (192 KB per AIV on A2/A3), `l1_bytes`, `l0a/l0b/l0c_bytes` from the
-chip profile (tuner/chips) of the device's SoC, so spaces' multibuffer-aware UB formulas keep
+chip profile (tuner/backends/chips) of the device's SoC, so spaces' multibuffer-aware UB formulas keep
 configs that cannot fit away from the compiler.
 
 Devices are `npu:N`; one benchmark worker per NPU, pinned with `torch.npu.set_device(N)` (not

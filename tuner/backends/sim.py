@@ -14,7 +14,7 @@ that are not 32 B (vector) or 512 B (cube/mixed) multiples are padded, as triton
 them rather than failing: the padding counts towards the bytes every transfer moves.
 
 **Time** = the analytical model of tuner/backends/ascend_model.py (`estimate`), per chip
-profile (tuner/chips): its docstring says what it models and what it assumes.
+profile (tuner/backends/chips): its docstring says what it models and what it assumes.
 
 **Verification**: with `verify="interpret"` (the default up to `verify_max_elements` elements
 moved, inputs and outputs) the rendered kernel, its Ascend options stripped, runs through Triton's interpreter on
@@ -56,9 +56,9 @@ from typing import Any, Callable
 
 from tuner.backends.ascend_model import (ADAPTER_KINDS, COST_KEYS, Cost, CostError, Estimate, check_capacity,
                                          estimate, roofline_s, ub_required_bytes)
+from tuner.backends.ascend_source import MULTIBUFFER_DEFAULT, check_launch_options, launches, read_cost, strip_options
 from tuner.backends.base import Backend, BackendUnavailable, Refused
 from tuner.backends.sim_checks import poisoned_copies, short_of_the_op, understated, wrong_where_written
-from tuner.backends.ascend_source import MULTIBUFFER_DEFAULT, check_launch_options, launches, read_cost, strip_options
 from tuner.backends.triton_source import load_module
 from tuner.codecheck import Forbidden, require_clean
 from tuner.core.values import Build, DeviceInfo, OpSpec, Status
