@@ -10,8 +10,8 @@ pay back), and as served by default (`tuner.serve.graphs.LaunchGraphs`). Printed
 variant's median forward against eager, timed in turns (`tuner.model.verify.interleaved`),
 first with the same inputs every forward and then with a new set each (`timing_sets`); the
 same in turns of `--block` forwards each, every forward timed alone, the first of each turn
-left out (how a user's loop runs one model: does running another model in between move the
-buffers the graphs were captured on?); the time per forward of `--queued` forwards back to back
+left out (as a user's loop runs one model: other models' allocations between two forwards
+could move the buffers its graphs were captured on); the time per forward of `--queued` forwards back to back
 (the host's time per forward is then what the device waits for); and per served kernel and
 section, the graphs captured and replayed. On a machine without a GPU the three rules are the
 same (graphs serve GPU launches only).
@@ -85,6 +85,8 @@ def main() -> None:
     ap.add_argument("--queued", type=int, default=30, help="forwards back to back per variant")
     ap.add_argument("--block", type=int, default=4, help="forwards per variant's turn in the blocked timing")
     a = ap.parse_args()
+    if a.block < 2:
+        ap.error("--block: at least 2 (the first forward of each turn is not counted)")
     device, sync, model, xs = prepared(a.model, a.dtype)
     print(f"{a.model} on {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, {a.dtype}")
     with torch.no_grad():
