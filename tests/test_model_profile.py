@@ -277,6 +277,14 @@ def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, in_tmp, capsys, monkeyp
     import torch
     saved = torch.load(tmp_path / "out.pt")
     assert [list(t.shape) for t in saved] == [list(s) for s, _ in r["outputs"]]
+    # --ops: only those ops routed (verify's advice, taken from the command line)
+    assert main(["run", "model.py", "--db", "exp/tuning.json", "--iterations", "1", "--serve-slower", "--ops", "swiglu",
+                 "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert [x[0] for x in r["routed"]] == ["swiglu 32x96 fp32"] and [m[1] for m in r["modules"]] == ["swiglu"]
+    with pytest.raises(SystemExit) as refused:  # argparse's bad usage: exit 2, the reason on stderr
+        main(["run", "model.py", "--db", "exp/tuning.json", "--ops", ","])
+    assert refused.value.code == 2 and "--ops: name at least one op" in capsys.readouterr().err
 
 
 

@@ -686,11 +686,12 @@ def test_verify_measures_which_routes_pay_in_eager_mode(monkeypatch):
     assert notes == ["patched eager routing only swiglu: error 0.5 > allowed 0.1"]
     assert verify.routes_advice(ops, got) == (
         "in eager mode, route only attention_decode, rmsnorm: runtime.patch(model, table, ops={'attention_decode', "
-        "'rmsnorm'}); only attention_decode routed: 1.03x eager; only rmsnorm routed: 1.11x eager; only rope routed: "
+        "'rmsnorm'}) (tuner run/verify --ops attention_decode,rmsnorm); only attention_decode routed: 1.03x eager; only rmsnorm routed: 1.11x eager; only rope routed: "
         "0.91x eager; attention_decode, rmsnorm routed together: 1.18x eager")
     slow_together = got[:3] + [("attention_decode+rmsnorm", 0.99, 1.0)]  # each paid alone, not both
     assert verify.routes_advice(ops, slow_together).startswith(
-        "in eager mode, route only rmsnorm: runtime.patch(model, table, ops={'rmsnorm'}); only attention_decode")
+        "in eager mode, route only rmsnorm: runtime.patch(model, table, ops={'rmsnorm'}) (tuner run/verify --ops "
+        "rmsnorm); only attention_decode")
     assert verify.routes_advice(ops, slow_together).endswith("attention_decode, rmsnorm routed together: 1.01x eager")
     assert verify.routes_advice(["rope"], [("rope", 1.2, 1.0)]) == (
         "in eager mode no route paid alone (rope): run the model unpatched in eager mode; only rope routed: 0.83x eager")

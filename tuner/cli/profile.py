@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -55,6 +56,15 @@ def _patched_model_args(p, dtype_default: str) -> None:
     p.add_argument("--dtype", help=f"cast the model and its floating inputs (default: {dtype_default})")
     p.add_argument("--serve-slower", action="store_true", help="also serve the entries whose kernel ran "
                    "slower than torch's own in its run (left to torch by default)")
+    p.add_argument("--ops", type=_op_list, metavar="OP,OP", help="route only these ops (runtime.patch(..., "
+                   "ops=)), e.g. the ones `tuner verify` advised; default: every op the table holds")
+
+
+def _op_list(text: str) -> frozenset[str]:
+    ops = frozenset(o.strip() for o in text.split(",") if o.strip())
+    if not ops:
+        raise argparse.ArgumentTypeError("name at least one op, e.g. --ops rmsnorm,swiglu")
+    return ops
 
 
 def cmd_profile(args) -> int:
@@ -154,7 +164,7 @@ def cmd_verify(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     table = _table(args.db, BACKEND[device], args.serve_slower)
     print(f"verifying {args.model} on {device} with {args.db}…", file=sys.stderr)
-    v = verify(args.model, table, device, args.dtype, args.rounds, compile=not args.no_compile)
+    v = verify(args.model, table, device, args.dtype, args.rounds, compile=not args.no_compile, ops=args.ops)
     if args.json:
         print(json.dumps(dataclasses.asdict(v), indent=1, default=str))
         return 0 if v.passed else 1
@@ -200,7 +210,7 @@ def cmd_run(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     table = _table(args.db, BACKEND[device], args.serve_slower)
     print(f"running {args.model} on {device} with {args.db}…", file=sys.stderr)
-    r = run_patched(args.model, table, device, args.dtype, args.iterations, args.save)
+    r = run_patched(args.model, table, device, args.dtype, args.iterations, args.save, ops=args.ops)
     if args.json:
         print(json.dumps(dataclasses.asdict(r), indent=1, default=str))
         return 0

@@ -184,7 +184,9 @@ def _max_err(outs: list, refs: list) -> float:
 
 
 def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = None, rounds: int = 20,
-           compile: bool = True) -> Verdict:
+           compile: bool = True, ops=None) -> Verdict:
+    """`ops`: the only ops the patch routes (`runtime.patch(..., ops=)`; None: every op the
+    table holds), in every patched variant verify times."""
     import torch
 
     from tuner.core.op import TOLERANCE
@@ -203,7 +205,7 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
         eager = _outputs(model(*xs))
         # The patched model: a copy sharing every parameter and buffer, the patch on it alone,
         # so that the timing below can call both in turn.
-        patched_model = patched_copy(model, table)
+        patched_model = patched_copy(model, table, ops=ops)
         patched = _outputs(patched_model(*xs))
         stats = {k: list(v) for k, v in patched_model.tuner_patch.stats.items()}
         per_forward = {k: v[0] for k, v in stats.items()}  # one forward so far
@@ -236,7 +238,7 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
         for op, why in getattr(patched_model.tuner_patch, "refused", {}).items():
             notes.append(f"{op}: its modules were left as they are: {why}")
         medians = interleaved(fns, sync, rounds)
-        ops = op_contributions(patched_model.tuner_patch, sync, rounds, per_forward)
+        per_op = op_contributions(patched_model.tuner_patch, sync, rounds, per_forward)
         unpatch(patched_model)
         from tuner.serve.calls import SIZES
         # the ops routed under torch.compile too (a module extracted whole is the compiler's there)
@@ -259,7 +261,7 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
                         if len(eager_ops) > 1 else [(eager_ops[0], medians["patched eager"], medians["eager"])])
             notes.append(routes_advice(eager_ops, in_eager))
         else:
-            advice = eager_advice(ops)
+            advice = eager_advice(per_op)
             if advice:
                 notes.append(advice)
         singles: list[tuple[str, float, float]] = []
@@ -267,12 +269,12 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
                 medians["torch.compile"] * (1 + SAME_WITHIN):
             if len(routed_ops) > 1:
                 singles = routes_under_compile(model, table, xs, sync, rounds, routed_ops, fns["torch.compile"],
-                                               ref, allowed, notes)
+                                               ref, allowed, notes, ops)
             notes.append(compile_advice(routed_ops, singles))
     routed = tuple(sorted((k, v[0], v[1]) for k, v in stats.items()))
     return Verdict(str(path), device, dt, passed, err, eager_err, allowed,
                    tuple(medians.items()), routed, tuple(notes),
-                   tuple(sorted(modules.items())), tuple(ops), tuple(singles), tuple(sorted(functions.items())),
+                   tuple(sorted(modules.items())), tuple(per_op), tuple(singles), tuple(sorted(functions.items())),
                    tuple(in_eager))
 
 
@@ -322,12 +324,13 @@ def routes_advice(ops: list[str], measured: list[tuple[str, float, float]]) -> s
         if together[0] >= together[1] * (1 - SAME_WITHIN):  # together they did not pay: the best one alone
             keep = [min((r for r in singles if r[0] in keep), key=lambda r: r[1] / r[2])[0]]
     if keep:
-        return f"in eager mode, route only {', '.join(keep)}: runtime.patch(model, table, ops={_names(keep)}){said}"
+        return (f"in eager mode, route only {', '.join(keep)}: runtime.patch(model, table, ops={_names(keep)}) "
+                f"(tuner run/verify --ops {','.join(keep)}){said}")
     return (f"in eager mode no route paid alone ({', '.join(ops)}): run the model unpatched in eager mode{said}")
 
 
 def routes_under_compile(model, table, xs, sync, rounds: int, ops: list[str], compiled, ref, allowed: float,
-                         notes: list[str]) -> list[tuple[str, float, float]]:
+                         notes: list[str], routed=None) -> list[tuple[str, float, float]]:
     """(op, median with only `op` routed under torch.compile, torch.compile's median in the
     same interleave) per op: which routes pay for the fusion they take from the compiler."""
     import torch
@@ -335,7 +338,7 @@ def routes_under_compile(model, table, xs, sync, rounds: int, ops: list[str], co
     from tuner.serve.patch import patched_copy, unpatch
     out = []
     for op in ops:
-        m = patched_copy(model, table, under_compile={op})
+        m = patched_copy(model, table, under_compile={op}, ops=routed)
         try:
             c = torch.compile(m, mode=COMPILE_MODE, dynamic=False)
             e = _max_err(_outputs(c(*xs)), ref)
@@ -407,10 +410,11 @@ class Ran:
 
 
 def run_patched(path: str | Path, table, device: str = "cpu", dtype: str | None = None, iterations: int = 10,
-                save: str | Path | None = None) -> Ran:
+                save: str | Path | None = None, ops=None) -> Ran:
     """The model of `path` with `table`'s kernels in place (runtime.patch), run `iterations`
     times on its get_inputs(); with `save`, its last outputs written there (torch.save, on the
-    host). Routing counts are of one forward. Checks nothing: `verify` compares."""
+    host). Routing counts are of one forward. `ops`: the only ops routed (None: all the table
+    holds). Checks nothing: `verify` compares."""
     import torch
 
     from tuner.model.profile import _prepared, load_model
@@ -421,7 +425,7 @@ def run_patched(path: str | Path, table, device: str = "cpu", dtype: str | None 
     model, xs = _prepared(model, inputs, device, dtype)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     with torch.no_grad():
-        patch(model, table)
+        patch(model, table, ops=ops)
         try:
             out = model(*xs)  # the first call resolves and loads the kernels: not timed
             sync()
