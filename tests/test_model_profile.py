@@ -285,6 +285,8 @@ def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, in_tmp, capsys, monkeyp
     with pytest.raises(SystemExit) as refused:  # argparse's bad usage: exit 2, the reason on stderr
         main(["run", "model.py", "--db", "exp/tuning.json", "--ops", ","])
     assert refused.value.code == 2 and "--ops: name at least one op" in capsys.readouterr().err
+    assert main(["verify", "model.py", "--db", "exp/tuning.json", "--ops", "rmsnorm,rmsnrom"]) == 2
+    assert "error: --ops: rmsnrom is not an op the patch routes; one of " in capsys.readouterr().err
 
 
 

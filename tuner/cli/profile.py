@@ -60,6 +60,19 @@ def _patched_model_args(p, dtype_default: str) -> None:
                    "ops=)), e.g. the ones `tuner verify` advised; default: every op the table holds")
 
 
+def _checked_ops(ops, table):
+    """--ops checked against what the patch can route with this table, before anything runs."""
+    if ops is None:
+        return None
+    from tuner.core.ops import OpError
+    from tuner.serve.patch import routable_ops
+    known = routable_ops(table)
+    unknown = sorted(ops - known)
+    if unknown:
+        raise OpError(f"--ops: {', '.join(unknown)} is not an op the patch routes; one of {', '.join(sorted(known))}")
+    return ops
+
+
 def _op_list(text: str) -> frozenset[str]:
     ops = frozenset(o.strip() for o in text.split(",") if o.strip())
     if not ops:
@@ -164,7 +177,8 @@ def cmd_verify(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     table = _table(args.db, BACKEND[device], args.serve_slower)
     print(f"verifying {args.model} on {device} with {args.db}…", file=sys.stderr)
-    v = verify(args.model, table, device, args.dtype, args.rounds, compile=not args.no_compile, ops=args.ops)
+    ops = _checked_ops(args.ops, table)
+    v = verify(args.model, table, device, args.dtype, args.rounds, compile=not args.no_compile, ops=ops)
     if args.json:
         print(json.dumps(dataclasses.asdict(v), indent=1, default=str))
         return 0 if v.passed else 1
@@ -210,7 +224,8 @@ def cmd_run(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     table = _table(args.db, BACKEND[device], args.serve_slower)
     print(f"running {args.model} on {device} with {args.db}…", file=sys.stderr)
-    r = run_patched(args.model, table, device, args.dtype, args.iterations, args.save, ops=args.ops)
+    ops = _checked_ops(args.ops, table)
+    r = run_patched(args.model, table, device, args.dtype, args.iterations, args.save, ops=ops)
     if args.json:
         print(json.dumps(dataclasses.asdict(r), indent=1, default=str))
         return 0

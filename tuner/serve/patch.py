@@ -303,6 +303,12 @@ def _version(t) -> int | None:
     return None if t.is_inference() else t._version
 
 
+def routable_ops(table) -> frozenset:
+    """The op names `ops=` and `under_compile=` may name with this table: the library ops the
+    patch routes and the table's modules extracted whole."""
+    return frozenset(SIZES) | frozenset(_extracted(table))
+
+
 def _op_names(ops, what: str = "under_compile", also=()) -> frozenset:
     """`under_compile` or `ops` checked: library op names the patch routes, or `also` (the
     table's extracted modules) (a typo would otherwise leave every op to the compiler, or
