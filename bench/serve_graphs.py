@@ -48,10 +48,12 @@ def blocked(fns: dict, sync, rounds: int, block: int) -> dict[str, float]:
     """The median seconds per forward of each function, `block` forwards a turn in rotation,
     each timed alone between synchronisations; the first of each turn not counted."""
     import statistics
+
+    from tuner.exec.measure import round_order
     samples: dict[str, list[float]] = {k: [] for k in fns}
     names = list(fns)
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in (names[i] for i in round_order(len(names), r)):
             for i in range(block):
                 sync()
                 t0 = time.perf_counter()

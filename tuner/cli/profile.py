@@ -65,12 +65,11 @@ def _checked_ops(ops, table):
     if ops is None:
         return None
     from tuner.core.ops import OpError
-    from tuner.serve.patch import routable_ops
-    known = routable_ops(table)
-    unknown = sorted(ops - known)
-    if unknown:
-        raise OpError(f"--ops: {', '.join(unknown)} is not an op the patch routes; one of {', '.join(sorted(known))}")
-    return ops
+    from tuner.serve.patch import checked_ops
+    try:
+        return checked_ops(table, ops, "--ops")
+    except (TypeError, ValueError) as e:
+        raise OpError(str(e)) from None
 
 
 def _op_list(text: str) -> frozenset[str]:

@@ -303,10 +303,10 @@ def _version(t) -> int | None:
     return None if t.is_inference() else t._version
 
 
-def routable_ops(table) -> frozenset:
-    """The op names `ops=` and `under_compile=` may name with this table: the library ops the
-    patch routes and the table's modules extracted whole."""
-    return frozenset(SIZES) | frozenset(_extracted(table))
+def checked_ops(table, ops, what: str = "ops") -> frozenset:
+    """`ops` checked as `patch(model, table, ops=)` checks it, before any model is loaded:
+    TypeError or ValueError naming what it could be."""
+    return _op_names(ops, what, also=_extracted(table))
 
 
 def _op_names(ops, what: str = "under_compile", also=()) -> frozenset:
