@@ -266,9 +266,15 @@ def test_profile_sweep_patch_verify_on_the_cpu(tmp_path, in_tmp, capsys, monkeyp
     ops = {o[0]: o for o in v["ops"]}
     assert set(ops) == {"rmsnorm 32x64 fp32", "swiglu 32x96 fp32"}
     assert all(o[1] == 1 and o[2] > 0 and o[3] > 0 and o[4] == o[2] - o[3] for o in ops.values())
+    # Each call's floor: its bytes (inputs and outputs) at the cpu's copy rate; swiglu moves gate,
+    # up and out (3 x 32x96 fp32), rmsnorm x, its weight and out (2 x 32x64 + 64 fp32).
+    floors = dict(v["floors"])
+    assert set(floors) == set(ops) and floors["swiglu 32x96 fp32"] / floors["rmsnorm 32x64 fp32"] == pytest.approx(
+        3 * 32 * 96 / (2 * 32 * 64 + 64))
     assert main(["verify", "model.py", "--db", "exp/tuning.json", "--rounds", "1", "--no-compile", "--serve-slower"]) == 0
     out = capsys.readouterr().out
     assert "each routed call timed alone here" in out and "rmsnorm 32x64 fp32:" in out and "their sum:" in out
+    assert "at most (each call's bytes at copy bandwidth, its route free): " in out
     # tuner run: the same table serves the model's forward; its outputs saved.
     assert main(["run", "model.py", "--db", "exp/tuning.json", "--iterations", "2", "--save", "out.pt", "--serve-slower",
                  "--json"]) == 0

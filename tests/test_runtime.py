@@ -712,6 +712,27 @@ def test_verify_says_which_ops_to_route_in_eager_mode():
                                                                                "unpatched in eager mode")
 
 
+def test_verify_says_when_no_kernel_for_the_routed_calls_could_reach_torch_compile():
+    """Routing's ceiling: each call's torch time less its floor (bytes at copy bandwidth), times
+    its calls per forward, the route free. Said only when torch.compile's gain over eager in the
+    same run is larger; never without a floor for every routed call."""
+    from tuner.model.verify import most_saved, routing_ceiling
+    rows = [("rmsnorm 16x4096 bf16", 2, 67e-6, 27e-6, 80e-6), ("rope 16x32x128 bf16", 1, 59e-6, 12e-6, 47e-6),
+            ("swiglu 16x14336 bf16", 0, 14e-6, 11e-6, 0.0)]
+    floors = {"rmsnorm 16x4096 bf16": 1e-6, "rope 16x32x128 bf16": 4e-6, "swiglu 16x14336 bf16": 2e-6}
+    assert most_saved(rows, floors) == pytest.approx(2 * 66e-6 + 55e-6)
+    assert most_saved(rows, {k: v for k, v in floors.items() if not k.startswith("rope")}) is None
+    assert most_saved(rows, {**floors, "rope 16x32x128 bf16": 1.0}) == pytest.approx(2 * 66e-6)  # a floor above torch's
+    said = routing_ceiling(rows, floors, {"eager": 1132e-6, "torch.compile": 600e-6, "patched eager": 1296e-6})
+    assert said == ("patched eager cannot reach torch.compile here by tuning these ops: torch.compile saved 532.0 us "
+                    "per forward over eager; routing every call above could save at most 187.0 us (each call's "
+                    "bytes at copy bandwidth, its route free); the rest of compile's gain is in the model's other "
+                    "operations")
+    assert routing_ceiling(rows, floors, {"eager": 1132e-6, "torch.compile": 1000e-6}) is None  # within reach
+    assert routing_ceiling(rows, floors, {"eager": 1132e-6, "patched eager": 1000e-6}) is None  # compile not timed
+    assert routing_ceiling(rows, {}, {"eager": 1132e-6, "torch.compile": 600e-6}) is None
+
+
 def test_ops_limits_what_the_patch_routes(exported, cache_dir):
     """`ops=`: the only ops routed, eager and under torch.compile alike; a softmax the table
     serves runs torch's own when softmax is left out, an op the table lacks is warned of, and

@@ -177,7 +177,9 @@ def cmd_verify(args) -> int:
     table = _table(args.db, BACKEND[device], args.serve_slower)
     print(f"verifying {args.model} on {device} with {args.db}…", file=sys.stderr)
     ops = _checked_ops(args.ops, table)
-    v = verify(args.model, table, device, args.dtype, args.rounds, compile=not args.no_compile, ops=ops)
+    from tuner.backends import get_backend
+    peaks = dict(get_backend(BACKEND[device], 0).device_info().peaks)
+    v = verify(args.model, table, device, args.dtype, args.rounds, compile=not args.no_compile, ops=ops, peaks=peaks)
     if args.json:
         print(json.dumps(dataclasses.asdict(v), indent=1, default=str))
         return 0 if v.passed else 1
@@ -204,6 +206,10 @@ def cmd_verify(args) -> int:
             total, e2e = sum(r[4] for r in v.ops), med["eager"] - med["patched eager"]
             print(f"    their sum: {fmt_time(abs(total))} {'saved' if total >= 0 else 'lost'} per forward; "
                   f"eager minus patched eager, end to end: {'-' if e2e < 0 else ''}{fmt_time(abs(e2e))}")
+        from tuner.model.verify import most_saved
+        most = most_saved(list(v.ops), dict(v.floors))
+        if most is not None:
+            print(f"    at most (each call's bytes at copy bandwidth, its route free): {fmt_time(most)} per forward")
     if not any(r for _, r, _ in v.routed):
         beaten = any(n.startswith("not served, torch's own") for n in v.notes)
         print("  no call ran a tuned kernel: the table has none for these calls' sizes, dtypes and device"

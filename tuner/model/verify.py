@@ -60,6 +60,9 @@ class Verdict:
     # with eager (eager's median in the same run): the routes that pay end to end, their
     # checks, copies and launches counted, which the per-op table (kernels alone) leaves out.
     in_eager: tuple[tuple[str, float, float], ...] = ()
+    # Per routed call signature: the least time any kernel could take for it, its bytes (inputs
+    # and outputs) at the device's copy bandwidth (`peaks`); empty when no copy rate was given.
+    floors: tuple[tuple[str, float], ...] = ()
 
 
 # The mode every variant is compiled in, each with dynamic=False: for the shapes it is timed
@@ -142,12 +145,14 @@ def interleaved(fns: dict, sync, rounds: int, reps: int = 1) -> dict[str, float]
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def op_contributions(patch, sync, rounds: int, per_forward: dict[str, int]) -> list[tuple[str, int, float, float, float]]:
+def op_contributions(patch, sync, rounds: int, per_forward: dict[str, int],
+                     floors: dict[str, float] | None = None, copy_gbps: float = 0.0) -> list[tuple[str, int, float, float, float]]:
     """What each routed call saves: the tuned kernel and the op's definition in torch, on random
     inputs of the call's shapes, dtypes and device, timed in turns (each as back-to-back calls
     between two synchronisations, as a forward issues them), times the calls per forward. What
     the end-to-end difference holds beyond their sum is the rest: host time around the calls,
-    fusion the patch takes away."""
+    fusion the patch takes away. With `copy_gbps`, `floors` gets each call's bytes (inputs and
+    torch's outputs) over that rate: no kernel for the call can take less."""
     import torch
 
     out = []
@@ -157,6 +162,10 @@ def op_contributions(patch, sync, rounds: int, per_forward: dict[str, int]) -> l
         if op in ("rmsnorm", "layernorm"):
             xs[1:] = [1 + 0.1 * x for x in xs[1:]]
         ref = patch.torch_of(op)
+        if copy_gbps > 0 and floors is not None:
+            moved = sum(x.numel() * x.element_size() for x in xs) + sum(
+                o.numel() * o.element_size() for o in _outputs(ref(*xs)))
+            floors[key] = moved / (copy_gbps * 1e9)
         t = interleaved({"torch": lambda: ref(*xs), "tuned": lambda: kernel._launch(xs)}, sync, rounds, reps=10)
         t_torch, t_tuned = t["torch"], t["tuned"]
         n = per_forward.get(key, 0)
@@ -184,9 +193,12 @@ def _max_err(outs: list, refs: list) -> float:
 
 
 def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = None, rounds: int = 20,
-           compile: bool = True, ops=None) -> Verdict:
+           compile: bool = True, ops=None, peaks: dict[str, float] | None = None) -> Verdict:
     """`ops`: the only ops the patch routes (`runtime.patch(..., ops=)`; None: every op the
-    table holds), in every patched variant verify times."""
+    table holds), in every patched variant verify times. `peaks`: the device's measured
+    ceilings (`DeviceInfo.peaks`); with a copy rate, each routed call's floor is known and
+    `routing_ceiling` says when no kernel for these calls could bring patched eager to
+    torch.compile."""
     import torch
 
     from tuner.core.op import TOLERANCE
@@ -238,7 +250,9 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
         for op, why in getattr(patched_model.tuner_patch, "refused", {}).items():
             notes.append(f"{op}: its modules were left as they are: {why}")
         medians = interleaved(fns, sync, rounds)
-        per_op = op_contributions(patched_model.tuner_patch, sync, rounds, per_forward)
+        floors: dict[str, float] = {}
+        per_op = op_contributions(patched_model.tuner_patch, sync, rounds, per_forward, floors,
+                                  float((peaks or {}).get("copy_gbps") or 0.0))
         unpatch(patched_model)
         from tuner.serve.calls import SIZES
         # the ops routed under torch.compile too (a module extracted whole is the compiler's there)
@@ -271,11 +285,42 @@ def verify(path: str | Path, table, device: str = "cpu", dtype: str | None = Non
                 singles = routes_under_compile(model, table, xs, sync, rounds, routed_ops, fns["torch.compile"],
                                                ref, allowed, notes, ops)
             notes.append(compile_advice(routed_ops, singles))
+        ceiling = routing_ceiling(per_op, floors, medians)
+        if ceiling:
+            notes.append(ceiling)
     routed = tuple(sorted((k, v[0], v[1]) for k, v in stats.items()))
     return Verdict(str(path), device, dt, passed, err, eager_err, allowed,
                    tuple(medians.items()), routed, tuple(notes),
                    tuple(sorted(modules.items())), tuple(per_op), tuple(singles), tuple(sorted(functions.items())),
-                   tuple(in_eager))
+                   tuple(in_eager), tuple(sorted(floors.items())))
+
+
+def most_saved(ops: list[tuple[str, int, float, float, float]], floors: dict[str, float]) -> float | None:
+    """The most that routing these calls could save per forward: each call's time in torch
+    (timed alone) less its floor (its bytes at copy bandwidth), times its calls per forward, as
+    if its route cost nothing; None without a floor for every call. An upper bound: a kernel
+    at the floor with a free route removes at most torch's time for the call and adds the floor."""
+    if not ops or any(key not in floors for key, *_ in ops):
+        return None
+    return sum(n * max(0.0, t_torch - floors[key]) for key, n, t_torch, _, _ in ops)
+
+
+def routing_ceiling(ops: list[tuple[str, int, float, float, float]], floors: dict[str, float],
+                    medians: dict[str, float]) -> str | None:
+    """Said when patched eager cannot reach torch.compile by tuning the routed ops further:
+    what torch.compile saved over eager in this run is more than `most_saved`. Then the gap is
+    in what the compiler does to the rest of the model (its fusion, its host time), which no
+    kernel for these calls touches."""
+    most = most_saved(ops, floors)
+    if most is None or "torch.compile" not in medians or "eager" not in medians:
+        return None
+    gained = medians["eager"] - medians["torch.compile"]
+    if gained <= most:
+        return None
+    return (f"patched eager cannot reach torch.compile here by tuning these ops: torch.compile saved "
+            f"{gained * 1e6:.1f} us per forward over eager; routing every call above could save at most "
+            f"{most * 1e6:.1f} us (each call's bytes at copy bandwidth, its route free); the rest of compile's "
+            f"gain is in the model's other operations")
 
 
 def routes_in_eager(model, table, xs, sync, rounds: int, ops: list[str], eager, ref, allowed: float,
