@@ -77,6 +77,13 @@ def table(name: str, r: dict) -> str:
                      f"{lib['op'] + ' ' + lib['shape'] if lib else '-'} | {'yes' if hit else ''} |")
     lines += ["", f"share of the layer's profiled time in routed rows: {covered:.1%}; modules replaced: "
               f"{', '.join(f'{m} ({o})' for m, o in v['modules']) or 'none'}"]
+    if v["ops"]:
+        from tuner.model.verify import most_saved
+        most = most_saved([tuple(o) for o in v["ops"]], dict(v["floors"]))
+        gain = med["eager"] - med["torch.compile"] if "torch.compile" in med else None
+        lines.append(f"routed calls timed alone save {sum(o[4] for o in v['ops']) * 1e6:.1f} us per forward"
+                     + (f"; at most {most * 1e6:.1f} us (each at copy bandwidth, its route free)" if most is not None else "")
+                     + (f"; torch.compile's gain over eager: {gain * 1e6:.1f} us" if gain is not None else ""))
     lines += [f"note: {n}" for n in v["notes"]]
     return "\n".join(lines)
 
