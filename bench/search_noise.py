@@ -192,8 +192,9 @@ def main() -> None:
                          "`tuner tune --patience`; the budget still caps it)")
     ap.add_argument("--parallel", type=int, default=1, metavar="N",
                     help="evaluations in flight, as `tuner tune` keeps one per compile worker (15 on a "
-                         "16-CPU machine); replayed as batches: asks made while N are in flight learn "
-                         "nothing from each other (default: 1)")
+                         "16-CPU machine); replayed in simulated time (tuner.offline.replay.SimulatedFlight: "
+                         "each compiles for its recorded time, the one device times them in turn), the "
+                         "same every run for a seed (default: 1)")
     a = ap.parse_args()
     if a.parallel > 1 and (a.twice or any(s.strip().startswith("kt:") for s in a.strategies.split(","))):
         raise SystemExit("--parallel replays this tool's searches only, once")

@@ -298,24 +298,31 @@ def test_a_new_best_is_timed_against_the_incumbent_before_the_search_walks_on():
 
 def test_the_anchor_margin_follows_the_drift_the_anchors_measured():
     """`tune.drift_margin`: 6 % before anything is measured; after a search on a quiet device
-    (drift 0.3 %) its anchors pull it down, on a noisy one (8 %) up to the 10 % bound; a few
-    anchors move it less than many (pooled with the assumed 3 % drift)."""
+    (drift 0.3 %) its anchors pull it down, on a noisy one (8 %) up towards the 10 % bound (the
+    anchored configs are those whose drift kept them near the incumbent, so the spread they
+    measure runs low: the median over seeds is held, not each seed); a few anchors move it
+    less than many (pooled with the assumed 3 % drift)."""
     from tuner.run.tune import ANCHOR_DRIFT, DRIFT_MARGIN, drift_margin, run_search
     from tuner.search.searcher import prepare_searcher
     assert drift_margin([]) == pytest.approx(0.06)
     land = replay.synthetic("smooth", 1)
-    margins = {}
-    for drift in (0.003, 0.08):
-        ev = replay.ReplayEvaluator(land, noise=replay.Noise(drift=drift, jitter=0.002), seed=4)
-        searcher = prepare_searcher(land.space, "guided", 4, ev.check, ev.context, ev.limits, ())
-        store = replay.MemoryStore()
-        run_search(store, ev, searcher, 40, None, 1, anchor_margin=ANCHOR_DRIFT)
-        records = store.records()
-        assert sum(r.anchored_s is not None for r in records) >= 8
-        margins[drift] = drift_margin(records)
-        few = [r for r in records if r.anchored_s is not None][:2] + [r for r in records if r.anchored_s is None]
-        assert abs(drift_margin(few) - 0.06) < abs(margins[drift] - 0.06)
-    assert margins[0.003] < 0.05 and margins[0.08] == DRIFT_MARGIN[1]
+    margins, fewer = {0.003: [], 0.08: []}, {0.003: [], 0.08: []}
+    for seed in range(5):
+        for drift in margins:
+            ev = replay.ReplayEvaluator(land, noise=replay.Noise(drift=drift, jitter=0.002), seed=seed)
+            searcher = prepare_searcher(land.space, "guided", seed, ev.check, ev.context, ev.limits, ())
+            store = replay.MemoryStore()
+            run_search(store, ev, searcher, 40, None, 1, anchor_margin=ANCHOR_DRIFT)
+            records = store.records()
+            assert sum(r.anchored_s is not None for r in records) >= 8
+            margins[drift].append(drift_margin(records))
+            few = [r for r in records if r.anchored_s is not None][:2] + [r for r in records if r.anchored_s is None]
+            fewer[drift].append(abs(drift_margin(few) - 0.06))
+    import statistics
+    for drift in margins:
+        assert statistics.median(fewer[drift]) < statistics.median(abs(m - 0.06) for m in margins[drift])
+    assert max(margins[0.003]) < 0.05 and statistics.median(margins[0.08]) > 0.085
+    assert max(margins[0.08]) == DRIFT_MARGIN[1]
 
 
 def test_a_config_whose_calls_go_wrong_when_timed_against_the_incumbent_is_recorded_wrong():
@@ -337,3 +344,37 @@ def test_a_config_whose_calls_go_wrong_when_timed_against_the_incumbent_is_recor
     assert all(r.anchored_s is None for r in store.records())
     ok = [r for r in store.records() if r.status is Status.OK]
     assert ok and min(r.seconds for r in ok) >= min(r.seconds for r in ok[:1])  # the first stays the best
+
+
+def test_evaluations_in_flight_replay_in_simulated_time():
+    """`SimulatedFlight`: each evaluation compiles for its own compile_s, then the device times
+    one at a time in the order the compiles finished, `timing_s` each; a failed build ends with
+    its compile; `wait` moves the clock to the earliest end and returns what has ended. A
+    replay with evaluations in flight is then the same search for a seed, run after run and
+    under another hash seed (threads and the wall clock had made it differ)."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace as NS
+
+    from tuner.core.values import Status
+    flight = replay.SimulatedFlight(timing_s=1.0)
+    rec = lambda compile_s, status=Status.OK: NS(build=NS(compile_s=compile_s, status=status))  # noqa: E731
+    a = flight.submit(lambda: rec(2.0))
+    b = flight.submit(lambda: rec(0.5))
+    c = flight.submit(lambda: rec(1.0, Status.COMPILE_ERROR))
+    assert a.result().build.compile_s == 2.0  # the answer is there at once; its end is simulated
+    assert flight.wait({a, b, c}) == {c} and flight.now() == 1.0  # c failed compiling; b is being timed
+    assert flight.wait({a, b}) == {b} and flight.now() == 1.5  # b compiled first, so timed first
+    d = flight.submit(lambda: rec(0.1))  # compiled at 1.6, before a (2.0)
+    assert flight.wait({a, d}) == {d} and flight.now() == 2.6
+    assert flight.wait({a}) == {a} and flight.now() == 3.6
+    # A recorded landscape: its compile times set the pace, and so how many are in flight.
+    code = ("from tuner.core.landscape import load_cached\nfrom tuner.offline import replay\n"
+            "t = replay.replay_search(load_cached('bench/landscapes/layernorm-8192x8192-bf16-h200', None), "
+            "'guided', 1, budget=30, parallel=15, noise=replay.Noise(), anchor_margin='drift')\n"
+            "print([round(x, 9) for x in t.times], t.named_s, t.anchored)")
+    root = Path(__file__).resolve().parents[1]
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root,
+                           env={**__import__("os").environ, "PYTHONHASHSEED": str(h)}) for h in (1, 2, 3)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
+    assert runs[0].stdout == runs[1].stdout == runs[2].stdout and runs[0].stdout.count(",") >= 29

@@ -17,6 +17,7 @@ Also: generated landscapes (`synthetic`) for strategies' tests and benches.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import math
 import statistics
 import sys
@@ -27,7 +28,7 @@ from typing import Iterable
 from tuner.core.landscape import Landscape, LandscapeError, Outcome, load, load_cached, shapes, skeleton_files
 from tuner.core.space import Param, Space
 from tuner.core.values import Build, Config, Measurement, Record, Status
-from tuner.run.tune import run_search
+from tuner.run.tune import Flight, run_search
 from tuner.search.searcher import prepare_searcher
 
 # ---- in-process replay through run_search -------------------------------------------------
@@ -94,24 +95,32 @@ class ReplayEvaluator:
 
     def __init__(self, landscape: Landscape, context: dict | None = None, limits: dict | None = None,
                  noise: Noise | None = None, seed: int = 0):
-        import random
         self.landscape = landscape
         self.context = dict(landscape.context if context is None else context)
         self.limits = dict(landscape.limits if limits is None else limits)
         self.noise = noise
-        self.rng = random.Random(seed)
+        self.seed = seed
         self.retimes = 0  # interleaves asked for
 
-    def _samples(self, seconds: float, factor: float | None = None) -> tuple[float, ...]:
+    def _rng(self, *what):
+        """The noise of one evaluation or interleave, drawn from a generator of its own keyed by
+        the seed and what is timed (the trial, the interleave's number): with evaluations in
+        flight on threads, draws from one shared generator would follow the threads' order and
+        the same seed would replay differently from run to run."""
+        import random
+        return random.Random(":".join(map(str, (self.seed, *what))))
+
+    def _samples(self, seconds: float, rng, factor: float | None = None) -> tuple[float, ...]:
         if self.noise is None:
             return (seconds,)
-        return self.noise.samples(seconds, self.rng, self.noise.factor(self.rng) if factor is None else factor)
+        return self.noise.samples(seconds, rng, self.noise.factor(rng) if factor is None else factor)
 
     def retime(self, records: list[Record], with_reference: bool = False) -> list[list[float]]:
         """The records' configs re-timed in one interleave (one drift factor for all)."""
         self.retimes += 1
-        factor = self.noise.factor(self.rng) if self.noise else 1.0
-        return [list(self._samples(self.landscape.lookup(r.config).seconds, factor)) for r in records]
+        rng = self._rng("retime", self.retimes)
+        factor = self.noise.factor(rng) if self.noise else 1.0
+        return [list(self._samples(self.landscape.lookup(r.config).seconds, rng, factor)) for r in records]
 
     def check(self, config: Config) -> str | None:
         return self.landscape.space.check(config, self.context, self.limits)
@@ -128,12 +137,66 @@ class ReplayEvaluator:
             return self._record(config, Build(o.status, error=o.detail), Measurement(o.status), trial)
         build = Build(Status.OK, artifact=config.key, compile_s=o.compile_s, binary_hash=config.key)
         if o.status is Status.OK:
-            return self._record(config, build, Measurement(Status.OK, self._samples(o.seconds)), trial)
+            return self._record(config, build, Measurement(Status.OK, self._samples(
+                o.seconds, self._rng("evaluate", config.key, trial))), trial)
         return self._record(config, build, Measurement(o.status, detail=o.detail), trial)
 
     def _record(self, config: Config, build: Build, meas: Measurement, trial: int) -> Record:
         return Record(self.landscape.shape, "replay", config, build, meas, self.landscape.device or "replay",
                       time=time.time(), trial=trial)
+
+
+class SimulatedFlight(Flight):
+    """A device run's evaluations in simulated time, so that a replay with several in flight is
+    the same every time for a seed (threads and the wall clock would order the answers, and
+    the run's pace, differently from run to run). Each evaluation compiles on a worker of its
+    own for its recorded `compile_s`, then waits for one of `slots` devices, which time one
+    kernel at a time, in the order the compiles finished (then the order submitted), for
+    `timing_s` each (the bench budget and the checks around it); one whose build failed ends
+    with its compile. `wait` moves the clock to the earliest end among the futures and returns
+    all that have ended by then. The answer itself is looked up at `submit`. Not modelled: the
+    device time of interleaves that re-time configs against the incumbent."""
+
+    def __init__(self, timing_s: float = 0.5, slots: int = 1):
+        self.t = 0.0
+        self.timing_s = timing_s
+        self.free = [0.0] * max(1, slots)  # when each device is next free
+        self.ready: list[tuple[float, int, cf.Future]] = []  # compiled (or compiling), not yet timed
+        self.ends: dict[cf.Future, float] = {}
+        self.submitted = 0
+
+    def submit(self, fn, *args) -> cf.Future:
+        fut: cf.Future = cf.Future()
+        record = fn(*args)
+        fut.set_result(record)
+        compiled = self.t + max(0.0, record.build.compile_s or 0.0)
+        if record.build.status is Status.OK:
+            self.ready.append((compiled, self.submitted, fut))
+        else:
+            self.ends[fut] = compiled
+        self.submitted += 1
+        return fut
+
+    def wait(self, futures) -> set:
+        while True:
+            done = {f for f in futures if self.ends.get(f, math.inf) <= self.t}
+            if done:
+                return done
+            i = min(range(len(self.free)), key=self.free.__getitem__)
+            if self.free[i] <= self.t and self.ready:
+                # A device is idle: it takes the evaluation whose compile ends first. Nothing is
+                # submitted while this waits, so none can come before it.
+                self.ready.sort(key=lambda e: e[:2])
+                compiled, _, fut = self.ready.pop(0)
+                self.ends[fut] = self.free[i] = max(self.t, compiled) + self.timing_s
+                continue
+            later = [e for e in (*self.ends.values(), *self.free) if e > self.t]
+            if not later:
+                raise RuntimeError("SimulatedFlight.wait: nothing in flight ends")
+            self.t = min(later)
+
+    def now(self) -> float:
+        return self.t
 
 
 @dataclass
@@ -185,7 +248,8 @@ def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, 
     does (`finalists`: its at_least, at_most, margin). `stop_within`: stop at the first config
     truly within that fraction of the optimum (the budget still caps it). `noise`: timings
     drawn around the recorded ones (`Noise`), seeded by `seed`. `anchor_margin`: as
-    `tune.run_search` takes it."""
+    `tune.run_search` takes it. `parallel` evaluations in flight run in simulated time
+    (`SimulatedFlight`): the same seed replays the same search."""
     from tuner.run.tune import finalists as pick_finalists
     t0 = time.monotonic()
     ev = ReplayEvaluator(landscape, noise=noise, seed=seed)
@@ -205,11 +269,12 @@ def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, 
             if progress.best_s is not None and min(map(true_s, store.records()), default=math.inf) <= cut:
                 raise _Stop
         try:
-            run_search(store, ev, searcher, budget, None, parallel, watch, anchor_margin=anchor_margin)
+            run_search(store, ev, searcher, budget, None, parallel, watch, anchor_margin=anchor_margin,
+                       flight=SimulatedFlight())
         except _Stop:
             pass
     else:
-        run_search(store, ev, searcher, budget, None, parallel, anchor_margin=anchor_margin)
+        run_search(store, ev, searcher, budget, None, parallel, anchor_margin=anchor_margin, flight=SimulatedFlight())
     done = [r for r in store.records() if r.status is not Status.INVALID]
     anchored = ev.retimes
     top = pick_finalists(done, *finalists)

@@ -146,7 +146,7 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
                on_progress: Callable[[Progress], None] = lambda p: None,
                restart_patience: bool = False, stop: threading.Event | None = None,
                on_record: Callable[[Record], None] = lambda r: None,
-               anchor_margin: float | str | None = None) -> Progress:
+               anchor_margin: float | str | None = None, flight: "Flight | None" = None) -> Progress:
     """`parallel`: evaluations kept in flight, or a function asked before each ask (a sweep
     raises it as its other tasks finish, so that the last ones keep the devices fed).
     `restart_patience`: the records on disk do not count towards `--patience` (see
@@ -155,7 +155,8 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
     new record once it is on disk (the study kept for people: tuner.search.study).
     `anchor_margin`: see `anchored` below: a fraction, or `ANCHOR_DRIFT` (the margin follows
     the drift the anchors so far measured: `drift_margin`); None: every config is told its own
-    median."""
+    median. `flight`: where the evaluations run and what time it is (`Flight`; default: threads
+    and the wall clock; a replay passes `tuner.offline.replay.SimulatedFlight`)."""
     space = searcher.space
     limit = parallel if callable(parallel) else (lambda: parallel)
     known: dict[str, Record] = {}
@@ -204,7 +205,8 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
     inflight: dict[cf.Future, tuple[object, Config]] = {}
     waiting: dict[str, list] = {}  # config key -> trials asking for a config already in flight
     stall = 0
-    deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
+    flight = flight or ThreadFlight(parallel if isinstance(parallel, int) else 256)
+    deadline = None if time_budget_s is None else flight.now() + time_budget_s
     on_progress(progress)
 
     pace = Pace()
@@ -212,7 +214,7 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
 
     def finish(trial, record: Record) -> None:
         record = anchored(record)
-        pace.add(record, time.monotonic())
+        pace.add(record, flight.now())
         store.append(record)  # on disk before Optuna hears of it: a kill loses nothing
         on_record(record)
         known[record.config.key] = record
@@ -230,11 +232,10 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
             return max(1, limit())
         return in_flight_cap(limit(), progress.evaluations, pace.compile_s(), pace.gap_s(), slots)
 
-    # Threads start as evaluations are submitted: the bound is never reached when fixed.
-    with cf.ThreadPoolExecutor(max_workers=parallel if isinstance(parallel, int) else 256) as pool:
+    with flight:
         while True:
             while (len(inflight) < room() and progress.evaluations + len(inflight) < budget
-                   and (deadline is None or time.monotonic() < deadline) and stall < STALL_ASKS
+                   and (deadline is None or flight.now() < deadline) and stall < STALL_ASKS
                    and len(known) + len(inflight) < space.size and not searcher.stalled()
                    and not progress.stopped and not (stop is not None and stop.is_set())):
                 trial, config = searcher.ask()
@@ -253,12 +254,12 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
                     stall += 1
                     continue
                 stall = 0
-                fut = pool.submit(evaluator.evaluate, config, progress.best_s, trial.number)
+                fut = flight.submit(evaluator.evaluate, config, progress.best_s, trial.number)
                 inflight[fut] = (trial, config)
             if not inflight:
                 break
             try:
-                done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
+                done = flight.wait(inflight)
             except KeyboardInterrupt:
                 # Leaving the pool waits for the evaluations in flight anyway: record them, so
                 # that a resume does not evaluate them again.
@@ -267,7 +268,9 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
                     if fut.exception() is None:
                         finish(trial, fut.result())
                 raise
-            for fut in done:
+            # In the order they were asked, not the set's (a future's hash): evaluations that
+            # finished together are told in the same order every run.
+            for fut in sorted(done, key=lambda f: inflight[f][0].number):
                 trial, _config = inflight.pop(fut)
                 finish(trial, fut.result())
     if stop is not None and stop.is_set():
@@ -285,6 +288,47 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
         for t in trials:
             searcher.abandon(t.number)
     return progress
+
+
+class Flight:
+    """Where `run_search` runs its evaluations, and its clock. Contract: `submit(fn, *args)`
+    returns a `concurrent.futures.Future` of `fn(*args)`; `wait(futures)` blocks until at
+    least one of them is done and returns the done ones (a set); `now()` is the time in
+    seconds, monotonic, that the run's pace and `time_budget_s` are read from; used as a
+    context manager around the search (leaving it waits for what is in flight)."""
+
+    def submit(self, fn, *args) -> cf.Future: ...
+
+    def wait(self, futures) -> set: ...
+
+    def now(self) -> float: ...
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+class ThreadFlight(Flight):
+    """A device run's flight: a thread per evaluation in flight (each drives a worker process,
+    so the GIL is not held while it waits), the wall clock. Threads start as evaluations are
+    submitted: the bound is never reached when fixed."""
+
+    def __init__(self, workers: int):
+        self.pool = cf.ThreadPoolExecutor(max_workers=workers)
+
+    def submit(self, fn, *args) -> cf.Future:
+        return self.pool.submit(fn, *args)
+
+    def wait(self, futures) -> set:
+        return cf.wait(futures, return_when=cf.FIRST_COMPLETED)[0]
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def __exit__(self, *exc) -> None:
+        self.pool.shutdown(wait=True)
 
 
 def finalists(records: list[Record], at_least: int = 3, at_most: int = 8, margin: float = 0.05) -> list[Record]:
