@@ -167,7 +167,12 @@ class SimulatedFlight(Flight):
 
     def submit(self, fn, *args) -> cf.Future:
         fut: cf.Future = cf.Future()
-        record = fn(*args)
+        try:
+            record = fn(*args)
+        except Exception as e:  # noqa: BLE001 - the future holds it, as a thread's would
+            fut.set_exception(e)
+            self.ends[fut] = self.t
+            return fut
         fut.set_result(record)
         compiled = self.t + max(0.0, record.build.compile_s or 0.0)
         if record.build.status is Status.OK:
