@@ -28,7 +28,8 @@ from typing import Iterable
 from tuner.core.landscape import Landscape, LandscapeError, Outcome, load, load_cached, shapes, skeleton_files
 from tuner.core.space import Param, Space
 from tuner.core.values import Build, Config, Measurement, Record, Status
-from tuner.run.tune import Flight, run_search
+from tuner.run.flight import Flight
+from tuner.run.tune import run_search
 from tuner.search.searcher import prepare_searcher
 
 # ---- in-process replay through run_search -------------------------------------------------

@@ -31,6 +31,7 @@ from tuner.core.values import Config, Measurement, OpSpec, Record, RunMeta, Stat
 from tuner.exec.evaluate import Evaluator
 from tuner.exec.measure import retimed_status
 from tuner.exec.sandbox import missing as missing_sandbox
+from tuner.run.flight import Flight, ThreadFlight
 from tuner.run.pace import Pace, in_flight_cap
 from tuner.run.report import Progress, timing_flags
 from tuner.run.store import Store
@@ -146,7 +147,7 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
                on_progress: Callable[[Progress], None] = lambda p: None,
                restart_patience: bool = False, stop: threading.Event | None = None,
                on_record: Callable[[Record], None] = lambda r: None,
-               anchor_margin: float | str | None = None, flight: "Flight | None" = None) -> Progress:
+               anchor_margin: float | str | None = None, flight: Flight | None = None) -> Progress:
     """`parallel`: evaluations kept in flight, or a function asked before each ask (a sweep
     raises it as its other tasks finish, so that the last ones keep the devices fed).
     `restart_patience`: the records on disk do not count towards `--patience` (see
@@ -288,47 +289,6 @@ def run_search(store: Store, evaluator: Evaluator, searcher: Searcher, budget: i
         for t in trials:
             searcher.abandon(t.number)
     return progress
-
-
-class Flight:
-    """Where `run_search` runs its evaluations, and its clock. Contract: `submit(fn, *args)`
-    returns a `concurrent.futures.Future` of `fn(*args)`; `wait(futures)` blocks until at
-    least one of them is done and returns the done ones (a set); `now()` is the time in
-    seconds, monotonic, that the run's pace and `time_budget_s` are read from; used as a
-    context manager around the search (leaving it waits for what is in flight)."""
-
-    def submit(self, fn, *args) -> cf.Future: ...
-
-    def wait(self, futures) -> set: ...
-
-    def now(self) -> float: ...
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-
-class ThreadFlight(Flight):
-    """A device run's flight: a thread per evaluation in flight (each drives a worker process,
-    so the GIL is not held while it waits), the wall clock. Threads start as evaluations are
-    submitted: the bound is never reached when fixed."""
-
-    def __init__(self, workers: int):
-        self.pool = cf.ThreadPoolExecutor(max_workers=workers)
-
-    def submit(self, fn, *args) -> cf.Future:
-        return self.pool.submit(fn, *args)
-
-    def wait(self, futures) -> set:
-        return cf.wait(futures, return_when=cf.FIRST_COMPLETED)[0]
-
-    def now(self) -> float:
-        return time.monotonic()
-
-    def __exit__(self, *exc) -> None:
-        self.pool.shutdown(wait=True)
 
 
 def finalists(records: list[Record], at_least: int = 3, at_most: int = 8, margin: float = 0.05) -> list[Record]:
