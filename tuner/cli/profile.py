@@ -178,7 +178,12 @@ def cmd_verify(args) -> int:
     print(f"verifying {args.model} on {device} with {args.db}…", file=sys.stderr)
     ops = _checked_ops(args.ops, table)
     from tuner.backends import get_backend
-    peaks = dict(get_backend(BACKEND[device], 0).device_info().peaks)
+    try:  # the copy rate sets each routed call's floor; without it verify says no ceiling
+        peaks = dict(get_backend(BACKEND[device], 0).device_info().peaks)
+    except Exception as e:  # noqa: BLE001 - said, and the rest verified
+        print(f"note: the device's copy rate was not measured ({type(e).__name__}: {e}); no ceiling of "
+              f"routing is said", file=sys.stderr)
+        peaks = {}
     v = verify(args.model, table, device, args.dtype, args.rounds, compile=not args.no_compile, ops=ops, peaks=peaks)
     if args.json:
         print(json.dumps(dataclasses.asdict(v), indent=1, default=str))
