@@ -234,7 +234,7 @@ def test_actor_killed_mid_search_loses_nothing(executor, fast_settings, tmp_path
 
 
 def test_build_files_reach_a_node_without_them(cluster, tmp_path):
-    from tuner.exec.ray_executor import _materialize
+    from tuner.exec.ray_worker import _materialize
     ref = ray.put({"kernel.txt": b"time: 1e-4\n"})
     target = tmp_path / "elsewhere" / "kernel.txt"
     _materialize(str(target), [ref])
@@ -270,7 +270,7 @@ def test_cpu_backend_through_ray(executor, fast_settings, tmp_path):
 
 def test_compile_processes_serve_every_op_of_a_sweep(tmp_path, fast_settings):
     """The op travels with each compile request: one compile Worker per Ray process, not one per op."""
-    from tuner.exec import ray_executor as executor_ray
+    from tuner.exec import ray_worker as executor_ray
     executor_ray._COMPILE_WORKERS.clear()
     try:
         for i, shape in enumerate(["64x512", "128x512", "256x512", "512x512", "1024x512", "64x512"]):
