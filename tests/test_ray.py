@@ -270,20 +270,20 @@ def test_cpu_backend_through_ray(executor, fast_settings, tmp_path):
 
 def test_compile_processes_serve_every_op_of_a_sweep(tmp_path, fast_settings):
     """The op travels with each compile request: one compile Worker per Ray process, not one per op."""
-    from tuner.exec import ray_worker as executor_ray
-    executor_ray._COMPILE_WORKERS.clear()
+    from tuner.exec import ray_worker
+    ray_worker._COMPILE_WORKERS.clear()
     try:
         for i, shape in enumerate(["64x512", "128x512", "256x512", "512x512", "1024x512", "64x512"]):
             op = builtin_spec("softmax", shape, "fp32").to_json()
-            (kind, build), _ = executor_ray.compile_in_task(
+            (kind, build), _ = ray_worker.compile_in_task(
                 "null", {}, fast_settings, None, {}, "time: 0.001\n", op, str(tmp_path / f"b{i}"), False)
             assert kind == "ok" and build.status.name == "OK", build
-        workers = list(executor_ray._COMPILE_WORKERS.values())
+        workers = list(ray_worker._COMPILE_WORKERS.values())
         assert len(workers) == 1 and workers[0].started == 1
     finally:
-        for w in executor_ray._COMPILE_WORKERS.values():
+        for w in ray_worker._COMPILE_WORKERS.values():
             w.close()
-        executor_ray._COMPILE_WORKERS.clear()
+        ray_worker._COMPILE_WORKERS.clear()
 
 
 def test_device_pool_keeps_a_task_at_home_and_lends_only_an_idle_device():

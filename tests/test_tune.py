@@ -594,7 +594,7 @@ def test_compile_workers_get_the_backends_compile_options_and_the_warm_up_the_sa
     from tuner.backends.null import NullBackend
     from tuner.core.ops import builtin_spec
     from tuner.core.skeleton import load_skeleton
-    from tuner.exec import ray_executor as executor_ray
+    from tuner.exec import ray_worker
     from tuner.exec.evaluate import Evaluator
     from tuner.exec.runner import WorkerPools
     monkeypatch.setattr(NullBackend, "compile_options", lambda self: {"told": 7})
@@ -608,20 +608,20 @@ def test_compile_workers_get_the_backends_compile_options_and_the_warm_up_the_sa
         compilers, benchers = pools.get(ev.placement)
         assert all(w.options.get("told") == 7 for w in compilers) and "told" not in benchers[0].options
         # Ray: warm up with the executor's options, then compile with the evaluator's.
-        executor_ray._COMPILE_WORKERS.clear()
+        ray_worker._COMPILE_WORKERS.clear()
         settings = fast_settings
-        executor_ray.warm_in_task("null", executor_ray.warm_options("null", settings), settings, None, {}, False)
-        (kind, build), _ = executor_ray.compile_in_task("null", ev.placement.compile_options, settings, None, {},
+        ray_worker.warm_in_task("null", ray_worker.warm_options("null", settings), settings, None, {}, False)
+        (kind, build), _ = ray_worker.compile_in_task("null", ev.placement.compile_options, settings, None, {},
                                                          "time: 0.001\n", ev.spec.to_json(), str(tmp_path / "b"),
                                                          False)
         assert kind == "ok" and build.status is Status.OK
-        assert len(executor_ray._COMPILE_WORKERS) == 1, "the warm-up started a Worker no compile uses"
+        assert len(ray_worker._COMPILE_WORKERS) == 1, "the warm-up started a Worker no compile uses"
     finally:
         ev.close()
         pools.close()
-        for w in executor_ray._COMPILE_WORKERS.values():
+        for w in ray_worker._COMPILE_WORKERS.values():
             w.close()
-        executor_ray._COMPILE_WORKERS.clear()
+        ray_worker._COMPILE_WORKERS.clear()
 
 
 def test_a_noisy_winner_timing_is_flagged_in_the_summary(tmp_path, monkeypatch, capsys):
