@@ -78,7 +78,7 @@ def table(name: str, r: dict) -> str:
     lines += ["", f"share of the layer's profiled time in routed rows: {covered:.1%}; modules replaced: "
               f"{', '.join(f'{m} ({o})' for m, o in v['modules']) or 'none'}"]
     if v["ops"]:
-        from tuner.model.verify import most_saved
+        from tuner.model.advice import most_saved
         most = most_saved([tuple(o) for o in v["ops"]], dict(v["floors"]))
         gain = med["eager"] - med["torch.compile"] if "torch.compile" in med else None
         lines.append(f"routed calls timed alone save {sum(o[4] for o in v['ops']) * 1e6:.1f} us per forward"

@@ -555,7 +555,7 @@ def test_a_models_own_module_is_extracted_whole_tuned_and_put_back(tmp_path, in_
 def test_verify_says_patched_compile_is_slower_only_where_a_call_is_routed_under_compile():
     """A module extracted whole is the compiler's under torch.compile (its own forward is
     traced): a slower patched + compile there is the machine's, not advice."""
-    from tuner.model.verify import slower
+    from tuner.model.advice import slower
     medians = {"eager": 1.0, "patched eager": 0.8, "torch.compile": 1.0, "patched + torch.compile": 1.1}
     assert [n.split(" is")[0] for n in slower(medians)] == ["patched + torch.compile"]
     assert slower(medians, compiled=False) == []

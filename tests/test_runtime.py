@@ -626,7 +626,7 @@ def test_function_routes_take_over_only_the_tables_entry_points_and_only_during_
 
 
 def test_verify_says_which_patched_variant_is_slower_than_the_model_unpatched():
-    from tuner.model.verify import slower
+    from tuner.model.advice import slower
     assert slower({"eager": 1.0, "patched eager": 1.01, "torch.compile": 0.5, "patched + torch.compile": 0.4}) == []
     said = slower({"eager": 1.0, "patched eager": 0.9, "torch.compile": 0.81, "patched + torch.compile": 1.08})
     assert said == ["patched + torch.compile is slower than torch.compile (0.75x): the routed calls cost more than "
@@ -637,7 +637,7 @@ def test_verify_says_which_patched_variant_is_slower_than_the_model_unpatched():
 def test_verify_says_which_routes_to_keep_under_torch_compile():
     """After patched + torch.compile measured slower than torch.compile: the ops that were
     faster routed alone than left to the compiler, or none, as the `under_compile=` to pass."""
-    from tuner.model.verify import compile_advice
+    from tuner.model.advice import compile_advice
     said = compile_advice(["rmsnorm", "swiglu"], [("rmsnorm", 1.2, 1.0), ("swiglu", 0.9, 1.0)])
     assert said.startswith("under torch.compile, route only swiglu: runtime.patch(model, table, "
                            "under_compile={'swiglu'})")
@@ -654,6 +654,7 @@ def test_verify_measures_which_routes_pay_in_eager_mode(monkeypatch):
     time counted, which the per-op table leaves out); the ops that paid alone are then timed
     routed together, and the advice names them as `ops=` with every figure measured. A variant
     whose outputs miss the bound is said and not timed."""
+    import tuner.model.advice as advice
     import tuner.model.verify as verify
     import tuner.serve.patch as sp
     state = {}
@@ -684,16 +685,16 @@ def test_verify_measures_which_routes_pay_in_eager_mode(monkeypatch):
     assert got == [("attention_decode", 0.97, 1.0), ("rmsnorm", 0.9, 1.0), ("rope", 1.1, 1.0),
                    ("attention_decode+rmsnorm", 0.85, 1.0)]
     assert notes == ["patched eager routing only swiglu: error 0.5 > allowed 0.1"]
-    assert verify.routes_advice(ops, got) == (
+    assert advice.routes_advice(ops, got) == (
         "in eager mode, route only attention_decode, rmsnorm: runtime.patch(model, table, ops={'attention_decode', "
         "'rmsnorm'}) (tuner run/verify --ops attention_decode,rmsnorm); only attention_decode routed: 1.03x eager; only rmsnorm routed: 1.11x eager; only rope routed: "
         "0.91x eager; attention_decode, rmsnorm routed together: 1.18x eager")
     slow_together = got[:3] + [("attention_decode+rmsnorm", 0.99, 1.0)]  # each paid alone, not both
-    assert verify.routes_advice(ops, slow_together).startswith(
+    assert advice.routes_advice(ops, slow_together).startswith(
         "in eager mode, route only rmsnorm: runtime.patch(model, table, ops={'rmsnorm'}) (tuner run/verify --ops "
         "rmsnorm); only attention_decode")
-    assert verify.routes_advice(ops, slow_together).endswith("attention_decode, rmsnorm routed together: 1.01x eager")
-    assert verify.routes_advice(["rope"], [("rope", 1.2, 1.0)]) == (
+    assert advice.routes_advice(ops, slow_together).endswith("attention_decode, rmsnorm routed together: 1.01x eager")
+    assert advice.routes_advice(["rope"], [("rope", 1.2, 1.0)]) == (
         "in eager mode no route paid alone (rope): run the model unpatched in eager mode; only rope routed: 0.83x eager")
 
 
@@ -701,7 +702,7 @@ def test_verify_says_which_ops_to_route_in_eager_mode():
     """From the per-op table (per forward: calls x each side's time alone): the ops whose tuned
     calls take longer than torch's by more than the noise margin, and the `ops=` that keeps the
     rest; nothing when every op pays or ties."""
-    from tuner.model.verify import eager_advice
+    from tuner.model.advice import eager_advice
     rows = [("rmsnorm 16x4096 bf16", 2, 137e-6, 27e-6, 0.0), ("swiglu 16x14336 bf16", 1, 24.9e-6, 24.3e-6, 0.0),
             ("attention_decode 16x32x8x4097x128 bf16", 1, 74.6e-6, 79.4e-6, 0.0)]
     said = eager_advice(rows)
@@ -716,7 +717,7 @@ def test_verify_says_when_no_kernel_for_the_routed_calls_could_reach_torch_compi
     """Routing's ceiling: each call's torch time less its floor (bytes at copy bandwidth), times
     its calls per forward, the route free. Said only when torch.compile's gain over eager in the
     same run is larger; never without a floor for every routed call."""
-    from tuner.model.verify import most_saved, routing_ceiling
+    from tuner.model.advice import most_saved, routing_ceiling
     rows = [("rmsnorm 16x4096 bf16", 2, 67e-6, 27e-6, 80e-6), ("rope 16x32x128 bf16", 1, 59e-6, 12e-6, 47e-6),
             ("swiglu 16x14336 bf16", 0, 14e-6, 11e-6, 0.0)]
     floors = {"rmsnorm 16x4096 bf16": 1e-6, "rope 16x32x128 bf16": 4e-6, "swiglu 16x14336 bf16": 2e-6}

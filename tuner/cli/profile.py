@@ -211,7 +211,7 @@ def cmd_verify(args) -> int:
             total, e2e = sum(r[4] for r in v.ops), med["eager"] - med["patched eager"]
             print(f"    their sum: {fmt_time(abs(total))} {'saved' if total >= 0 else 'lost'} per forward; "
                   f"eager minus patched eager, end to end: {'-' if e2e < 0 else ''}{fmt_time(abs(e2e))}")
-        from tuner.model.verify import most_saved
+        from tuner.model.advice import most_saved
         most = most_saved(list(v.ops), dict(v.floors))
         if most is not None:
             print(f"    at most (each call's bytes at copy bandwidth, its route free): {fmt_time(most)} per forward")
