@@ -105,9 +105,9 @@ class ReplayEvaluator:
 
     def _rng(self, *what):
         """The noise of one evaluation or interleave, drawn from a generator of its own keyed by
-        the seed and what is timed (the trial, the interleave's number): with evaluations in
-        flight on threads, draws from one shared generator would follow the threads' order and
-        the same seed would replay differently from run to run."""
+        the seed and what is timed (the config and trial, the interleave's number): a config's
+        noise does not depend on the order evaluations happen to run in (with threads, a shared
+        generator had made the same seed replay differently from run to run)."""
         import random
         return random.Random(":".join(map(str, (self.seed, *what))))
 
