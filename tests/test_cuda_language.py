@@ -240,7 +240,7 @@ def test_library_configs_compile_for_hopper_without_a_gpu(tmp_path, op, shape, d
     # attention's one or two consumer warpgroups (the second with setmaxnreg).
     picks = configs[:: max(1, len(configs) // 3)][:3]
     for name, value in (("FEED", None), ("LOAD", "hint"), ("EXP", "f16x2"), ("LOAD", "ldlu"), ("FAST_EXP", True),
-                        ("CONSUMERS", None)):
+                        ("CONSUMERS", None), ("STORE", None)):
         values = sorted({c.as_dict().get(name) for c in configs} - {None}, key=str)
         picks += [next(c for c in configs if c.as_dict().get(name) == v) for v in values if value in (None, v)]
     for i, c in enumerate(picks):
@@ -318,20 +318,27 @@ def test_every_choice_of_the_cuda_row_ops_is_right_on_the_gpu(op, fast_settings,
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("op,shape", [("attention", "2x3x512x128"), ("attention_causal", "1x4x384x128"),
-                                      ("attention", "1x2x256x64"), ("attention_causal", "3x2x640x64")])
-def test_every_config_of_the_cuda_attention_is_right_on_the_gpu(fast_settings, tmp_path, op, shape):
-    """Every config of the wgmma attention (key blocks of 64 and 128, one or two consumer
-    warpgroups, each ring depth) at head dims 64 and 128, causal and not, with more key blocks
-    than stages (the ring wraps) and query blocks past the first (the causal band's masks),
-    verified by the Evaluator against torch: none is wrong, none crashes."""
+                                      ("attention_causal", "3x2x640x64")])
+def test_every_choice_of_the_cuda_attention_is_right_on_the_gpu(fast_settings, tmp_path, op, shape):
+    """Every combination of the wgmma attention's structural choices (key blocks of 64 and
+    128, one or two consumer warpgroups, softmax overlapped with p v or not, the consumers'
+    turns, o stored from registers or by the TMA) at two stages, and each deeper ring once,
+    at head dims 64 and 128, causal and not, with more key blocks than stages (the ring wraps)
+    and query blocks past the first (the causal band's masks), verified by the Evaluator
+    against torch: none is wrong, none crashes."""
+    from multiprocessing.pool import ThreadPool
+
     from tuner.exec.evaluate import Evaluator
     ev = Evaluator("cuda", builtin_spec(op, shape, "bf16"), library_skeleton(op, "cuda"),
-                   fast_settings.replace(compile_workers=4), tmp_path / op, options={"language": "cuda"})
+                   fast_settings.replace(compile_workers=8), tmp_path / op, options={"language": "cuda"})
     try:
         ev.start()
         valid = [c for c in ev.skeleton.space.configs() if ev.skeleton.space.check(c, ev.context, ev.limits) is None]
-        assert len(valid) >= 6
-        records = [ev.evaluate(c) for c in valid]
+        configs = [c for c in valid if c.as_dict()["STAGES"] == 2]
+        configs += [next(c for c in valid if c.as_dict()["STAGES"] == n) for n in (3, 4)]
+        assert len(configs) >= 20
+        with ThreadPool(8) as pool:
+            records = pool.map(ev.evaluate, configs)
         bad = [(str(r.config), r.status.value, r.reason[:300]) for r in records if r.status is not Status.OK]
         assert not bad, bad
     finally:
