@@ -317,7 +317,7 @@ def test_every_choice_of_the_cuda_row_ops_is_right_on_the_gpu(op, fast_settings,
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("op,shape", [("attention", "2x3x512x128"), ("attention_causal", "1x4x384x128"),
+@pytest.mark.parametrize("op,shape", [("attention", "2x4x1024x128"), ("attention_causal", "1x4x384x128"),
                                       ("attention_causal", "3x2x640x64")])
 def test_every_choice_of_the_cuda_attention_is_right_on_the_gpu(fast_settings, tmp_path, op, shape):
     """Every combination of the wgmma attention's structural choices (key blocks of 64 and
