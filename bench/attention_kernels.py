@@ -29,12 +29,12 @@ from tuner.core.values import Status  # noqa: E402
 TRITON = [{"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "DESC": True}]
 
 
-def _contenders(language, wants, op_name, spec, op, backend_cls, work, extra=None):
+def _contenders(language, wants, op_name, spec, op, backend_cls, work):
     """(name, launch function, note) for each wanted config of the library's `language`
     skeleton; a config that is not in the space or does not build gets a note instead."""
     skeleton = library_skeleton(op_name, language)
     backend = backend_cls(0, language=language)
-    ctx = {**render_context(op), **backend.render_context(op), **(extra or {})}
+    ctx = {**render_context(op), **backend.render_context(op)}
     if wants is None:
         wants = [c.as_dict() for c in skeleton.space.configs()
                  if skeleton.space.check(c, ctx, backend.limits()) is None]
@@ -65,7 +65,6 @@ def main() -> None:
     ap.add_argument("--shape", default="4x32x4096x128")
     ap.add_argument("--cuda", help="JSON list of CUDA C++ configs (default: every one that fits)")
     ap.add_argument("--triton", help="JSON list of Triton configs", default=json.dumps(TRITON))
-    ap.add_argument("--extra", help="JSON object of template variables (a template's debugging switches)")
     ap.add_argument("--profile", action="store_true", help="run each contender twice, untimed (for ncu)")
     ap.add_argument("--rounds", type=int, default=10)
     args = ap.parse_args()
@@ -73,9 +72,8 @@ def main() -> None:
     spec = builtin_spec(args.op, args.shape, "bf16")
     op = load_op(spec)
     work = Path(tempfile.mkdtemp(prefix="attention_"))
-    extra = json.loads(args.extra) if args.extra else None
     backend, contenders = _contenders("cuda", json.loads(args.cuda) if args.cuda else None, args.op, spec, op,
-                                      CudaBackend, work, extra)
+                                      CudaBackend, work)
     _, tri = _contenders("triton", json.loads(args.triton), args.op, spec, op, CudaBackend, work)
     xs = [backend.to_device(x) for x in op.make_inputs(12345)]
     o = torch.empty_like(xs[0])
