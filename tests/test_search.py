@@ -609,6 +609,29 @@ def test_a_stalled_search_flips_the_switches_of_another_regimes_best():
     assert p._regime_flip(ranked, 0, seen, rng) is None
 
 
+@pytest.mark.parametrize("runner_up", [True, False])
+def test_every_other_global_ask_of_a_stall_walks_near_another_regimes_best(runner_up):
+    """`runner_up`: nine timings since the best, every switch value tried (nothing left to
+    screen), the ask is a stall's second global one: it is one step from the best config of
+    another regime (ORDER 1, timed 7 % slower than the incumbent, far from it), where the
+    model alone looks near the incumbent (the layernorm whose optimum is looped and
+    not persistent, polished at 3.5 % off in the one-pass persistent regime)."""
+    space = replay.synthetic("smooth", 0).space
+    p = GuidedSearch(space, runner_up=runner_up)
+    inc, other = (2, 2, 1, 1, 0, 0), (0, 0, 3, 3, 1, 0)
+    near = [(3, 2, 1, 1, 0, 0), (2, 3, 1, 1, 0, 0), (2, 2, 2, 1, 0, 0), (2, 2, 1, 2, 0, 0), (1, 2, 1, 1, 0, 0),
+            (2, 1, 1, 1, 0, 0), (2, 2, 1, 1, 2, 0), (2, 2, 1, 1, 0, 1)]
+    done = [(inc, -5.0)] + [(n, -4.9) for n in near] + [(other, -4.97)]
+    assert p._stall_ask(done) == 2
+    assert p._runner_up(sorted(done, key=lambda d: d[1]), 0) == other
+    slower = [d if d[0] != other else (other, -4.95) for d in done]  # 12 %: past RUNNER_UP_WITHIN
+    assert p._runner_up(sorted(slower, key=lambda d: d[1]), 0) is None
+    for seed in range(3):
+        got = np.array([p.propose(done, [], np.random.default_rng(seed))])
+        steps = int(p._steps(got, other)[0]), int(p._steps(got, inc)[0])
+        assert (steps[0] == 1) if runner_up else (steps[1] == 1), steps
+
+
 def test_parallel_asks_on_one_history_take_turns_leaving_the_trust_region():
     p = GuidedSearch(replay.synthetic("smooth", 0).space)
     ok = [((0,) * 6, -5.0)] + [((0,) * 6, -4.0)] * 3  # three timings since the best

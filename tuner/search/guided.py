@@ -42,7 +42,8 @@ fewer evaluations. Each ask:
   landscapes have plateaus a few percent off the best with the optimum in another basin
   (grid-recorded rope, attention), where a purely local walk did worse than random search.
   Every other such ask first flips a switch of the best config of another regime, in that
-  regime (`regimes`): the model learns one switch's effect across all regimes.
+  regime (`regimes`): the model learns one switch's effect across all regimes; and every other
+  one of the rest walks the trust region around that regime's best instead (`runner_up`).
   Configs rejected by the space's own formulas (`check`) are never
   proposed. A candidate more likely to fail than not has its expected improvement taken
   from the objective model told the failures as 2x the best, when that is lower: past a
@@ -94,6 +95,7 @@ ENUMERATE_MAX = 4096  # spaces up to this size are scored whole on every ask
 SAMPLE_CANDIDATES = 2048  # else this many random configs plus the best ones' neighbourhoods
 TRAIN_MAX = 256  # the objective model is conditioned on at most this many timings
 FIT_MAX = 64  # and its hyperparameters fitted on at most this many (bounded cost per ask)
+RUNNER_UP_WITHIN = math.log10(1.10)  # `runner_up` walks near another regime's best this close to the best
 
 
 def _logistic(X: np.ndarray, label: np.ndarray, Xc: np.ndarray, l2: float) -> np.ndarray:
@@ -139,6 +141,7 @@ class GuidedOptions:
     screen: int = 6
     off_switch: bool = True
     regimes: bool = True
+    runner_up: bool = True
 
 
 class GuidedSearch:
@@ -176,6 +179,13 @@ class GuidedSearch:
       grid was 1.4x slower in the one-pass kernel and the optimum in the looped one, and the
       search polished the one-pass basin 3.5 % off. As `screen`, only without a prior (False:
       off).
+    * `runner_up`: every other one of the remaining stall asks walks the trust region around
+      the best config of another regime instead of dropping it (the regimes' switch params in
+      turn, as `regimes` takes them; one whose best is at most 10 % slower than the best,
+      `RUNNER_UP_WITHIN`): a regime whose best is a few per cent behind may hold the
+      optimum one or two ordered steps from it (the layernorm above: looped and not persistent
+      at 8.4 % off, the optimum one num_warps step away), which neither a switch flip nor a
+      model trained mostly on the incumbent's regime proposes. Needs `regimes` (False: off).
     * `repair`: (config, keep=()) -> a valid config near it that leaves the params named in
       `keep` as they are, or None (`Space.repair` under the run's sizes and limits). When no
       candidate passes `check`, the best few are repaired instead; and a one-step move from
@@ -395,6 +405,13 @@ class GuidedSearch:
                 flip = self._regime_flip(ranked, (len(ok) + len(pending)) // (2 * self.opt.explore_every), seen, rng)
             if flip is not None:
                 return flip
+        # Every other global ask of a stall walks near the best config of another regime
+        # instead (`runner_up`): its own trust region, as if it were the incumbent.
+        centre = None
+        if ok and stall is not None and stall % 4 == 2 and self.opt.runner_up and self.opt.regimes:
+            centre = self._runner_up(ranked, stall // 4)
+            if centre is not None:
+                good = np.concatenate([enc.flat(np.array([centre])), good])
         completed = np.unique(fixed)
         flat = self._candidates(seen, good, completed, rng)
         if len(flat) == 0:
@@ -448,6 +465,8 @@ class GuidedSearch:
             self.expected_gain = float(1.0 - 10.0 ** -float(score.max())) if len(score) else 0.0
             if stall is None:
                 score = score * self._near(cidx, incumbent, np.isin(flat, completed))
+            elif centre is not None:
+                score = score * self._near(cidx, centre, np.zeros(len(flat), dtype=bool))
         pick = self._pick(flat, score, rng, seen)
         return None if pick is None else tuple(int(v) for v in enc.unflat(np.array([pick]))[0])
 
@@ -478,6 +497,22 @@ class GuidedSearch:
             flip = self._flip(centre, keep, seen, rng) if centre is not None else None
             if flip is not None:
                 return flip
+        return None
+
+    def _runner_up(self, ranked: list, turn: int) -> tuple[int, ...] | None:
+        """The best config of another regime than the incumbent's (see `runner_up`): for each
+        switch param, from the `turn`-th on, the best timed with another value of it (on where
+        the incumbent is 'off', or the reverse); None when every config timed shares the
+        incumbent's regimes."""
+        params = sorted({j for j, _ in self._switches()})
+        inc = ranked[0][0]
+        for k in range(len(params)):
+            j = params[(turn + k) % len(params)]
+            other = (lambda idx: (idx[j] == 0) != (inc[j] == 0)) if self.enc.ordered[j] else \
+                (lambda idx: idx[j] != inc[j])
+            centre = next(((idx, y) for idx, y in ranked[1:] if other(idx)), None)
+            if centre is not None and centre[1] - ranked[0][1] <= RUNNER_UP_WITHIN:
+                return tuple(centre[0])
         return None
 
     def _flip(self, centre: Sequence[int], keep: tuple[int, int | None], seen: np.ndarray,
