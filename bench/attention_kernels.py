@@ -1,6 +1,7 @@
 """Flash attention on one NVIDIA GPU: the library's skeletons at named configs (CUDA C++ and
 Triton) beside torch's scaled_dot_product_attention with each backend it has here (cuDNN,
-flash), timed in one interleave as the tuner times (L2 flushed per call, events, median),
+flash), timed in one interleave as the tuner times (L2 flushed per call, events, median; each round
+starts one contender later, `gpu_bench.interleaved`),
 with each kernel's error against a float32 reference on the same inputs:
 
     python bench/attention_kernels.py [--op attention|attention_causal] [--shape 4x32x4096x128]
@@ -13,13 +14,15 @@ and nothing is timed (for Nsight Compute).
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from gpu_bench import interleaved  # noqa: E402
 
 from tuner.core.ops import builtin_spec, load_op, render_context  # noqa: E402
 from tuner.core.skeleton import library_skeleton  # noqa: E402
@@ -111,15 +114,7 @@ def main() -> None:
         torch.cuda.synchronize()
         print(json.dumps(notes, indent=1))
         return
-    for f in fns.values():
-        for _ in range(2):
-            f()
-    backend.sync()
-    samples = {k: [] for k in fns}
-    for _ in range(args.rounds):
-        for k, f in fns.items():
-            samples[k].extend(backend.time_calls(f, 5))
-    t = {k: statistics.median(v) for k, v in samples.items()}
+    t = interleaved(backend, fns, args.rounds, 5)
     B, H, S, D = (op.sizes[k] for k in "BHSD")
     flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
     best_sdpa = min(v for k, v in t.items() if k.startswith("SDPA"))
