@@ -502,8 +502,8 @@ class GuidedSearch:
     def _runner_up(self, ranked: list, turn: int) -> tuple[int, ...] | None:
         """The best config of another regime than the incumbent's (see `runner_up`): for each
         switch param, from the `turn`-th on, the best timed with another value of it (on where
-        the incumbent is 'off', or the reverse); None when every config timed shares the
-        incumbent's regimes."""
+        the incumbent is 'off', or the reverse), the first such one at most `RUNNER_UP_WITHIN`
+        slower than the incumbent; None when there is none."""
         params = sorted({j for j, _ in self._switches()})
         inc = ranked[0][0]
         for k in range(len(params)):
