@@ -237,7 +237,7 @@ def test_library_configs_compile_for_hopper_without_a_gpu(tmp_path, op, shape, d
     configs = [c for c in sk.space.configs() if sk.space.check(c, ctx, b.limits()) is None]
     # Three spread over the space, and one per value of a param that changes the code's
     # instructions: the matmul's feeds, the L2-hinted loads, the half-precision exponentials,
-    # attention's one or two consumer warpgroups (the second with setmaxnreg).
+    # attention's one or two consumer warpgroups (the second with setmaxnreg) and o's two stores.
     picks = configs[:: max(1, len(configs) // 3)][:3]
     for name, value in (("FEED", None), ("LOAD", "hint"), ("EXP", "f16x2"), ("LOAD", "ldlu"), ("FAST_EXP", True),
                         ("CONSUMERS", None), ("STORE", None)):
