@@ -240,7 +240,7 @@ def test_library_configs_compile_for_hopper_without_a_gpu(tmp_path, op, shape, d
     # attention's one or two consumer warpgroups (the second with setmaxnreg) and o's two stores.
     picks = configs[:: max(1, len(configs) // 3)][:3]
     for name, value in (("FEED", None), ("LOAD", "hint"), ("EXP", "f16x2"), ("LOAD", "ldlu"), ("FAST_EXP", True),
-                        ("CONSUMERS", None), ("STORE", None)):
+                        ("CONSUMERS", None), ("STORE", None), ("PERSISTENT", None)):
         values = sorted({c.as_dict().get(name) for c in configs} - {None}, key=str)
         picks += [next(c for c in configs if c.as_dict().get(name) == v) for v in values if value in (None, v)]
     for i, c in enumerate(picks):
@@ -322,17 +322,20 @@ def test_every_choice_of_the_cuda_row_ops_is_right_on_the_gpu(op, fast_settings,
 def test_every_choice_of_the_cuda_attention_is_right_on_the_gpu(fast_settings, tmp_path, op, shape):
     """Every combination of the wgmma attention's structural choices (key blocks of 64 and
     128, one or two consumer warpgroups, softmax overlapped with p v or not, the consumers'
-    turns, o stored from registers or by the TMA) at two stages, and each deeper ring once,
-    at head dims 64 and 128, causal and not, with more key blocks than stages (the ring wraps)
-    and query blocks past the first (the causal band's masks), verified by the Evaluator
-    against torch: none is wrong, none crashes."""
+    turns, o stored from registers or by the TMA, one block a tile or a persistent grid) at two
+    stages, and each deeper ring once, at head dims 64 and 128, causal and not, with more key
+    blocks than stages (the ring wraps) and query blocks past the first (the causal band's
+    masks), verified by the Evaluator against torch: none is wrong, none crashes. The device is
+    told it has 5 multiprocessors, so that a persistent grid's blocks each walk several tiles
+    (up to 26: the ring and q's two buffers wrap across tiles)."""
     from multiprocessing.pool import ThreadPool
 
     from tuner.exec.evaluate import Evaluator
     ev = Evaluator("cuda", builtin_spec(op, shape, "bf16"), library_skeleton(op, "cuda"),
-                   fast_settings.replace(compile_workers=8), tmp_path / op, options={"language": "cuda"})
+                   fast_settings.replace(compile_workers=8), tmp_path / op, options={"language": "cuda", "cores": 5})
     try:
         ev.start()
+        assert ev.context["CORES"] == 5
         valid = [c for c in ev.skeleton.space.configs() if ev.skeleton.space.check(c, ev.context, ev.limits) is None]
         configs = [c for c in valid if c.as_dict()["STAGES"] == 2]
         configs += [next(c for c in valid if c.as_dict()["STAGES"] == n) for n in (3, 4)]
