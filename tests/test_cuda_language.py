@@ -322,7 +322,8 @@ def test_every_choice_of_the_cuda_row_ops_is_right_on_the_gpu(op, fast_settings,
 def test_every_choice_of_the_cuda_attention_is_right_on_the_gpu(fast_settings, tmp_path, op, shape):
     """Every combination of the wgmma attention's structural choices (key blocks of 64 and
     128, one or two consumer warpgroups, softmax overlapped with p v or not, the consumers'
-    turns, o stored from registers or by the TMA, one block a tile or a persistent grid) at two
+    turns, o stored from registers or by the TMA, one block a tile or a persistent grid; the
+    eager or lazy rescaling alternating over those) at two
     stages, and each deeper ring once, at head dims 64 and 128, causal and not, with more key
     blocks than stages (the ring wraps) and query blocks past the first (the causal band's
     masks), verified by the Evaluator against torch: none is wrong, none crashes. The device is
@@ -339,9 +340,13 @@ def test_every_choice_of_the_cuda_attention_is_right_on_the_gpu(fast_settings, t
         ev.start()
         assert ev.context["CORES"] == 5
         valid = [c for c in ev.skeleton.space.configs() if ev.skeleton.space.check(c, ev.context, ev.limits) is None]
-        configs = [c for c in valid if c.as_dict()["STAGES"] == 2]
+        # RESCALE (the softmax's arithmetic, not its synchronisation) alternates over the
+        # combinations of the others, so that each of its values meets each of theirs.
+        combos = sorted({tuple(sorted((k, v) for k, v in c.as_dict().items() if k != "RESCALE"))
+                         for c in valid if c.as_dict()["STAGES"] == 2})
+        configs = [Config.of({**dict(combo), "RESCALE": ("eager", "lazy")[(i + i // 2) % 2]}) for i, combo in enumerate(combos)]
         configs += [next(c for c in valid if c.as_dict()["STAGES"] == n) for n in (3, 4)]
-        assert len(configs) >= 20
+        assert len(configs) >= 40 and all(c in valid for c in configs)
         with ThreadPool(8) as pool:
             records = pool.map(ev.evaluate, configs)
         bad = [(str(r.config), r.status.value, r.reason[:300]) for r in records if r.status is not Status.OK]
