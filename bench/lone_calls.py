@@ -12,9 +12,13 @@ lone call of its first round) over the timed median, per case and overall.
     python bench/lone_calls.py --backend cuda --dtype bf16          # on a GPU machine
     python bench/lone_calls.py --backend cuda --language cuda --dtype bf16  # the CUDA C++ library
     python bench/lone_calls.py --backend cuda --module k.py --cases matmul:2048x2048x2048
+    python bench/lone_calls.py --backend cuda --language cuda --cases attention:4x8x1024x128 --min-hold-ms 2
 
 `--module`: a launch module (or C source) of one's own instead of the library's configs: what a
 kernel that keeps part of its result between calls gains, to compare with the factor.
+`--min-hold-ms`: the device held busy at least that long before each lone call (a GPU backend's
+`min_hold_s`): whether lone calls read slow because the device idled before them (its clocks)
+rather than because the buffers are new.
 """
 
 import argparse
@@ -42,10 +46,11 @@ CASES = {
              "matmul:4096x4096x4096,matmul:16x14336x4096,attention:4x32x4096x128"),
 }
 # The CUDA C++ library (language cuda) at the same shapes where it has a skeleton: its matmul
-# is the decode one (M <= 16).
+# is the decode one (M <= 16); attention also at a ~40 us shape, where honest configs were seen
+# SUSPECT by the history check.
 CUDA_CPP = ("softmax:8192x8192,softmax:1024x1024,rmsnorm:8192x8192,rmsnorm:256x1024,layernorm:32768x4096,"
             "add_rmsnorm:4096x8192,swiglu:4096x28672,rope:4096x32x128,cross_entropy:4096x32000,"
-            "matmul:16x14336x4096")
+            "matmul:16x14336x4096,attention:4x8x1024x128,attention_causal:4x32x4096x128")
 LANGUAGE = {"cpu": "c", "cuda": "triton"}
 
 
@@ -109,10 +114,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--module", help="a kernel source to measure instead of the library's configs")
     ap.add_argument("--language", default=None, help="cuda backend: triton (default) or cuda (CUDA C++)")
+    ap.add_argument("--min-hold-ms", type=float, default=0.0,
+                    help="cuda backend: hold the device busy at least this long before each lone call")
     a = ap.parse_args()
     dtype = a.dtype or ("fp32" if a.backend == "cpu" else "bf16")
     language = a.language or LANGUAGE[a.backend]
-    options = {"language": language} if a.backend == "cuda" else {}
+    options = {"language": language, "min_hold_s": a.min_hold_ms * 1e-3} if a.backend == "cuda" else {}
     backend, settings = get_backend(a.backend, 0, **options), Settings()
     if hasattr(backend, "bench_env"):  # as the benchmark worker runs
         import os

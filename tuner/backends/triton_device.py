@@ -42,6 +42,10 @@ class TritonDevice(Backend):
         self._single: list = []  # time_call's three events
         self._spin_hz: float | None = None
         self._host_launch_s = 0.0  # the host's recent launch time in time_call
+        # The least time time_call holds the device busy before the start event (0: only what the
+        # host's launch needs). bench/lone_calls.py --min-hold-ms sets it, to tell a device that
+        # reads slow after idling (clocks) from a kernel slow on buffers it has not seen.
+        self.min_hold_s = float(options.get("min_hold_s") or 0.0)
         self.last_call_clean = True  # see time_call
         self._used_device = False  # whether this process has touched the device (a context)
 
@@ -132,7 +136,7 @@ class TritonDevice(Backend):
         mark, start, end = self._single
         stream = dev.current_stream(self.device)
         spin = getattr(dev, "_sleep", None)
-        hold = min(2 * self._host_launch_s, _MAX_HOLD_S) if spin is not None else 0.0
+        hold = max(min(2 * self._host_launch_s, _MAX_HOLD_S), self.min_hold_s) if spin is not None else 0.0
         if before is not None:
             before()  # queued ahead of the flush: its lines leave the cache with the flush's
         t0 = time.perf_counter()
