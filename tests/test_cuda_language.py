@@ -323,10 +323,10 @@ def test_every_choice_of_the_cuda_attention_is_right_on_the_gpu(fast_settings, t
     """Every combination of the wgmma attention's structural choices (key blocks of 64 and
     128, one or two consumer warpgroups, softmax overlapped with p v or not, the consumers'
     turns, o stored from registers or by the TMA, one block a tile or a persistent grid; the
-    eager or lazy rescaling alternating over those) at two
-    stages, and each deeper ring once, at head dims 64 and 128, causal and not, with more key
-    blocks than stages (the ring wraps) and query blocks past the first (the causal band's
-    masks), verified by the Evaluator against torch: none is wrong, none crashes. The device is
+    eager or lazy rescaling alternating over those) at two stages, and each deeper ring once,
+    at head dims 64 and 128, causal and not, with more key blocks than stages (the ring wraps)
+    and query blocks past the first (the causal band's masks), verified by the Evaluator
+    against torch: none is wrong, none crashes. The device is
     told it has 5 multiprocessors, so that a persistent grid's blocks each walk dozens of tiles
     (the ring and q's buffers wrap across tiles); 11 causal heads make two tile groups of 8
     and 3 heads."""
