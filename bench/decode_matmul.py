@@ -9,7 +9,10 @@ what bounds each kernel:
         --section WarpStateStats --section Occupancy --section LaunchStats \
         -k regex:'skinny_mm|nvjet|gemv|gemm|copy' python bench/decode_matmul.py --profile
 
-A config names only the params that differ from the space's default.
+A config names only the params that differ from the space's default. Beside them, the read
+ceiling: a kernel that only reads b's bytes (16-byte loads, UNROLL in flight a thread, a grid of
+BLOCKS a multiprocessor; the fastest of a few shapes is reported), what any kernel that must read
+the weight once can reach on this device.
 """
 
 import argparse
@@ -35,6 +38,76 @@ CONFIGS = [
     {"BN": 32, "KT": 64, "WARPS": 4, "STAGES": 4},
     {"BN": 64, "KT": 32, "WARPS": 4, "STAGES": 4, "SPLIT": 2},
 ]
+
+
+# The read ceiling: every byte of b read once through 16-byte loads that bypass L1, UNROLL of
+# them in flight per thread before any is used; a value that depends on every load is written
+# only if it matches a constant, so nothing is optimised away and c is (almost) never written.
+READ_ALL = r'''
+import tuner.cuda as cuda
+
+SOURCE = r"""
+extern "C" __global__ void read_all(const uint4* __restrict__ p, long long n, unsigned* __restrict__ out)
+{
+    constexpr int U = {unroll};
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned acc = 0;
+    for (; i + (U - 1) * stride < n; i += U * stride) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(v[u].x), "=r"(v[u].y), "=r"(v[u].z), "=r"(v[u].w) : "l"(p + i + u * stride));
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; i < n; i += stride) { const uint4 v = p[i]; acc ^= v.x ^ v.y ^ v.z ^ v.w; }
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
+"""
+
+
+def launch(a, b, c):
+    cuda.launch(SOURCE, "read_all", ({blocks},), ({threads},), b, b.numel() * b.element_size() // 16, c)
+'''
+READ_SHAPES = [(2, 512, 4), (4, 256, 8), (8, 256, 4), (4, 512, 8), (16, 128, 4)]  # blocks / SM, threads, unroll
+
+# The same bytes read as a column-tiled matmul reads them: block (x, y) reads the [K / SPLIT x BN]
+# stripe of b at columns x * BN, rows y * K / SPLIT: what the access pattern alone costs.
+READ_STRIPES = r'''
+import tuner.cuda as cuda
+
+SOURCE = r"""
+extern "C" __global__ void read_stripes(const uint4* __restrict__ p, unsigned* __restrict__ out)
+{
+    constexpr int U = {unroll}, VPR = {bn} * 2 / 16, ROWS = {threads} / VPR, KS = {k} / {split};
+    constexpr long long NV = {n} * 2 / 16;
+    const int c = threadIdx.x % VPR, r = threadIdx.x / VPR;
+    const uint4* base = p + (long long)blockIdx.y * KS * NV + blockIdx.x * VPR + c;
+    unsigned acc = 0;
+    for (int k = r; k < KS; k += ROWS * U) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            v[u] = make_uint4(0, 0, 0, 0);
+            if (k + u * ROWS < KS)
+                asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(v[u].x), "=r"(v[u].y), "=r"(v[u].z), "=r"(v[u].w) : "l"(base + (k + u * ROWS) * NV));
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
+"""
+
+
+def launch(a, b, c):
+    cuda.launch(SOURCE, "read_stripes", ({n} // {bn}, {split}), ({threads},), b, c)
+'''
+STRIPE_SHAPES = [(64, 1, 128, 8), (64, 1, 256, 8), (128, 2, 256, 8), (256, 4, 256, 8), (512, 4, 256, 8),
+                 (1024, 8, 256, 8)]  # BN, SPLIT, threads, unroll
 
 
 def main() -> None:
@@ -75,6 +148,30 @@ def main() -> None:
         notes[name] = f"max |err| {err:.3g}"
         fns[name] = (lambda fn: lambda: fn(*xs, c))(fn)
     fns["cuBLAS (torch.matmul)"] = lambda: torch.matmul(xs[0], xs[1], out=c)
+    cores = torch.cuda.get_device_properties(0).multi_processor_count
+    sink = torch.zeros(4, dtype=torch.int32, device="cuda")
+    for j, (per_sm, threads, unroll) in enumerate(READ_SHAPES):
+        name = f"read ceiling: {per_sm} blocks/SM x {threads} threads, {unroll} loads in flight"
+        source = READ_ALL.replace("{unroll}", str(unroll)).replace("{blocks}", str(per_sm * cores)) \
+            .replace("{threads}", str(threads))
+        build = backend.compile(source, spec, str(work / f"read{j}"), 300.0)
+        if build.status is not Status.OK:
+            notes[name] = f"{build.status.name}: {build.error[:200]}"
+            continue
+        fns[name] = (lambda fn: lambda: fn(xs[0], xs[1], sink))(backend.load(build.artifact, op))
+    K = op.sizes["K"]
+    for j, (bn, split, threads, unroll) in enumerate(STRIPE_SHAPES):
+        if N % bn or K % split:
+            continue
+        name = f"read in stripes: BN {bn}, SPLIT {split} ({N // bn * split} blocks x {threads} threads)"
+        source = READ_STRIPES
+        for key, v in {"unroll": unroll, "bn": bn, "threads": threads, "k": K, "split": split, "n": N}.items():
+            source = source.replace("{" + key + "}", str(v))
+        build = backend.compile(source, spec, str(work / f"stripes{j}"), 300.0)
+        if build.status is not Status.OK:
+            notes[name] = f"{build.status.name}: {build.error[:200]}"
+            continue
+        fns[name] = (lambda fn: lambda: fn(xs[0], xs[1], sink))(backend.load(build.artifact, op))
     half = int(op.bytes // 2)
     src = torch.empty(half, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)

@@ -12,13 +12,13 @@ lone call of its first round) over the timed median, per case and overall.
     python bench/lone_calls.py --backend cuda --dtype bf16          # on a GPU machine
     python bench/lone_calls.py --backend cuda --language cuda --dtype bf16  # the CUDA C++ library
     python bench/lone_calls.py --backend cuda --module k.py --cases matmul:2048x2048x2048
-    python bench/lone_calls.py --backend cuda --language cuda --cases attention:4x8x1024x128 --min-hold-ms 2
+    python bench/lone_calls.py --backend cuda --language cuda --cases attention:4x8x1024x128 --min-hold-ms 0
 
 `--module`: a launch module (or C source) of one's own instead of the library's configs: what a
 kernel that keeps part of its result between calls gains, to compare with the factor.
 `--min-hold-ms`: the device held busy at least that long before each lone call (a GPU backend's
-`min_hold_s`): whether lone calls read slow because the device idled before them (its clocks)
-rather than because the buffers are new.
+`min_hold_s`, 2 ms unless told): 0 shows what lone calls read with only the host's recent launch
+time held (TMA attention: slower, the host's launch on new buffers not covered).
 """
 
 import argparse
@@ -114,12 +114,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--module", help="a kernel source to measure instead of the library's configs")
     ap.add_argument("--language", default=None, help="cuda backend: triton (default) or cuda (CUDA C++)")
-    ap.add_argument("--min-hold-ms", type=float, default=0.0,
-                    help="cuda backend: hold the device busy at least this long before each lone call")
+    ap.add_argument("--min-hold-ms", type=float, default=None,
+                    help="cuda backend: hold the device busy at least this long before each lone call "
+                         "(default: the backend's, 2 ms; 0: only twice the host's recent launch time)")
     a = ap.parse_args()
     dtype = a.dtype or ("fp32" if a.backend == "cpu" else "bf16")
     language = a.language or LANGUAGE[a.backend]
-    options = {"language": language, "min_hold_s": a.min_hold_ms * 1e-3} if a.backend == "cuda" else {}
+    options = {"language": language} if a.backend == "cuda" else {}
+    if a.backend == "cuda" and a.min_hold_ms is not None:
+        options["min_hold_s"] = a.min_hold_ms * 1e-3
     backend, settings = get_backend(a.backend, 0, **options), Settings()
     if hasattr(backend, "bench_env"):  # as the benchmark worker runs
         import os

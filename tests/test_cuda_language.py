@@ -348,13 +348,12 @@ def test_every_choice_of_the_cuda_attention_is_right_on_the_gpu(fast_settings, t
         assert len(configs) >= 40 and all(c in valid for c in configs)
         with ThreadPool(8) as pool:
             records = pool.map(ev.evaluate, configs)
-        # A timing verdict of the history check is not a wrong result: honest configs of these
-        # TMA kernels were seen SUSPECT as "1.6x slower on buffers it had never seen" (one of 48
-        # at 4x8x1024x128 on an H100; the cause is open), so up to two such pass here.
-        timing = [r for r in records if r.status is Status.SUSPECT and "never seen" in r.reason]
-        bad = [(str(r.config), r.status.value, r.reason) for r in records if r.status is not Status.OK and r not in timing]
+        # Every config is honest, so none may be judged SUSPECT either: before the backend's
+        # least hold ahead of a lone call (`_MIN_HOLD_S`), one of 48 here read "1.6x slower on
+        # buffers it had never seen" (the host's launch on new buffers, TMA descriptors encoded
+        # for new addresses, outlasted the hold while the device idled).
+        bad = [(str(r.config), r.status.value, r.reason) for r in records if r.status is not Status.OK]
         assert not bad, bad
-        assert len(timing) <= 2, [(str(r.config), r.reason) for r in timing]
     finally:
         ev.close()
 

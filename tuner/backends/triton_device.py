@@ -27,6 +27,13 @@ from tuner.backends.triton_source import load_module, use_cache
 
 _LAUNCH_LATENCY_S = 10e-6    # from the host's launch to the device able to start the kernel
 _MAX_HOLD_S = 5e-3           # the most time_call holds the device for a slow host
+# The least time_call holds the device before a lone call. The host's recent launch time does
+# not bound this one's: a launch on buffers never seen before does host work the calls before
+# it skipped (TMA descriptors encoded for new addresses), and a device that idled meanwhile
+# runs the call at lower clocks. Honest CUDA C++ attention configs (tensor maps for q, k, v) read
+# 1.1-1.25x slower in their lone calls, every one of them `last_call_clean` false, with the
+# adaptive hold alone, and 0.97-1.01x with 2 ms (H100, bench/lone_calls.py, bench/RESULTS.md).
+_MIN_HOLD_S = 2e-3
 
 
 class TritonDevice(Backend):
@@ -42,10 +49,11 @@ class TritonDevice(Backend):
         self._single: list = []  # time_call's three events
         self._spin_hz: float | None = None
         self._host_launch_s = 0.0  # the host's recent launch time in time_call
-        # The least time time_call holds the device busy before the start event (0: only what the
-        # host's launch needs). bench/lone_calls.py --min-hold-ms sets it, to tell a device that
-        # reads slow after idling (clocks) from a kernel slow on buffers it has not seen.
-        self.min_hold_s = float(options.get("min_hold_s") or 0.0)
+        # The least time time_call holds the device busy before the start event (`_MIN_HOLD_S`
+        # unless told; 0: only twice the host's recent launch time). bench/lone_calls.py
+        # --min-hold-ms sets it.
+        hold = options.get("min_hold_s")
+        self.min_hold_s = _MIN_HOLD_S if hold is None else float(hold)
         self.last_call_clean = True  # see time_call
         self._used_device = False  # whether this process has touched the device (a context)
 
@@ -122,8 +130,8 @@ class TritonDevice(Backend):
         compile processes preempt it, a launch path that runs cold after a wait), the device
         idles between the start event and the kernel, and a 5 us kernel reads 30-60 us; that
         made honest short kernels fail the history check (`history.check_history`). So the device
-        is held busy after the flush for twice the host's recent launch time (a spin kernel,
-        where the device module has one), and `last_call_clean` says whether the host's launch
+        is held busy after the flush for twice the host's recent launch time and at least
+        `min_hold_s` (a spin kernel, where the device module has one), and `last_call_clean` says whether the host's launch
         time stayed under what the device had ahead of the start event, which bounds any wait
         inside the pair. Never a second call here: a call made again on the same buffers is
         one a kernel could answer from what it kept of the first."""
@@ -162,14 +170,19 @@ class TritonDevice(Backend):
         return self._flush_buf
 
     def _spin_rate(self, dev, stream) -> float:
-        """Cycles per second of the device module's spin kernel (`_sleep(cycles)`), measured once."""
+        """Cycles per second of the device module's spin kernel (`_sleep(cycles)`), measured once:
+        the fastest of three spins back to back, so that a device still at idle clocks for the
+        first does not make every later hold shorter than asked (too fast a rate only holds longer)."""
         if self._spin_hz is None:
-            a, b = dev.Event(enable_timing=True), dev.Event(enable_timing=True)
-            a.record(stream)
-            dev._sleep(1_000_000)
-            b.record(stream)
-            b.synchronize()
-            self._spin_hz = 1_000_000 / max(a.elapsed_time(b) * 1e-3, 1e-6)
+            rates = []
+            for _ in range(3):
+                a, b = dev.Event(enable_timing=True), dev.Event(enable_timing=True)
+                a.record(stream)
+                dev._sleep(1_000_000)
+                b.record(stream)
+                b.synchronize()
+                rates.append(1_000_000 / max(a.elapsed_time(b) * 1e-3, 1e-6))
+            self._spin_hz = max(rates)
         return self._spin_hz
 
     def time_calls(self, fn: Callable[[], None], n: int,
