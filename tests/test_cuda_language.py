@@ -240,7 +240,7 @@ def test_library_configs_compile_for_hopper_without_a_gpu(tmp_path, op, shape, d
     # attention's one or two consumer warpgroups (the second with setmaxnreg) and o's two stores.
     picks = configs[:: max(1, len(configs) // 3)][:3]
     for name, value in (("FEED", None), ("LOAD", "hint"), ("EXP", "f16x2"), ("LOAD", "ldlu"), ("FAST_EXP", True),
-                        ("CONSUMERS", None), ("STORE", None), ("PERSISTENT", None)):
+                        ("CONSUMERS", None), ("STORE", None), ("PERSISTENT", None), ("REDUCE", None)):
         values = sorted({c.as_dict().get(name) for c in configs} - {None}, key=str)
         picks += [next(c for c in configs if c.as_dict().get(name) == v) for v in values if value in (None, v)]
     for i, c in enumerate(picks):
@@ -376,7 +376,7 @@ def test_cuda_cpp_kernels_tune_verify_and_win_through_the_harness(fast_settings,
 @pytest.mark.parametrize("shape,dtype", [("16x14336x4096", "bf16"), ("5x1024x512", "fp16"), ("1x2048x1024", "bf16")])
 def test_every_feed_of_the_cuda_matmul_computes_the_product_call_after_call(tmp_path, shape, dtype):
     """Configs of each feed (the per-warp cp.async ring; the TMA ring with its swizzled boxes
-    and mbarriers), one per column-block width, against torch in float64 at M = 16 and M < 16
+    and mbarriers), one per column-block width, one per split reduced in a cluster, against torch in float64 at M = 16 and M < 16
     (a's rows past M read as zeros), and the two configs a race was seen in, 24 calls each on two
     input sets: a race between a stage's readers and its next copy shows in some calls only (it
     did: whole blocks wrong in most calls at BN 32 before the proxy fence)."""
@@ -404,7 +404,14 @@ def test_every_feed_of_the_cuda_matmul_computes_the_product_call_after_call(tmp_
             d = c.as_dict()
             if d["FEED"] == feed and d["STAGES"] >= 3:
                 by_width.setdefault((d["BN"], d["SPLIT"] > 1), c)
-        picks = list(by_width.values())[:6] + [c for c in raced if feed == "tma" and c in configs]
+        # And a cluster-reduced config at each split: the blocks of a cluster sum each other's
+        # partials through distributed shared memory.
+        clustered = {}
+        for c in configs:
+            d = c.as_dict()
+            if d["FEED"] == feed and d.get("REDUCE") == "cluster":
+                clustered.setdefault(d["SPLIT"], c)
+        picks = list(by_width.values())[:6] + list(clustered.values()) + [c for c in raced if feed == "tma" and c in configs]
         for i, c in enumerate(picks):
             build = b.compile(sk.render(c, ctx), spec, str(tmp_path / f"{feed}{i}"), 300)
             assert build.status is Status.OK, (c, build.error)
