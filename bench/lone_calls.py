@@ -130,7 +130,9 @@ def main() -> None:
     lone = watch_lone_calls(backend)
     rng = random.Random(a.seed)
     ratios: list[float] = []
-    print(f"{a.backend} ({backend.device_info(peaks=False).name}), {language}, {dtype}\n")
+    hold = getattr(backend, "min_hold_s", None)
+    print(f"{a.backend} ({backend.device_info(peaks=False).name}), {language}, {dtype}"
+          + (f", lone calls held >= {hold * 1e3:g} ms" if hold is not None else "") + "\n")
     print("| case | config | median | lone calls (clean) | check's figure / median |\n|---|---|---|---|---|")
     default_cases = CUDA_CPP if language == "cuda" else CASES[a.backend]
     for case in (a.cases or default_cases).split(","):
