@@ -12,7 +12,8 @@ what bounds each kernel:
 A config names only the params that differ from the space's default. Beside them, the read
 ceiling: a kernel that only reads b's bytes (16-byte loads, UNROLL in flight a thread, a grid of
 BLOCKS a multiprocessor; the fastest of a few shapes is reported), what any kernel that must read
-the weight once can reach on this device.
+the weight once can reach on this device; and the same bytes read in the column stripes a tiled
+matmul reads (what the access pattern alone costs).
 """
 
 import argparse
@@ -110,6 +111,13 @@ STRIPE_SHAPES = [(64, 1, 128, 8), (64, 1, 256, 8), (128, 2, 256, 8), (256, 4, 25
                  (1024, 8, 256, 8)]  # BN, SPLIT, threads, unroll
 
 
+def fill(template: str, **values) -> str:
+    """A reader's launch module: each {name} of the template replaced by its value."""
+    for k, v in values.items():
+        template = template.replace("{" + k + "}", str(v))
+    return template
+
+
 def main() -> None:
     import torch
 
@@ -150,24 +158,16 @@ def main() -> None:
     fns["cuBLAS (torch.matmul)"] = lambda: torch.matmul(xs[0], xs[1], out=c)
     cores = torch.cuda.get_device_properties(0).multi_processor_count
     sink = torch.zeros(4, dtype=torch.int32, device="cuda")
-    for j, (per_sm, threads, unroll) in enumerate(READ_SHAPES):
-        name = f"read ceiling: {per_sm} blocks/SM x {threads} threads, {unroll} loads in flight"
-        source = READ_ALL.replace("{unroll}", str(unroll)).replace("{blocks}", str(per_sm * cores)) \
-            .replace("{threads}", str(threads))
-        build = backend.compile(source, spec, str(work / f"read{j}"), 300.0)
-        if build.status is not Status.OK:
-            notes[name] = f"{build.status.name}: {build.error[:200]}"
-            continue
-        fns[name] = (lambda fn: lambda: fn(xs[0], xs[1], sink))(backend.load(build.artifact, op))
     K = op.sizes["K"]
-    for j, (bn, split, threads, unroll) in enumerate(STRIPE_SHAPES):
-        if N % bn or K % split:
-            continue
-        name = f"read in stripes: BN {bn}, SPLIT {split} ({N // bn * split} blocks x {threads} threads)"
-        source = READ_STRIPES
-        for key, v in {"unroll": unroll, "bn": bn, "threads": threads, "k": K, "split": split, "n": N}.items():
-            source = source.replace("{" + key + "}", str(v))
-        build = backend.compile(source, spec, str(work / f"stripes{j}"), 300.0)
+    readers = [(f"read ceiling: {per_sm} blocks/SM x {threads} threads, {unroll} loads in flight",
+                fill(READ_ALL, unroll=unroll, blocks=per_sm * cores, threads=threads))
+               for per_sm, threads, unroll in READ_SHAPES]
+    readers += [(f"read in stripes: BN {bn}, SPLIT {split} ({N // bn * split} blocks x {threads} threads)",
+                 fill(READ_STRIPES, unroll=unroll, bn=bn, threads=threads, k=K, split=split, n=N))
+                for bn, split, threads, unroll in STRIPE_SHAPES
+                if N % bn == 0 and K % split == 0 and bn * 2 // 16 <= threads]  # a whole row's chunks a pass
+    for j, (name, source) in enumerate(readers):
+        build = backend.compile(source, spec, str(work / f"read{j}"), 300.0)
         if build.status is not Status.OK:
             notes[name] = f"{build.status.name}: {build.error[:200]}"
             continue
