@@ -79,7 +79,7 @@ def test_encoding_reads_a_0_before_a_geometric_run_as_an_off_switch():
     near = {enc.config(i)["P"] for i in enc.unflat(prop._neighbours(enc.flat(np.array([at8]))))}
     assert 0 in near and 1 not in near
     off = enc.index(Config.of({"P": 0, "Q": 2, "R": 2}))
-    assert prop._cliffs_as_failures([(at8, -4.0), (off, -3.5)])[1] == (off, None)
+    assert prop.failures.cliffs_as_failures([(at8, -4.0), (off, -3.5)])[1] == (off, None)
 
 
 def test_guided_is_the_default_and_every_sampler_is_known():
@@ -571,7 +571,7 @@ def test_the_neighbours_of_a_config_that_worked_are_not_written_off():
     near = np.array([p.enc.index(dict(best, **m)) for m in
                      ({"ROWS": 1}, {"num_warps": 8}, {"num_stages": 2}, {"EVICT_FIRST": False})])
     hard = [i for i, y in done if y is None]
-    p_ok = p._feasibility(near, p.enc.features(near), p._cliffs_as_failures(done), hard)
+    p_ok = p.failures.p_works(near, p.enc.features(near), p.failures.cliffs_as_failures(done), hard, p._ls)
     assert (p_ok >= 0.5).all(), p_ok
 
 

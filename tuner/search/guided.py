@@ -11,7 +11,7 @@ fewer evaluations. Each ask:
   marginal likelihood) on log10(seconds), so a 2x difference counts the same anywhere; times
   more than 2x the best so far are clipped there, so that the model spends itself on the
   fast region, not on explaining why the worst config is 50x slow.
-* **Failures and cliffs.** A failed config (resources exceeded, compile error, crash, wrong
+* **Failures and cliffs** (`tuner.search.failures`). A failed config (resources exceeded, compile error, crash, wrong
   answer) and a config past a *cliff* (more than 2.5x slower than an adjacent evaluated one:
   spilled registers, collapsed occupancy -- a different regime, not a slope) feed a model of
   where configs fail: a kernel smoother (failures make their neighbourhood suspect), a
@@ -88,7 +88,8 @@ import numpy as np
 from tuner.core.space import Space
 from tuner.core.values import Config
 from tuner.search.encoding import Encoding
-from tuner.search.gp import CHUNK, GP, expected_improvement, matern, sqdist
+from tuner.search.failures import FailureModel
+from tuner.search.gp import GP, expected_improvement, sqdist
 from tuner.search.prior import Prior
 
 ENUMERATE_MAX = 4096  # spaces up to this size are scored whole on every ask
@@ -97,30 +98,6 @@ TRAIN_MAX = 256  # the objective model is conditioned on at most this many timin
 FIT_MAX = 64  # and its hyperparameters fitted on at most this many (bounded cost per ask)
 RUNNER_UP_WITHIN = math.log10(1.10)  # `runner_up` walks near another regime's best this close to the best
 
-
-def _logistic(X: np.ndarray, label: np.ndarray, Xc: np.ndarray, l2: float) -> np.ndarray:
-    """P(failure) at Xc from an L2-regularised logistic regression on (X, label), by Newton steps.
-    Resource limits are roughly linear boundaries in log-sized params (bytes grow as a product
-    of tile sizes and stages), which is what this can learn from a few failures, and it learns
-    which params do not matter (warps, say, for shared memory)."""
-    A = np.hstack([X, np.ones((len(X), 1))])
-    w = np.zeros(A.shape[1])
-    w[-1] = math.log((label.sum() + 0.5) / (len(label) - label.sum() + 0.5))
-    reg = np.full(A.shape[1], l2)
-    reg[-1] = 1e-3
-    for _ in range(25):
-        p = 1.0 / (1.0 + np.exp(-np.clip(A @ w, -30, 30)))
-        g = A.T @ (p - label) + reg * w
-        H = (A * (p * (1 - p))[:, None]).T @ A + np.diag(reg)
-        step = np.linalg.solve(H, g)
-        w -= step
-        if np.abs(step).max() < 1e-6:
-            break
-    Ac = np.hstack([Xc, np.ones((len(Xc), 1))])
-    return 1.0 / (1.0 + np.exp(-np.clip(Ac @ w, -30, 30)))
-
-
-# ---- the search --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class GuidedOptions:
@@ -163,7 +140,7 @@ class GuidedSearch:
     * `classifier`: L2 weight of the logistic failure model (None: only the kernel smoother);
       weak, so that a boundary the history separates cleanly is learned sharply. It says at
       most P(fail) 0.5 next to a config that worked with no failure next to it.
-    * `dominance`: extend hard failures to every config at least as large (see `_feasibility`).
+    * `dominance`: extend hard failures to every config at least as large (see `tuner.search.failures`).
     * `impute`: for candidates with P(works) < 0.5, expected improvement is also taken from
       the objective model told the hard failures as this factor slower than the best, and
       the lower figure counts (see `_improvement`); None: off. Failures are not told to the
@@ -220,6 +197,7 @@ class GuidedSearch:
         """`options`: the knobs of `GuidedOptions` by name (a name it lacks is a TypeError)."""
         self.opt = GuidedOptions(**options)
         self.enc = Encoding(space, self.opt.off_switch)
+        self.failures = FailureModel(self.enc, self.opt.cliff, self.opt.classifier, self.opt.dominance)
         self.check = check
         self.repair = repair
         # After an ask that used the model: the largest expected improvement among the configs
@@ -380,7 +358,7 @@ class GuidedSearch:
         enc = self.enc
         hard = [i for i, y in done if y is None]
         if self.opt.cliff:
-            done = self._cliffs_as_failures(done)
+            done = self.failures.cliffs_as_failures(done)
         seen_idx = [d[0] for d in done] + list(pending)
         seen = enc.flat(np.array(seen_idx)) if seen_idx else np.zeros(0, dtype=np.int64)
         ok = [(i, y) for i, y in done if y is not None]
@@ -421,7 +399,7 @@ class GuidedSearch:
             pick = self._pick(flat, np.zeros(len(flat)), rng, seen)
             return None if pick is None else tuple(int(v) for v in enc.unflat(np.array([pick]))[0])
         Xc = enc.features(cidx)
-        p_ok = self._feasibility(cidx, Xc, done, hard)
+        p_ok = self.failures.p_works(cidx, Xc, done, hard, self._ls)
         if not ok:  # nothing timed yet: spread out, away from what failed
             score = self._spread(Xc, enc.features(np.array(seen_idx)) if seen_idx else None, rng) * p_ok
         elif len(ok) < self.opt.n_startup:
@@ -642,30 +620,6 @@ class GuidedSearch:
         steps = np.where(completed, 1, self._steps(cidx, incumbent))
         return self.opt.decay ** np.maximum(steps - 1, 0)
 
-    def _cliffs_as_failures(self, done):
-        """A config far slower than an adjacent one (one param, one step apart) sits past a
-        cliff (spilled registers, collapsed occupancy): a different regime that a smooth model
-        should not average in. It is modelled as a failure instead."""
-        ok = [(k, np.array(i), y) for k, (i, y) in enumerate(done) if y is not None]
-        if len(ok) < 2:
-            return done
-        A = np.array([i for _, i, _ in ok])
-        y = np.array([v for _, _, v in ok])
-        diff = np.zeros((len(A), len(A)), dtype=np.int64)
-        step = np.zeros((len(A), len(A)), dtype=np.int64)
-        for j in range(A.shape[1]):
-            d = self.enc.step(j, A[:, None, j], A[None, :, j])
-            diff += d > 0
-            step = np.maximum(step, d)
-        adjacent = (diff == 1) & (step == 1)
-        lowest = np.where(adjacent, y[None, :], np.inf).min(1)
-        cut = math.log10(self.opt.cliff)
-        out = list(done)
-        for n, (k, _, v) in enumerate(ok):
-            if v - lowest[n] > cut:
-                out[k] = (done[k][0], None)
-        return out
-
     def _spread(self, Xc: np.ndarray, Xs: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
         """Far from what was seen, but not pinned to the corners (maximin in a random subset)."""
         noise = rng.random(len(Xc))
@@ -674,82 +628,6 @@ class GuidedSearch:
         d = np.sqrt(sqdist(Xc, Xs, np.ones(Xc.shape[1]))).min(1)
         keep = noise < min(1.0, 64.0 / len(Xc))
         return np.where(keep, 1.0 + d, noise * 1e-3)
-
-    def _feasibility(self, cidx: np.ndarray, Xc: np.ndarray,
-                     done: list[tuple[tuple[int, ...], float | None]], hard: list) -> np.ndarray:
-        """P(a candidate works), from everything that failed (cliffs included):
-
-        * a kernel smoother over failures and successes, with the objective model's length
-          scales (capped) -- failures make their neighbourhood suspect;
-        * a logistic regression on the features (`classifier`) -- a resource limit is close to
-          a linear boundary in log-sized params, and the fit learns which params do not matter;
-          at most P(fail) 0.5 next to a config that worked with no failure next to it;
-        * dominance (`dominance`, real failures only, not cliffs): a config at least as large
-          as a failed one in every ordered param, with the same choices, probably fails too
-          (bytes and registers grow with sizes); trusted as far as the history bears it out.
-        """
-        label = np.array([1.0 if y is None else 0.0 for _, y in done])
-        if not label.any():
-            return np.ones(len(cidx))
-        X_all = self.enc.features(np.array([i for i, _ in done]))
-        ls = self._ls if self._ls is not None and len(self._ls) == self.enc.dim else np.full(self.enc.dim, 0.3)
-        prior = (label.sum() + 1.0) / (len(label) + 2.0)
-        p_fail = np.empty(len(Xc))
-        for lo in range(0, len(Xc), CHUNK):
-            w = matern(np.sqrt(sqdist(Xc[lo:lo + CHUNK], X_all, np.minimum(ls, 0.5))))
-            p_fail[lo:lo + CHUNK] = (w @ label + 0.5 * prior) / (w.sum(1) + 0.5)
-        if self.opt.classifier:
-            p_log = _logistic(X_all, label, Xc, self.opt.classifier)
-            # A boundary that the fit draws between a config that worked and its neighbour is
-            # a guess one evaluation settles, not a near-certain failure: a nearly separable
-            # history makes the fit sharp (recorded softmax: ONLINE=False failed at BLOCK_N
-            # 1024, worked at 4096, and the fit put every neighbour of the 4096 one, the
-            # optimum's region, at P(works) ~0; 11 of 40 seeds took over 100 evaluations).
-            # Unless a failure is next to it as well: along a wall that the history has found,
-            # every config that worked has a neighbour across it.
-            worked = np.array([i for i, y in done if y is not None])
-            failed = np.array([i for i, y in done if y is None])
-            sure = np.flatnonzero(p_log > 0.5)
-            if len(sure) and len(worked):
-                guess = self._adjacent(cidx[sure], worked)
-                if len(failed):
-                    guess &= ~self._adjacent(cidx[sure], failed)
-                p_log[sure[guess]] = 0.5
-            p_fail = np.maximum(p_fail, p_log)
-        if self.opt.dominance and hard:
-            dom = self._dominates(cidx, np.array(hard))
-            if dom.any():
-                p_fail = np.where(dom, np.maximum(p_fail, self._dominance_trust(done, hard)), p_fail)
-        return np.clip(1.0 - p_fail, 0.0, 1.0)
-
-    def _adjacent(self, cidx: np.ndarray, others: np.ndarray) -> np.ndarray:
-        """Whether each of `cidx` is at most one step (`Encoding.step`) from one of `others`."""
-        steps = sum(self.enc.step(j, cidx[:, None, j], others[None, :, j]) for j in range(cidx.shape[1]))
-        return (steps <= 1).any(1)
-
-    def _dominates(self, cidx: np.ndarray, fails: np.ndarray) -> np.ndarray:
-        o = self.enc.ordered
-        out = np.zeros(len(cidx), dtype=bool)
-        for f in fails:
-            ge = (cidx[:, o] >= f[o]).all(1)
-            if self.opt.dominance == "same-choices" and (~o).any():
-                ge &= (cidx[:, ~o] == f[~o]).all(1)
-            out |= ge
-        return out
-
-    def _dominance_trust(self, done, hard: list) -> float:
-        """How often a config that dominated an earlier failure failed too (smoothed)."""
-        A = np.array([i for i, _ in done])
-        hard_keys = {tuple(h) for h in hard}
-        failed = np.array([tuple(i) in hard_keys for i, _ in done])
-        o = self.enc.ordered
-        ge = (A[:, None, o] >= A[None, :, o]).all(-1)
-        if self.opt.dominance == "same-choices" and (~o).any():
-            ge &= (A[:, None, ~o] == A[None, :, ~o]).all(-1)
-        earlier = np.tril(np.ones((len(A), len(A)), dtype=bool), -1)
-        dom = (ge & earlier & failed[None, :]).any(1)
-        hits, total = int((dom & failed).sum()), int(dom.sum())
-        return (hits + 4.0) / (total + 5.0)  # a prior of 4 in 5 before any evidence
 
     # -- what the Optuna sampler (tuner.search.guided_sampler) asks of the search --
 
@@ -767,5 +645,6 @@ class GuidedSearch:
     def p_works(self, idx: Sequence[int], done: list[tuple[tuple[int, ...], float | None]]) -> float:
         """The failure model's P(works) for the config `idx`, given `done` as `propose` takes it."""
         one = np.array([idx], dtype=np.int64)
-        told = self._cliffs_as_failures(done) if self.opt.cliff else done
-        return float(self._feasibility(one, self.enc.features(one), told, [i for i, y in done if y is None])[0])
+        told = self.failures.cliffs_as_failures(done)
+        return float(self.failures.p_works(one, self.enc.features(one), told, [i for i, y in done if y is None],
+                                           self._ls)[0])
