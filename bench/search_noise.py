@@ -4,9 +4,9 @@ Every recorded landscape (bench/landscapes/: the library's skeletons on an H200,
 each param's middle value; the landscape JSONs' shapes) is replayed through the real
 `tune.run_search` loop with timings drawn around the recorded ones (`tuner.offline.replay.Noise`:
 a drift factor per evaluation, per-call jitter and stalls; assumed, since the landscapes hold
-one median per config), then a winner is named as `tune.pick_winner` names it: finalists
+one median per config), then a winner is named as `winner.pick_winner` names it: finalists
 re-timed in one interleave. Two naming rules side by side: the fastest three (the rule before
-`tune.finalists`) and `tune.finalists` (the three fastest plus every other within 5 % or the
+`winner.finalists`) and `winner.finalists` (the three fastest plus every other within 5 % or the
 medians' standard errors, up to 8). Per landscape, strategy and rule over N seeds: the share
 of seeds whose named winner is truly within 3 % and 1 % of the landscape's optimum, the
 median and worst true gap of the named winner, the median and p90 evaluations until a config

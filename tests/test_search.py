@@ -712,9 +712,9 @@ def test_a_faster_config_that_drift_made_look_slower_is_timed_against_the_incumb
     best. Told its own median unless it timed faster than the incumbent (anchor margin 0), a
     config drawn a few per cent slow by its evaluation's drift was written off for good, and the
     search named one within 3 % of the best in 10 of these 12 seeds; re-timed against the
-    incumbent up to twice the measured drift slower (`tune.ANCHOR_DRIFT`, what `tuner tune`
+    incumbent up to twice the measured drift slower (`winner.ANCHOR_DRIFT`, what `tuner tune`
     uses on a device), in 12."""
-    from tuner.run.tune import ANCHOR_DRIFT
+    from tuner.run.winner import ANCHOR_DRIFT
     land = _middle_start(landscapes.load_cached(ROOT / "bench" / "landscapes" / "rmsnorm_cuda-8192x8192-bf16-h100"))
     noise = replay.Noise.parse("0.03,0.01")
     with warnings.catch_warnings():

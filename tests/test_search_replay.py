@@ -232,7 +232,7 @@ def test_finalists_are_the_fastest_three_and_every_other_within_the_noise():
     """The winner is named from an interleave of the finalists: the three fastest kernels (one
     per binary), every other within 5 % of the best or within the medians' own standard
     errors, at most eight."""
-    from tuner.run.tune import finalists
+    from tuner.run.winner import finalists
     recs = [_ok({"i": i}, (1.0 + 0.01 * i,) * 5, f"b{i}") for i in range(12)]  # 1 %, 2 % ... slower
     recs.append(_ok({"i": 99}, (1.0,) * 5, "b0"))  # the same binary as the best: not timed twice
     assert [r.config.as_dict()["i"] for r in finalists(recs)] == [0, 1, 2, 3, 4, 5]  # within 5 %
@@ -297,12 +297,13 @@ def test_a_new_best_is_timed_against_the_incumbent_before_the_search_walks_on():
 
 
 def test_the_anchor_margin_follows_the_drift_the_anchors_measured():
-    """`tune.drift_margin`: 6 % before anything is measured; after a search on a quiet device
+    """`winner.drift_margin`: 6 % before anything is measured; after a search on a quiet device
     (drift 0.3 %) its anchors pull it down, on a noisy one (8 %) up towards the 10 % bound (the
     anchored configs are those whose drift kept them near the incumbent, so the spread they
     measure runs low: the median over seeds is held, not each seed); a few anchors move it
     less than many (pooled with the assumed 3 % drift)."""
-    from tuner.run.tune import ANCHOR_DRIFT, DRIFT_MARGIN, drift_margin, run_search
+    from tuner.run.tune import run_search
+    from tuner.run.winner import ANCHOR_DRIFT, DRIFT_MARGIN, drift_margin
     from tuner.search.searcher import prepare_searcher
     assert drift_margin([]) == pytest.approx(0.06)
     land = replay.synthetic("smooth", 1)

@@ -46,7 +46,7 @@ class Settings:
     retime_margin: float = 0.05
     retime_max: int = 8
     # During the search, a config timed faster than the incumbent, or slower by less than twice
-    # the drift the search has measured between evaluations (`tune.drift_margin`: 6 % until
+    # the drift the search has measured between evaluations (`winner.drift_margin`: 6 % until
     # measured, 1-10 %), is timed again with it in one interleave, and the search is told the
     # incumbent's figure times their ratio there (see `tune.run_search`): a new best that was
     # only drift does not become where it walks on from, and a faster config that drift made

@@ -209,8 +209,8 @@ class SimulatedFlight(Flight):
 class Trace:
     """One replayed search: the evaluated configs' recorded (true) times in order (inf for a
     failure), and the winner it named (`named`, its true time `named_s`): the search's best
-    without noise; with noise, the fastest of `tune.finalists` re-timed in one interleave, as
-    `tune.pick_winner` names it."""
+    without noise; with noise, the fastest of `winner.finalists` re-timed in one interleave, as
+    `winner.pick_winner` names it."""
 
     times: list[float]
     best_s: float
@@ -250,13 +250,13 @@ def replay_search(landscape: Landscape, sampler: str = "guided", seed: int = 0, 
                   parallel: int = 1, noise: Noise | None = None, finalists: tuple[int, int, float] = (3, 8, 0.05),
                   anchor_margin: float | str | None = None, **searcher_options) -> Trace:
     """Run `tune.run_search` with a fresh Searcher against the landscape, as `tune.execute`
-    would (the space's default first, then `seeds`), then name the winner as `tune.pick_winner`
+    would (the space's default first, then `seeds`), then name the winner as `winner.pick_winner`
     does (`finalists`: its at_least, at_most, margin). `stop_within`: stop at the first config
     truly within that fraction of the optimum (the budget still caps it). `noise`: timings
     drawn around the recorded ones (`Noise`), seeded by `seed`. `anchor_margin`: as
     `tune.run_search` takes it. `parallel` evaluations in flight run in simulated time
     (`SimulatedFlight`): the same seed replays the same search."""
-    from tuner.run.tune import finalists as pick_finalists
+    from tuner.run.winner import finalists as pick_finalists
     t0 = time.monotonic()
     ev = ReplayEvaluator(landscape, noise=noise, seed=seed)
     searcher = prepare_searcher(landscape.space, sampler, seed, ev.check, ev.context, ev.limits, seeds,
