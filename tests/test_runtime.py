@@ -274,7 +274,7 @@ def test_a_buffer_that_starts_off_alignment_is_handed_to_the_kernel_aligned(expo
     """The harness hands a kernel buffers as aligned as an allocation, and a kernel may rely on
     it (16-byte loads, TMA, Triton's specialization): a contiguous input or out= that starts at
     an odd offset (a flat view) is served through an aligned copy, with the right result."""
-    from tuner.serve import runtime
+    from tuner.serve import kernel as runtime
     t = Table.load(exported / "tuning.json", backend="cpu", cache_dir=cache_dir, serve_slower=True)
     k = t.kernel("softmax", {"M": 16, "N": 64}, "fp32")
     handed = []
@@ -1074,7 +1074,7 @@ def test_a_borrowed_config_is_checked_on_inputs_it_cannot_know_in_advance():
     check passes an honest kernel."""
     from tuner.backends.null import NullBackend
     from tuner.core.ops import load_op
-    from tuner.serve.runtime import Kernel, verified_here
+    from tuner.serve.kernel import Kernel, verified_here
     op = load_op(builtin_spec("softmax", "32x64"))
     known = {seed: op.make_inputs(seed)[0] for seed in (1, 42, 12345)}  # seeds a check might fix
 

@@ -1,5 +1,5 @@
 """A served kernel's launches on a GPU replayed as CUDA graphs (`LaunchGraphs`), for
-`tuner.serve.runtime.Kernel`: the host time of a launch module, paid per call, down to a few us.
+`tuner.serve.kernel.Kernel`: the host time of a launch module, paid per call, down to a few us.
 """
 
 from __future__ import annotations
