@@ -249,6 +249,20 @@ def test_finalists_are_the_fastest_three_and_every_other_within_the_noise():
     assert [r.config.as_dict()["i"] for r in finalists(noisy)] == [0, 1, 2, 3, 4, 5, 6]
 
 
+def test_finalists_are_ranked_by_the_figure_the_search_ranked_them_by():
+    """A config timed against the incumbent in one interleave is ranked by that figure (drift
+    between evaluations taken out), not by its own median taken under other clocks: here its
+    own median read 10 % slow, its interleave with the incumbent 5 % fast."""
+    import dataclasses
+
+    from tuner.run.winner import finalists
+    incumbent = _ok({"i": 0}, (1.0,) * 5, "a")
+    drifted = dataclasses.replace(_ok({"i": 1}, (1.1,) * 5, "b"), anchored_s=0.95)
+    others = [_ok({"i": i}, (1.02 + 0.01 * i,) * 5, f"c{i}") for i in range(2, 5)]
+    assert [r.config.as_dict()["i"] for r in finalists([incumbent, drifted] + others, 1, 1, 0.0)] == [1]
+    assert [r.config.as_dict()["i"] for r in finalists([incumbent, drifted] + others, 3, 3, 0.0)] == [1, 0, 2]
+
+
 def test_a_noisy_replay_is_seeded_and_names_its_winner_from_an_interleave():
     """Timings drawn around the recorded ones (a drift per evaluation, jitter and stalls per
     call); the same seed gives the same search; the named winner's true time is reported."""

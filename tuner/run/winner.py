@@ -57,12 +57,15 @@ def drift_margin(records: list[Record]) -> float:
 
 def finalists(records: list[Record], at_least: int = 3, at_most: int = 8, margin: float = 0.05) -> list[Record]:
     """The kernels to re-time interleaved before a winner is named, fastest first, one per
-    binary: the fastest `at_least`, and every other whose search-time median is within the
-    noise of the best, up to `at_most`. Within the noise: at most `margin` slower, or more
-    where the two medians' own uncertainty says so (twice the sum of their relative standard
-    errors, from each timing's IQR and sample count): a config measured minutes later under
-    other drift may be the faster one, and only an interleave tells them apart."""
-    ok = sorted((r for r in records if r.status is Status.OK), key=lambda r: r.seconds)
+    binary: the fastest `at_least`, and every other within the noise of the best, up to
+    `at_most`, ranked by the figure the search ranked them by (`Record.search_s`: where a
+    config was timed against the incumbent in one interleave, the incumbent's figure times
+    their ratio, which has no drift between evaluations in it; else its own median). Within
+    the noise: at most `margin` slower, or more where the two medians' own uncertainty says so
+    (twice the sum of their relative standard errors, from each timing's IQR and sample
+    count): a config measured minutes later under other drift may be the faster one, and only
+    an interleave tells them apart."""
+    ok = sorted((r for r in records if r.status is Status.OK), key=lambda r: r.search_s)
     top, seen = [], set()
     for r in ok:
         if r.build.binary_hash not in seen:
@@ -77,7 +80,7 @@ def finalists(records: list[Record], at_least: int = 3, at_most: int = 8, margin
         return 0.0 if n < 4 or r.seconds <= 0 else 1.25 * (r.measurement.iqr / 1.349) / math.sqrt(n) / r.seconds
     out = []
     for r in top:
-        within = r.seconds <= best.seconds * (1 + max(margin, 2 * (rel_err(best) + rel_err(r))))
+        within = r.search_s <= best.search_s * (1 + max(margin, 2 * (rel_err(best) + rel_err(r))))
         if len(out) < max(1, at_least) or (within and len(out) < max(at_least, at_most)):
             out.append(r)
         else:
