@@ -9,16 +9,17 @@ with its own flush and events, waited for once), against the ceiling the run mea
 memory-bound ops, and a copy of the op's own byte count timed in the same interleave; the
 cuBLAS bf16 rate for matmul and attention).
 
-`seeds`: the default search once per seed (--seeds, default 5) per case; every seed's winner,
-torch.compile, Liger and a copy of the op's bytes timed in one interleave: the spread a user
-sees running the same command twice. Each seed's records are copied to <out>/records/.
+`seeds`: the default search once per seed (--seeds, default 5) per case, on the Triton skeleton
+or the CUDA C++ one (--language cuda); every seed's winner, torch eager, torch.compile, Liger
+and a copy of the op's bytes timed in one interleave: the spread a user sees running the same
+command twice. Each seed's records are copied to <out>/records/.
 
 `autotune`: tuning wall time on the 202-config matmul space of bench/triton_matmul202.yaml at
 4096^3 bf16: the tuner (every config, grid; and TPE with a budget) against @triton.autotune
 over the same config list (serial compile, then do_bench per config), each with a cold cache.
 
     python bench/gpu_bench.py ops [--ops softmax,matmul] [--cases matmul:16x14336x4096] [--budget 40] [--out DIR]
-    python bench/gpu_bench.py seeds [--cases softmax:8192x8192] [--seeds 5] [--budget 40]
+    python bench/gpu_bench.py seeds [--cases softmax:8192x8192] [--seeds 5] [--budget 40] [--language cuda]
     python bench/gpu_bench.py autotune [--part autotune|grid|tpe|winners] [--compile-workers N] [--out DIR]
 
 Writes <out>/gpu_<what>.json (rows appended as they finish) and prints a markdown table.
@@ -300,8 +301,9 @@ def print_ops_table(rows: list) -> None:
 # ---- the same command with five seeds --------------------------------------------------
 
 def cmd_seeds(args) -> None:
-    """Per case: the default search (guided, --budget trials, Triton) once per seed, then every
-    seed's winner, torch.compile, Liger and a copy of the op's bytes timed in one interleave.
+    """Per case: the default search (guided, --budget trials, the --language skeleton: Triton
+    by default) once per seed, then every seed's winner, torch eager, torch.compile, Liger and
+    a copy of the op's bytes timed in one interleave.
     The spread is what a user sees running the same command twice; "worst vs best" compares
     the worst seed's winner with the best any seed found, in the same interleave."""
     from tuner.backends.cuda import CudaBackend
@@ -315,7 +317,7 @@ def cmd_seeds(args) -> None:
         for seed in range(args.seeds):
             info: dict = {}
             try:
-                k = tune_one(op_name, shape, "triton", args.budget, out / f"{op_name}_{shape}_{seed}", info, seed)
+                k = tune_one(op_name, shape, args.language, args.budget, out / f"{op_name}_{shape}_{seed}", info, seed)
             except Exception as e:  # noqa: BLE001 - one seed's failure is a row, not a lost run
                 info["error"] = f"{type(e).__name__}: {e}"[:300]
                 k = None
@@ -348,6 +350,7 @@ def cmd_seeds(args) -> None:
         if liger is not None:
             fns["liger"] = liger
         fns["copy"] = copy_fn(op)
+        fns["eager"] = lambda: op.torch_impl(xs)
         fns["compile"] = compiled_fn(op, xs)
         t = interleaved(backend, fns, rounds=args.rounds)
         for seed, info in row["seeds"].items():
@@ -357,7 +360,7 @@ def cmd_seeds(args) -> None:
         row["us"] = {k: round(v * 1e6, 2) for k, v in t.items()}
         ours = [t[k] for k in t if k.startswith("seed")]
         if ours:
-            peers = [t[k] for k in ("compile", "liger") if k in t]
+            peers = [t[k] for k in ("eager", "compile", "liger") if k in t]
             row["best_seed_us"], row["worst_seed_us"] = round(min(ours) * 1e6, 2), round(max(ours) * 1e6, 2)
             row["worst_vs_best_pct"] = round(100 * (max(ours) / min(ours) - 1), 2)
             row["worst_vs_best_peer_pct"] = round(100 * (max(ours) / min(peers) - 1), 2)
@@ -373,7 +376,7 @@ def cmd_seeds(args) -> None:
             print(f"| {r['op']} | {r['shape']} | no winner: {json.dumps(r['seeds'])[:200]} |")
             continue
         seeds = ", ".join(f"{v:.1f}" for k, v in r["us"].items() if k.startswith("seed"))
-        peer = min((k for k in ("compile", "liger") if k in r["us"]), key=r["us"].get)
+        peer = min((k for k in ("eager", "compile", "liger") if k in r["us"]), key=r["us"].get)
         print(f"| {r['op']} | {r['shape']} | {seeds} | +{r['worst_vs_best_pct']:.1f} % | {r['us'][peer]:.1f} ({peer}) | "
               f"{r['worst_vs_best_peer_pct']:+.1f} % | {r['us']['copy']:.1f} |")
 
@@ -558,6 +561,8 @@ def main() -> None:
     sd.add_argument("--cases", default="softmax:8192x8192,layernorm:8192x8192", help="op:shape pairs")
     sd.add_argument("--seeds", type=int, default=5)
     sd.add_argument("--budget", type=int, default=40)
+    sd.add_argument("--language", default="triton", choices=("triton", "cuda"),
+                    help="the library skeleton each seed tunes (cuda: CUDA C++)")
     sd.add_argument("--rounds", type=int, default=10)
     sd.add_argument("--top", type=int, default=0, metavar="N",
                     help="also time every seed's N fastest configs together (did a seed miss the best "
