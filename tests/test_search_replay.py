@@ -263,6 +263,44 @@ def test_finalists_are_ranked_by_the_figure_the_search_ranked_them_by():
     assert [r.config.as_dict()["i"] for r in finalists([incumbent, drifted] + others, 3, 3, 0.0)] == [1, 0, 2]
 
 
+def test_a_search_figure_that_flatters_a_kernel_buys_it_a_place_in_the_final_interleave_not_the_win():
+    """The finalists are chosen by the search's figure, which a kernel that runs fast only
+    beside the incumbent could flatter; the winner is still the fastest of the one final
+    interleave (re-timed by the harness), re-checked; one whose re-timed calls are wrong is
+    recorded as such and out."""
+    import dataclasses
+
+    from tuner.core.settings import Settings
+    from tuner.offline.replay import MemoryStore
+    from tuner.run.winner import pick_winner
+    honest = _ok({"i": 0}, (1.0,) * 5, "a")
+    flatterer = dataclasses.replace(_ok({"i": 1}, (1.2,) * 5, "b"), anchored_s=0.5)
+    liar = dataclasses.replace(_ok({"i": 2}, (1.1,) * 5, "c"), anchored_s=0.6)
+    truly = {0: 1.0, 1: 1.3, 2: 0.4}  # what the final interleave measures
+
+    class Harness:
+        reference_samples, reference_s, reference_retimed, retimed_top, memcheck_result = [], None, False, [], ""
+
+        def retime(self, records, with_reference=False):
+            got = [[truly[r.config.as_dict()["i"]]] * 5 if r.config.as_dict()["i"] != 2
+                   else "wrong result in a timed call" for r in records]
+            return got + ([[2.0] * 5] if with_reference else [])
+
+        def recheck(self, record):
+            return None
+
+        def memcheck(self, record):
+            return "clean"
+
+    store = MemoryStore()
+    for r in (honest, flatterer, liar):
+        store.append(r)
+    winner = pick_winner(store, Harness(), Settings(retime_top=3, retime_max=3))
+    assert winner is not None and winner.config.as_dict()["i"] == 0
+    out = [r for r in store.records() if r.config.as_dict()["i"] == 2 and r.status is not Status.OK]
+    assert out and "wrong" in out[-1].measurement.detail
+
+
 def test_a_noisy_replay_is_seeded_and_names_its_winner_from_an_interleave():
     """Timings drawn around the recorded ones (a drift per evaluation, jitter and stalls per
     call); the same seed gives the same search; the named winner's true time is reported."""

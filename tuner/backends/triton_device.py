@@ -29,10 +29,9 @@ _LAUNCH_LATENCY_S = 10e-6    # from the host's launch to the device able to star
 _MAX_HOLD_S = 5e-3           # the most time_call holds the device for a slow host
 # The least time_call holds the device before a lone call. The host's recent launch time does
 # not bound this one's: a launch on buffers never seen before does host work the calls before
-# it skipped (TMA descriptors encoded for new addresses), and the device idles meanwhile.
-# Honest CUDA C++ attention configs (tensor maps for q, k, v) read up to 1.24x their median in
-# lone calls, most of them `last_call_clean` false, with the adaptive hold alone, and within
-# 1.011x held 2 ms (H100, bench/lone_calls.py, bench/RESULTS.md).
+# it skipped (TMA descriptors encoded for new addresses), and the device idles meanwhile, which
+# made honest kernels look slower on buffers they had not seen (the measurements:
+# bench/RESULTS.md, "The history check's false verdict on TMA attention found").
 _MIN_HOLD_S = 2e-3
 
 
