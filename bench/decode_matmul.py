@@ -127,6 +127,10 @@ def main() -> None:
     ap.add_argument("--configs", help="JSON list of configs (params that differ from the default)")
     ap.add_argument("--profile", action="store_true", help="run each contender twice, untimed (for ncu)")
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--timing", default="flush", choices=("flush", "queued", "clean-flush"),
+                    help="flush: as the tuner times (a 256 MiB memset before each call, L2 left dirty); "
+                         "clean-flush: the memset, then a read of a 256 MiB buffer (L2 clean) before each call; "
+                         "queued: 20 calls back to back between two events, no flush (a forward's view)")
     args = ap.parse_args()
     spec = builtin_spec("matmul", args.shape, "bf16")
     op = load_op(spec)
@@ -188,12 +192,28 @@ def main() -> None:
             f()
     backend.sync()
     samples = {k: [] for k in fns}
+    clean = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     for _ in range(args.rounds):
         for k, f in fns.items():
-            samples[k].extend(backend.time_calls(f, 10))
+            if args.timing == "queued":
+                samples[k].extend(t / 20 for t in backend.time_calls(lambda: [f() for _ in range(20)], 10))
+            elif args.timing == "clean-flush":
+                pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                         for _ in range(10)]
+                for start, end in pairs:
+                    backend._flush().zero_()
+                    clean.max()
+                    start.record()
+                    f()
+                    end.record()
+                torch.cuda.synchronize()
+                samples[k].extend(start.elapsed_time(end) * 1e-3 for start, end in pairs)
+            else:
+                samples[k].extend(backend.time_calls(f, 10))
     t = {k: statistics.median(v) for k, v in samples.items()}
     copy = t["copy of its bytes"]
-    print(f"\nmatmul {args.shape} bf16, {torch.cuda.get_device_name()}, median of {args.rounds * 10}\n")
+    print(f"\nmatmul {args.shape} bf16, {torch.cuda.get_device_name()}, median of {args.rounds * 10}, "
+          f"timing {args.timing}\n")
     print("| contender | us | % of copy | vs cuBLAS | note |\n| --- | --- | --- | --- | --- |")
     for k in sorted(t, key=t.get):
         print(f"| {k} | {t[k] * 1e6:.1f} | {100 * copy / t[k]:.1f} | {t['cuBLAS (torch.matmul)'] / t[k]:.3f} | "

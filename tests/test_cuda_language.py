@@ -317,23 +317,25 @@ def test_every_choice_of_the_cuda_row_ops_is_right_on_the_gpu(op, fast_settings,
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("op,shape", [("attention", "4x8x1024x128"), ("attention_causal", "1x11x4096x128"),
-                                      ("attention_causal", "3x4x1280x64")])
-def test_every_choice_of_the_cuda_attention_is_right_on_the_gpu(fast_settings, tmp_path, op, shape):
+@pytest.mark.parametrize("op,shape,dtype", [("attention", "4x8x1024x128", "bf16"), ("attention_causal", "1x11x4096x128", "bf16"),
+                                            ("attention_causal", "3x4x1280x64", "bf16"),
+                                            ("attention_causal", "3x4x1280x64", "fp16")])
+def test_every_choice_of_the_cuda_attention_is_right_on_the_gpu(fast_settings, tmp_path, op, shape, dtype):
     """Every combination of the wgmma attention's structural choices (key blocks of 64 and
     128, one or two consumer warpgroups, softmax overlapped with p v or not, the consumers'
     turns, o stored from registers or by the TMA, one block a tile or a persistent grid; the
     eager or lazy rescaling alternating over those) at two stages, and each deeper ring once,
     at head dims 64 and 128, causal and not, with more key blocks than stages (the ring wraps)
-    and query blocks past the first (the causal band's masks), verified by the Evaluator
-    against torch: none is wrong, none crashes. The device is
+    and query blocks past the first (the causal band's masks), in bf16 and once in fp16 (the
+    other mma and conversion instructions), verified by the Evaluator against torch: none is
+    wrong, none crashes. The device is
     told it has 5 multiprocessors, so that a persistent grid's blocks each walk dozens of tiles
     (the ring and q's buffers wrap across tiles); 11 causal heads make two tile groups of 8
     and 3 heads."""
     from multiprocessing.pool import ThreadPool
 
     from tuner.exec.evaluate import Evaluator
-    ev = Evaluator("cuda", builtin_spec(op, shape, "bf16"), library_skeleton(op, "cuda"),
+    ev = Evaluator("cuda", builtin_spec(op, shape, dtype), library_skeleton(op, "cuda"),
                    fast_settings.replace(compile_workers=8), tmp_path / op, options={"language": "cuda", "cores": 5})
     try:
         ev.start()
