@@ -127,10 +127,11 @@ def main() -> None:
     ap.add_argument("--configs", help="JSON list of configs (params that differ from the default)")
     ap.add_argument("--profile", action="store_true", help="run each contender twice, untimed (for ncu)")
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--timing", default="flush", choices=("flush", "queued", "clean-flush"),
-                    help="flush: as the tuner times (a 256 MiB memset before each call, L2 left dirty); "
-                         "clean-flush: the memset, then a read of a 256 MiB buffer (L2 clean) before each call; "
-                         "queued: 20 calls back to back between two events, no flush (a forward's view)")
+    ap.add_argument("--timing", default="tuner", choices=("tuner", "memset", "queued"),
+                    help="tuner: as the tuner times (a read of a buffer larger than the L2 before each call, "
+                         "which leaves clean lines); memset: a 256 MiB memset before each call instead (the L2 "
+                         "left full of dirty lines, as triton.testing.do_bench flushes); queued: 20 calls back "
+                         "to back between two events, no flush (a forward's view)")
     args = ap.parse_args()
     spec = builtin_spec("matmul", args.shape, "bf16")
     op = load_op(spec)
@@ -192,17 +193,16 @@ def main() -> None:
             f()
     backend.sync()
     samples = {k: [] for k in fns}
-    clean = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    dirty = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     for _ in range(args.rounds):
         for k, f in fns.items():
             if args.timing == "queued":
                 samples[k].extend(t / 20 for t in backend.time_calls(lambda: [f() for _ in range(20)], 10))
-            elif args.timing == "clean-flush":
+            elif args.timing == "memset":
                 pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                          for _ in range(10)]
                 for start, end in pairs:
-                    backend._flush().zero_()
-                    clean.max()
+                    dirty.zero_()
                     start.record()
                     f()
                     end.record()

@@ -340,3 +340,47 @@ def test_an_unmasked_triton_store_past_the_end_is_a_wrong_result_on_the_gpu(tmp_
     verdicts = stray_store_verdicts(str(tmp_path), False)
     assert verdicts[True] is None
     assert verdicts[False] == "the kernel wrote past the end of output y (as far as 24 element(s) beyond it)"
+
+
+def test_the_cache_flush_before_each_timed_call_reads_the_buffer_and_writes_nothing(monkeypatch):
+    """The flush ahead of every timed call (a batch's and a lone one's) must leave the cache
+    holding clean lines: a memset left it full of dirty ones, and the timed kernel then paid
+    for writing back tens of MiB that were not its own (on an H100, +5 us for plain loads and
+    +10 us for TMA-fed kernels reading 117 MiB: bench/RESULTS.md). Here on a host tensor, with
+    a device module of events that only record: the buffer is read once a call and never
+    written."""
+    import torch
+
+    from tuner.backends import triton_device
+
+    class Recording:
+        def __init__(self, enable_timing=True):
+            pass
+
+        def record(self, stream=None):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 0.001
+
+    class Device:
+        Event = Recording
+
+        @staticmethod
+        def current_stream(device=None):
+            return None
+
+    reads = []
+    real = triton_device.evict
+    monkeypatch.setattr(triton_device, "evict", lambda buf: reads.append(buf) or real(buf))
+    b = CudaBackend(0)
+    monkeypatch.setattr(b, "_module", lambda: Device)
+    b._flush_buf = torch.full((1 << 16,), 7, dtype=torch.int32)
+    calls = []
+    b.time_calls(lambda: calls.append(1), 3)
+    b.time_call(lambda: calls.append(1))
+    assert len(calls) == 4 and len(reads) == 4 and all(r is b._flush_buf for r in reads)
+    assert bool((b._flush_buf == 7).all()), "the flush wrote into its buffer: the cache is left dirty"

@@ -6,9 +6,14 @@ are imported under) and `flush_factor` (the cache-flush buffer is this many time
 least 256 MiB), and says its L2 size (`_l2_bytes`). With the `interpret` option kernels run
 through Triton's interpreter on host tensors (CI), timed by the host clock.
 
-Timing (`time_calls`): per repetition, a buffer larger than the L2 is zeroed (enqueued before
-the start event, so it also hides the host's launch latency, as `triton.testing.do_bench`
-does), then events around one call. The n repetitions are queued back to back and waited for
+Timing (`time_calls`): per repetition, a buffer larger than the L2 is read (`evict`; enqueued
+before the start event, so it also hides the host's launch latency), then events around one
+call. Read, not zeroed as `triton.testing.do_bench` does: a memset leaves the L2 full of dirty
+lines, and the timed kernel then pays for writing back tens of MiB that are not its own; on an
+H100 that added 5 us to kernels reading 117 MiB with plain loads and 10 us to TMA-fed ones
+(bench/RESULTS.md, "A memset before each call charged the kernel for its write-back"), so the
+memset ranked kernel styles by how they suffer its write-back. A read leaves clean lines of a
+buffer no kernel knows. The n repetitions are queued back to back and waited for
 once: with a wait after each, the device idled while Python launched the next flush and
 kernel (tens of microseconds, as long as a small kernel itself).
 """
@@ -148,7 +153,7 @@ class TritonDevice(Backend):
             before()  # queued ahead of the flush: its lines leave the cache with the flush's
         t0 = time.perf_counter()
         mark.record(stream)
-        flush.zero_()
+        evict(flush)
         if hold:
             spin(int(hold * self._spin_rate(dev, stream)))
         start.record(stream)
@@ -162,10 +167,11 @@ class TritonDevice(Backend):
         return start.elapsed_time(end) * 1e-3
 
     def _flush(self):
+        """The buffer `evict` reads: larger than the L2, written once here."""
         if self._flush_buf is None:
             import torch
-            self._flush_buf = torch.empty(max(256 * 2**20, self.flush_factor * self._l2_bytes()),
-                                          dtype=torch.int8, device=f"{self.torch_device}:{self.device}")
+            self._flush_buf = torch.zeros(max(256 * 2**20, self.flush_factor * self._l2_bytes()) // 4,
+                                          dtype=torch.int32, device=f"{self.torch_device}:{self.device}")
         return self._flush_buf
 
     def _spin_rate(self, dev, stream) -> float:
@@ -204,12 +210,19 @@ class TritonDevice(Backend):
         for start, end in pairs:
             if before is not None:
                 before()
-            flush.zero_()
+            evict(flush)
             start.record(stream)
             fn()
             end.record(stream)
         pairs[-1][1].synchronize()
         return [start.elapsed_time(end) * 1e-3 for start, end in pairs]
+
+
+def evict(buf) -> None:
+    """Read every byte of `buf` (a device tensor larger than the L2) and write nothing back to
+    it: the cache is left holding clean lines of a buffer no kernel is given, so the next call
+    reads its inputs from memory and writes back nothing of anyone else's."""
+    buf.max()
 
 
 # What a launch function may ask of torch: allocation, views and metadata, fills of what it
