@@ -31,15 +31,15 @@ from tuner.core.skeleton import library_skeleton  # noqa: E402
 from tuner.core.space import Config  # noqa: E402
 from tuner.core.values import Status  # noqa: E402
 
-CONFIGS = [
-    {"BN": 64, "KT": 32, "WARPS": 4, "STAGES": 4, "ASMEM": False, "CACHE": "ca"},
+CONFIGS = [  # the fastest TMA-fed configs measured on an H100, then the ring's
+    {"FEED": "tma", "BN": 128, "KT": 16, "WARPS": 4, "STAGES": 4},
+    {"FEED": "tma", "BN": 64, "KT": 16, "WARPS": 4, "STAGES": 4},
+    {"FEED": "tma", "BN": 64, "KT": 16, "WARPS": 4, "STAGES": 3},
+    {"FEED": "tma", "BN": 64, "KT": 32, "WARPS": 4, "STAGES": 4},
     {"BN": 64, "KT": 32, "WARPS": 4, "STAGES": 4},
     {"BN": 128, "KT": 16, "WARPS": 8, "STAGES": 3},
-    {"BN": 256, "KT": 16, "WARPS": 4, "STAGES": 3},
-    {"BN": 32, "KT": 64, "WARPS": 4, "STAGES": 4},
     {"BN": 64, "KT": 32, "WARPS": 4, "STAGES": 4, "SPLIT": 2},
 ]
-
 
 # The read ceiling: every byte of b read once through 16-byte loads that bypass L1, UNROLL of
 # them in flight per thread before any is used; a value that depends on every load is written
