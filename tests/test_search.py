@@ -603,10 +603,10 @@ def test_a_stalled_search_flips_the_switches_of_another_regimes_best():
     other = [1, 3, 2, 2, 1, 0]
     ranked = [(tuple(inc), -5.0), (tuple(other), -4.5)]
     rng = np.random.default_rng(0)
-    flip = p._regime_flip(ranked, 0, np.zeros(0, np.int64), rng)
+    flip = p.regime_moves.regime_flip(ranked, 0, np.zeros(0, np.int64), rng)
     assert flip == tuple(other[:v] + [1] + other[v + 1:]) and flip[o] == other[o]
     seen = p.enc.flat(np.array([flip]))
-    assert p._regime_flip(ranked, 0, seen, rng) is None
+    assert p.regime_moves.regime_flip(ranked, 0, seen, rng) is None
 
 
 @pytest.mark.parametrize("runner_up", [True, False])
@@ -623,9 +623,9 @@ def test_every_other_global_ask_of_a_stall_walks_near_another_regimes_best(runne
             (2, 1, 1, 1, 0, 0), (2, 2, 1, 1, 2, 0), (2, 2, 1, 1, 0, 1)]
     done = [(inc, -5.0)] + [(n, -4.9) for n in near] + [(other, -4.97)]
     assert p._stall_ask(done) == 2
-    assert p._runner_up(sorted(done, key=lambda d: d[1]), 0) == other
+    assert p.regime_moves.runner_up(sorted(done, key=lambda d: d[1]), 0) == other
     slower = [d if d[0] != other else (other, -4.95) for d in done]  # 12 %: past RUNNER_UP_WITHIN
-    assert p._runner_up(sorted(slower, key=lambda d: d[1]), 0) is None
+    assert p.regime_moves.runner_up(sorted(slower, key=lambda d: d[1]), 0) is None
     for seed in range(3):
         got = np.array([p.propose(done, [], np.random.default_rng(seed))])
         steps = int(p._steps(got, other)[0]), int(p._steps(got, inc)[0])
@@ -686,7 +686,7 @@ def test_each_switch_is_flipped_from_the_start_before_the_model_picks():
     assert max(replay.replay_search(ce, "guided", s, budget=40).evaluations_to(0.03) for s in range(2)) <= 20
     # With timings from another run (a prior), the switches are rated already: no screening.
     p = GuidedSearch(land.space, replay.ReplayEvaluator(land).check, prior=[trace.timings()])
-    p._screen = lambda *a: pytest.fail("screened although a prior rates the switches")
+    p.regime_moves.screen = lambda *a: pytest.fail("screened although a prior rates the switches")
     start = p.enc.index(trace.configs[0])
     assert p.propose([(start, math.log10(trace.times[0]))], [], np.random.default_rng(0)) is not None
 

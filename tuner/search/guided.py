@@ -91,12 +91,12 @@ from tuner.search.encoding import Encoding
 from tuner.search.failures import FailureModel
 from tuner.search.gp import GP, expected_improvement, sqdist
 from tuner.search.prior import Prior
+from tuner.search.regimes import Regimes
 
 ENUMERATE_MAX = 4096  # spaces up to this size are scored whole on every ask
 SAMPLE_CANDIDATES = 2048  # else this many random configs plus the best ones' neighbourhoods
 TRAIN_MAX = 256  # the objective model is conditioned on at most this many timings
 FIT_MAX = 64  # and its hyperparameters fitted on at most this many (bounded cost per ask)
-RUNNER_UP_WITHIN = math.log10(1.10)  # `runner_up` walks near another regime's best this close to the best
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ class GuidedSearch:
     * `runner_up`: every other one of the remaining stall asks walks the trust region around
       the best config of another regime instead of dropping it (the regimes' switch params in
       turn, as `regimes` takes them; one whose best is at most 10 % slower than the best,
-      `RUNNER_UP_WITHIN`): a regime whose best is a few per cent behind may hold the
+      `regimes.RUNNER_UP_WITHIN`): a regime whose best is a few per cent behind may hold the
       optimum one or two ordered steps from it (the layernorm above: looped and not persistent
       at 8.4 % off, the optimum one num_warps step away), which neither a switch flip nor a
       model trained mostly on the incumbent's regime proposes. Needs `regimes` (False: off).
@@ -179,7 +179,7 @@ class GuidedSearch:
     * `screen`: the switches (booleans, unordered choices, an 'off' 0: the values that are a
       feature of their own) are each tried once, flipped from the first config timed, before
       the model picks, when the space has at most this many such values besides the start's
-      (0: off; see `_screen`).
+      (0: off; see `Regimes.screen`).
       The model alone flips a switch late: its features are far from everything timed, so
       it predicts the timings' average there, while the slopes it learned along the ordered
       params promise more (a one-pass softmax, a non-persistent cross-entropy: the optimum's
@@ -211,6 +211,7 @@ class GuidedSearch:
         self._completed: tuple[int, np.ndarray, np.ndarray] | None = None  # (incumbent, completions, the moves)
         # None also when no source timed a config of this space (an empty Prior is falsy).
         self._prior = (Prior(self.enc, prior, self.opt.clip) if prior else None) or None
+        self.regime_moves = Regimes(self.enc, self._valid, repair, self.opt.screen)
 
     # -- candidates --
 
@@ -376,18 +377,19 @@ class GuidedSearch:
             real = {tuple(h) for h in hard}
             timed = [i for i, y in done if y is not None or tuple(i) not in real] + list(pending)
             failed = np.array(hard).reshape(len(hard), len(enc.params))
-            flip = self._screen(np.array(timed), failed, seen, (ok[0][0], ranked[0][0]), rng)
+            flip = self.regime_moves.screen(np.array(timed), failed, seen, (ok[0][0], ranked[0][0]), rng)
             if flip is None and stall is not None and stall % 2 == 1 and self.opt.regimes:
                 # The switch params in turn, by the history's length (a new best restarts the
                 # stall count).
-                flip = self._regime_flip(ranked, (len(ok) + len(pending)) // (2 * self.opt.explore_every), seen, rng)
+                turn = (len(ok) + len(pending)) // (2 * self.opt.explore_every)
+                flip = self.regime_moves.regime_flip(ranked, turn, seen, rng)
             if flip is not None:
                 return flip
         # Every other global ask of a stall walks near the best config of another regime
         # instead (`runner_up`): its own trust region, as if it were the incumbent.
         centre = None
         if ok and stall is not None and stall % 4 == 2 and self.opt.runner_up and self.opt.regimes:
-            centre = self._runner_up(ranked, stall // 4)
+            centre = self.regime_moves.runner_up(ranked, stall // 4)
             if centre is not None:
                 good = np.concatenate([enc.flat(np.array([centre])), good])
         completed = np.unique(fixed)
@@ -447,117 +449,6 @@ class GuidedSearch:
                 score = score * self._near(cidx, centre, np.zeros(len(flat), dtype=bool))
         pick = self._pick(flat, score, rng, seen)
         return None if pick is None else tuple(int(v) for v in enc.unflat(np.array([pick]))[0])
-
-    def _switches(self) -> list[tuple[int, int]]:
-        """(param, value index) of every value that is a feature of its own: each value of an
-        unordered param, and an ordered param's 'off' 0."""
-        enc = self.enc
-        return [(j, v) for j, n in enumerate(enc.n_values) if n > 1 and not enc.ordered[j] for v in range(n)] + \
-            [(j, 0) for j in range(len(enc.params)) if enc.zero[j]]
-
-    def _regime_flip(self, ranked: list, turn: int, seen: np.ndarray,
-                     rng: np.random.Generator) -> tuple[int, ...] | None:
-        """A switch flip from the best config of another regime (see `regimes`): for each
-        switch param, from the `turn`-th on, the best config timed with another value of it
-        than the incumbent's (on where the incumbent is 'off', or the reverse); the first
-        such config with a flip not yet seen gives it. None when none has."""
-        enc = self.enc
-        params = sorted({j for j, _ in self._switches()})
-        inc = ranked[0][0]
-        for k in range(len(params)):
-            j = params[(turn + k) % len(params)]
-            if enc.ordered[j]:
-                centre = next((idx for idx, _ in ranked[1:] if (idx[j] == 0) != (inc[j] == 0)), None)
-                keep = None if centre is None else (j, 0 if centre[j] == 0 else None)
-            else:
-                centre = next((idx for idx, _ in ranked[1:] if idx[j] != inc[j]), None)
-                keep = None if centre is None else (j, int(centre[j]))
-            flip = self._flip(centre, keep, seen, rng) if centre is not None else None
-            if flip is not None:
-                return flip
-        return None
-
-    def _runner_up(self, ranked: list, turn: int) -> tuple[int, ...] | None:
-        """The best config of another regime than the incumbent's (see `runner_up`): for each
-        switch param, from the `turn`-th on, the best timed with another value of it (on where
-        the incumbent is 'off', or the reverse), the first such one at most `RUNNER_UP_WITHIN`
-        slower than the incumbent; None when there is none."""
-        params = sorted({j for j, _ in self._switches()})
-        inc = ranked[0][0]
-        for k in range(len(params)):
-            j = params[(turn + k) % len(params)]
-            other = (lambda idx: (idx[j] == 0) != (inc[j] == 0)) if self.enc.ordered[j] else \
-                (lambda idx: idx[j] != inc[j])
-            centre = next(((idx, y) for idx, y in ranked[1:] if other(idx)), None)
-            if centre is not None and centre[1] - ranked[0][1] <= RUNNER_UP_WITHIN:
-                return tuple(centre[0])
-        return None
-
-    def _flip(self, centre: Sequence[int], keep: tuple[int, int | None], seen: np.ndarray,
-              rng: np.random.Generator) -> tuple[int, ...] | None:
-        """A config not yet seen that flips one switch of `centre` (to another unordered value,
-        or an ordered param to its 'off' 0), the regime `keep` names kept, completed by `repair`
-        where the formulas reject it; None when every such flip was seen."""
-        enc, inside = self.enc, self._inside(keep)
-        taken = set(int(f) for f in seen)
-        flips = [(j, v) for j, v in self._switches() if j != keep[0] and int(centre[j]) != v]
-        for k in rng.permutation(len(flips)):
-            j, v = flips[k]
-            idx = np.array(centre, dtype=np.int64)
-            idx[j] = v
-            if not self._valid(int(enc.flat(idx[None])[0])):
-                fixed = self.repair(enc.config(idx), keep=(enc.params[j].name, enc.params[keep[0]].name)) \
-                    if self.repair else None
-                got = enc.index(fixed) if fixed is not None else None
-                if got is None or got[j] != v:
-                    continue
-                idx = np.array(got, dtype=np.int64)
-            flat = int(enc.flat(idx[None])[0])
-            if flat not in taken and self._valid(flat) and inside(idx):
-                return tuple(int(x) for x in idx)
-        return None
-
-    def _inside(self, keep: tuple[int, int | None]) -> Callable[[Sequence[int]], bool]:
-        """Whether a config (index vector) is in the regime `keep` (param, value; None: not the
-        'off' 0) names."""
-        j, v = keep
-        return (lambda idx: int(idx[j]) == v) if v is not None else (lambda idx: int(idx[j]) != 0)
-
-    def _screen(self, timed: np.ndarray, failed: np.ndarray, seen: np.ndarray, bases: Sequence[Sequence[int]],
-                rng: np.random.Generator) -> tuple[int, ...] | None:
-        """The first of `bases` (the first config timed, then the incumbent) with one switch
-        value that is still untried (see `screen` in the class notes), completed by `repair`
-        when the formulas reject the move; None when none is left to try, or the space has more
-        than `screen` switch values besides the start's. Each switch flipped from the same
-        start (one factor at a time) gives the model each one's effect from one base: flipped
-        from a moving incumbent, the first flip that helps leads the rest into its regime (a
-        one-pass cross-entropy at 1.4x the optimum, where not persistent was the way).
-        Untried: in no config `timed` (or in flight), and in fewer than two that `failed` (a
-        default the formulas reject at this shape says nothing of its switches' speed; two
-        failures say the value does not work here)."""
-        switches = self._switches()
-        unordered = {j for j, _ in switches if not self.enc.ordered[j]}
-        # The space's count, not the history's, so that the decision is the same on every ask.
-        if not switches or len(switches) - len(unordered) > self.opt.screen:
-            return None
-        untried = [(j, v) for j, v in switches
-                   if not (timed[:, j] == v).any() and (failed[:, j] == v).sum() < 2]
-        taken = set(int(f) for f in seen)
-        for base in bases:
-            for k in rng.permutation(len(untried)):
-                j, v = untried[k]
-                idx = np.array(base, dtype=np.int64)
-                idx[j] = v
-                if not self._valid(int(self.enc.flat(idx[None])[0])):
-                    fixed = self.repair(self.enc.config(idx), keep=(self.enc.params[j].name,)) if self.repair else None
-                    got = self.enc.index(fixed) if fixed is not None else None
-                    if got is None or got[j] != v:
-                        continue
-                    idx = np.array(got, dtype=np.int64)
-                flat = int(self.enc.flat(idx[None])[0])
-                if flat not in taken and self._valid(flat):
-                    return tuple(int(x) for x in idx)
-        return None
 
     def _stall_ask(self, ok: list, in_flight: int = 0) -> int | None:
         """n when this ask is the n-th (from 0) since the last new best that looks beyond the
