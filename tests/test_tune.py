@@ -647,6 +647,12 @@ def test_a_noisy_winner_timing_is_flagged_in_the_summary(tmp_path, monkeypatch, 
     assert "timing noisy" in shown(summary) and "winner timing noisy: its IQR is 250% of its median" in shown(summary)
     summary["reference"]["iqr_s"] = summary["reference"]["median_s"] * 0.6
     assert "reference timing noisy: its IQR is 60% of its median" in shown(summary)
+    # Tight samples, but the re-timing far from the search's figure: the load changed in between.
+    assert summary["best"]["search_median_s"] == pytest.approx(summary["best"]["median_s"], rel=0.3)
+    summary["best"]["search_median_s"] = summary["best"]["median_s"] / 4.5
+    assert "winner timing moved: re-timed at 4.50x its median during the search" in " ".join(shown(summary).split())
+    summary["best"]["search_median_s"] = summary["best"]["median_s"] * 1.4  # faster at the end, within MOVED
+    assert "timing moved" not in shown(summary)
     # A winner slower than torch's own: the table says an export leaves its sizes to torch.
     assert "torch's own is faster" not in shown(summary)
     summary["best"]["speedup_vs_reference"] = 0.8

@@ -19,6 +19,7 @@ from tuner.core.values import Config
 console = Console(stderr=False, width=None if sys.stdout.isatty() else 200, markup=False)
 err_console = Console(stderr=True, markup=False)
 NOISY = 0.5  # an IQR above this share of the median is worth a warning (idle 2-core VM: 3-19 %)
+MOVED = 1.5  # a winner re-timed this factor away from its search figure (either way) is worth one too
 
 
 @dataclass
@@ -318,9 +319,18 @@ def sweep_table(summary: dict, folder: str = "") -> Table:
 def timing_flags(summary: dict) -> list[str]:
     """Why a summary's times (and so its speedup) may be off: a winner or a reference whose
     samples spread wider than NOISY of their median (the machine was busy). Shown by the
-    summary table and `tuner show`, given to the model, kept by the tuning database."""
+    summary table and `tuner show`, given to the model, kept by the tuning database. And a
+    winner whose re-timing is more than MOVED times away from its median during the search:
+    the load changed between the two (samples tight within each, so the IQR says nothing;
+    a 2-core machine with other work started in between re-timed a 1.76 ms winner at 7.96 ms)."""
     flags = []
     for what, part in (("winner", summary.get("best")), ("reference", summary.get("reference"))):
         if part and part.get("iqr_s") and part.get("median_s") and part["iqr_s"] > NOISY * part["median_s"]:
             flags.append(f"{what} timing noisy: its IQR is {part['iqr_s'] / part['median_s']:.0%} of its median")
+    best = summary.get("best") or {}
+    if best.get("search_median_s") and best.get("median_s"):
+        moved = best["median_s"] / best["search_median_s"]
+        if not 1 / MOVED <= moved <= MOVED:
+            flags.append(f"winner timing moved: re-timed at {moved:.2f}x its median during the search "
+                         f"({best['median_s'] * 1e3:.4g} ms against {best['search_median_s'] * 1e3:.4g} ms)")
     return flags

@@ -300,7 +300,11 @@ def summarize(store: Store, winner: Record | None, evaluator: Evaluator, wall_s:
                 "gflops": (op.flops / t / 1e9) if op.flops else None,
                 "speedup_vs_reference": (ref_s / t) if ref_s else None,
                 "max_abs_err": winner.measurement.max_abs_err, "trial": winner.trial,
-                "memcheck": evaluator.memcheck_result}
+                "memcheck": evaluator.memcheck_result,
+                # Its own median when the search timed it, minutes before the re-timing: a far
+                # figure says the machine's load changed in between (`timing_flags`).
+                "search_median_s": min((r.seconds for r in records if r is not winner and r.status is Status.OK
+                                        and r.config == winner.config), default=None)}
         c = ceiling(op.flops, op.bytes, t, op.spec.dtype, dict(info.peaks) if info else {})
         if c is not None:
             if info and info.simulated:
