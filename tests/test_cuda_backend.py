@@ -345,8 +345,7 @@ def test_an_unmasked_triton_store_past_the_end_is_a_wrong_result_on_the_gpu(tmp_
 def test_the_cache_flush_before_each_timed_call_reads_the_buffer_and_writes_nothing(monkeypatch):
     """The flush ahead of every timed call (a batch's and a lone one's) must leave the cache
     holding clean lines: a memset left it full of dirty ones, and the timed kernel then paid
-    for writing back tens of MiB that were not its own (on an H100, +5 us for plain loads and
-    +10 us for TMA-fed kernels reading 117 MiB: bench/RESULTS.md). Here on a host tensor, with
+    for writing back tens of MiB that were not its own (bench/RESULTS.md). Here on a host tensor, with
     a device module of events that only record: the buffer is read once a call and never
     written."""
     import torch

@@ -317,7 +317,8 @@ def test_every_choice_of_the_cuda_row_ops_is_right_on_the_gpu(op, fast_settings,
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("op,shape,dtype", [("attention", "4x8x1024x128", "bf16"), ("attention_causal", "1x11x4096x128", "bf16"),
+@pytest.mark.parametrize("op,shape,dtype", [("attention", "4x8x1024x128", "bf16"),
+                                            ("attention_causal", "1x11x4096x128", "bf16"),
                                             ("attention_causal", "3x4x1280x64", "bf16"),
                                             ("attention_causal", "3x4x1280x64", "fp16")])
 def test_every_choice_of_the_cuda_attention_is_right_on_the_gpu(fast_settings, tmp_path, op, shape, dtype):

@@ -9,11 +9,9 @@ through Triton's interpreter on host tensors (CI), timed by the host clock.
 Timing (`time_calls`): per repetition, a buffer larger than the L2 is read (`evict`; enqueued
 before the start event, so it also hides the host's launch latency), then events around one
 call. Read, not zeroed as `triton.testing.do_bench` does: a memset leaves the L2 full of dirty
-lines, and the timed kernel then pays for writing back tens of MiB that are not its own; on an
-H100 that added 5 us to kernels reading 117 MiB with plain loads and 10 us to TMA-fed ones
-(bench/RESULTS.md, "A memset before each call charged the kernel for its write-back"), so the
-memset ranked kernel styles by how they suffer its write-back. A read leaves clean lines of a
-buffer no kernel knows. The n repetitions are queued back to back and waited for
+lines, and the timed kernel then pays for writing back tens of MiB that are not its own, more
+for some load styles than others (bench/RESULTS.md, "A memset before each call charged the
+kernel for its write-back"). A read leaves clean lines of a buffer no kernel knows. The n repetitions are queued back to back and waited for
 once: with a wait after each, the device idled while Python launched the next flush and
 kernel (tens of microseconds, as long as a small kernel itself).
 """

@@ -321,9 +321,7 @@ def timing_flags(summary: dict) -> list[str]:
     samples spread wider than NOISY of their median (the machine was busy). Shown by the
     summary table and `tuner show`, given to the model, kept by the tuning database. And a
     winner whose re-timing is more than MOVED times away from its median during the search:
-    the load changed between the two (samples tight within each, so the IQR says nothing; a
-    2-core machine with other work started in between re-timed a winner of 1.92 ms at 7.96 ms;
-    the same machine idle, 1.60 against 1.84)."""
+    the load changed between the two (samples tight within each, so the IQR says nothing)."""
     flags = []
     for what, part in (("winner", summary.get("best")), ("reference", summary.get("reference"))):
         if part and part.get("iqr_s") and part.get("median_s") and part["iqr_s"] > NOISY * part["median_s"]:
