@@ -11,7 +11,9 @@ check compares against), at sizes whose three sets fit in the L2 and at one whos
     python bench/flush_priority.py [--mib 4,8,64] [--rounds 20]
 
 If `evict_last` over rotated sets reads markedly faster than over fresh buffers while the others
-do not, the flush leaves prioritised lines in place and needs to displace them too.
+do not, the flush leaves prioritised lines in place and needs to displace them too. Each table
+is timed under two flushes: the tuner's (`evict`: a normal-priority read) and, beside it, a
+read of the same buffer whose loads are themselves marked evict-last (a candidate replacement).
 """
 
 import argparse
@@ -27,6 +29,7 @@ def main() -> None:
     import triton
     import triton.language as tl
 
+    from tuner.backends import triton_device
     from tuner.backends.cuda import CudaBackend
 
     @triton.jit
@@ -34,6 +37,19 @@ def main() -> None:
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + offs, mask=offs < n, eviction_policy=POLICY)
         tl.store(y_ptr + offs, x * 2, mask=offs < n)
+
+    @triton.jit
+    def read_last(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs, mask=offs < n, other=0, eviction_policy="evict_last")
+        tl.atomic_max(out_ptr, tl.max(x, 0))
+
+    sink = torch.zeros(1, dtype=torch.int32, device="cuda")
+
+    def evict_last_read(buf):
+        read_last[(triton.cdiv(buf.numel(), 8192),)](buf, sink, buf.numel(), BLOCK=8192)
+
+    flushes = {"tuner's read": triton_device.evict, "evict-last read": evict_last_read}
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mib", default="4,8,64", help="input MiB per buffer set, comma-separated")
@@ -43,9 +59,10 @@ def main() -> None:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     print(f"{torch.cuda.get_device_name()}, L2 {l2 / 2**20:.0f} MiB; median us (rotated: 3 sets, as the "
           f"tuner times; fresh: a lone call on buffers never seen)\n")
-    print("| input MiB | 3 sets fit the L2 | policy | rotated | fresh | rotated / fresh |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for mib in (float(m) for m in args.mib.split(",")):
+    print("| flush | input MiB | 3 sets fit the L2 | policy | rotated | fresh | rotated / fresh |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for (flush_name, flush), mib in ((f, float(m)) for f in flushes.items() for m in args.mib.split(",")):
+        triton_device.evict = flush
         n = int(mib * 2**20) // 2
         grid = (triton.cdiv(n, 4096),)
         for policy in ("", "evict_first", "evict_last"):
@@ -66,7 +83,7 @@ def main() -> None:
                                                                                       dtype=torch.bfloat16)
                 fresh.append(backend.time_call(lambda: double[grid](x, y, n, BLOCK=4096, POLICY=policy)))
             r, f = statistics.median(rotated) * 1e6, statistics.median(fresh) * 1e6
-            print(f"| {mib:g} | {'yes' if 3 * 2 * mib * 2**20 <= l2 else 'no'} | {policy or 'none'} | "
+            print(f"| {flush_name} | {mib:g} | {'yes' if 3 * 2 * mib * 2**20 <= l2 else 'no'} | {policy or 'none'} | "
                   f"{r:.1f} | {f:.1f} | {r / f:.2f} |")
 
 
