@@ -544,3 +544,13 @@ def test_a_sweep_entry_names_its_language_and_gets_a_task_of_its_own(tmp_path):
     f.write_text("name: lang\nbackend: cpu\nops:\n  rmsnorm: {language: cuda, shapes: [64x256]}\n")
     with pytest.raises(SweepError, match="the cpu backend compiles c"):
         load_plan(f)
+    # A list: a task per language (a language listed twice is one task); each one checked.
+    f.write_text("name: lang\nbackend: cpu\ndtypes: [fp32]\nops:\n"
+                 "  rmsnorm: {language: [c, c], shapes: [64x256, 64x512]}\n")
+    assert [t.key for t in load_plan(f).tasks] == ["rmsnorm-64x256-fp32-cpu-c", "rmsnorm-64x512-fp32-cpu-c"]
+    f.write_text("name: lang\nbackend: cpu\nops:\n  rmsnorm: {language: [c, cuda], shapes: [64x256]}\n")
+    with pytest.raises(SweepError, match="language 'cuda': the cpu backend compiles c"):
+        load_plan(f)
+    f.write_text("name: lang\nbackend: cpu\nops:\n  rmsnorm: {language: {c: 1}, shapes: [64x256]}\n")
+    with pytest.raises(SweepError, match=r"language must be a list, e\.g\. \[triton, cuda\]"):
+        load_plan(f)

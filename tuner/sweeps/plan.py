@@ -21,6 +21,9 @@ A sweep file (YAML):
       mykernel: {op: softmax, shapes: [64x128], template: t.txt.j2, space: s.yaml}
       mylinear: {problem: linear.py, sizes: [{batch: 8}, {batch: 64}], template: l.c.j2, space: l.yaml}
 
+`language:` (a name or a list) picks the backend's kernel language where it compiles several:
+`rmsnorm: {shapes: [8192x8192], language: [triton, cuda]}` tunes the Triton and the CUDA C++
+skeleton, a task each; the database keeps the best of each and the runtime serves the faster.
 `ops` may also be a list of mappings with an `op:` key. A task whose op has no library skeleton
 for the backend's language names a `template` and `space` (paths relative to the sweep file).
 A `problem:` entry is a KernelBench-format problem file (as `tuner tune --op FILE`), with its
@@ -137,7 +140,8 @@ def _list(value, what: str, where: str) -> list:
         return [str(value)]
     if isinstance(value, list) and all(isinstance(v, (str, int)) for v in value):
         return [str(v) for v in value]
-    raise SweepError(f"{where}: {what} must be a list, e.g. [256x1024, 1024x4096]")
+    examples = {"shapes": "[256x1024, 1024x4096]", "dtypes": "[fp32, bf16]", "language": "[triton, cuda]"}
+    raise SweepError(f"{where}: {what} must be a list, e.g. {examples.get(what, '[a, b]')}")
 
 
 def _problem_tasks(name: str, entry: dict, base: Path, backend: str, dtypes: list[str], where: str,
@@ -247,13 +251,14 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
             raise SweepError(f"{where}: give both `template:` and `space:`, or neither (the library skeleton)")
         template = str(base / template) if template else None
         space = str(base / space) if space else None
-        language = entry.get("language")
-        if language is not None:
-            if str(language) not in _backend_languages(backend):
-                raise SweepError(f"{where}: language {language!r}: the {backend} backend compiles "
-                                 f"{', '.join(_backend_languages(backend))}")
-            language = str(language)
-        for shape in shapes:
+        languages: list[str | None] = [None]
+        if entry.get("language") is not None:
+            languages = [str(x) for x in _list(entry["language"], "language", where)]
+            for language in languages:
+                if language not in _backend_languages(backend):
+                    raise SweepError(f"{where}: language {language!r}: the {backend} backend compiles "
+                                     f"{', '.join(_backend_languages(backend))}")
+        for shape, language in ((s, lang) for s in shapes for lang in languages):
             for dtype in _list(entry.get("dtypes", dtypes), "dtypes", where):
                 try:
                     builtin_spec(op, shape, dtype)
