@@ -12,8 +12,9 @@ check compares against), at sizes whose three sets fit in the L2 and at one whos
 
 If `evict_last` over rotated sets reads markedly faster than over fresh buffers while the others
 do not, the flush leaves prioritised lines in place and needs to displace them too. Each table
-is timed under two flushes: the tuner's (`evict`: a normal-priority read) and, beside it, a
-read of the same buffer whose loads are themselves marked evict-last (a candidate replacement).
+is timed under three flushes: the tuner's (`evict`: a normal-priority read) and, beside it, two
+candidate replacements: a read of the same buffer whose own loads are marked evict-last, and
+that read followed by a `discard.global.L2` of every line it brought in (an empty L2 after).
 """
 
 import argparse
@@ -44,12 +45,26 @@ def main() -> None:
         x = tl.load(x_ptr + offs, mask=offs < n, other=0, eviction_policy="evict_last")
         tl.atomic_max(out_ptr, tl.max(x, 0))
 
+    @triton.jit
+    def discard(x_ptr, out_ptr, lines, BLOCK: tl.constexpr):
+        # One `discard.global.L2` per 128-byte line (32 int32): the line leaves the L2 unwritten.
+        line = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ptrs = x_ptr + tl.minimum(line, lines - 1).to(tl.int64) * 32
+        r = tl.inline_asm_elementwise("discard.global.L2 [$1], 128;\n mov.u32 $0, 0;", "=r,l", [ptrs],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+        tl.atomic_max(out_ptr, tl.max(r, 0))
+
     sink = torch.zeros(1, dtype=torch.int32, device="cuda")
 
     def evict_last_read(buf):
         read_last[(triton.cdiv(buf.numel(), 8192),)](buf, sink, buf.numel(), BLOCK=8192)
 
-    flushes = {"tuner's read": triton_device.evict, "evict-last read": evict_last_read}
+    def evict_last_read_discard(buf):
+        evict_last_read(buf)
+        discard[(triton.cdiv(buf.numel() // 32, 1024),)](buf, sink, buf.numel() // 32, BLOCK=1024)
+
+    flushes = {"tuner's read": triton_device.evict, "evict-last read": evict_last_read,
+               "evict-last read, then discard": evict_last_read_discard}
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mib", default="4,8,64", help="input MiB per buffer set, comma-separated")
@@ -59,6 +74,12 @@ def main() -> None:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     print(f"{torch.cuda.get_device_name()}, L2 {l2 / 2**20:.0f} MiB; median us (rotated: 3 sets, as the "
           f"tuner times; fresh: a lone call on buffers never seen)\n")
+    flush_buf = backend._flush()
+    for name, flush in flushes.items():  # its own cost, untimed in a tuning run
+        ts = [backend.time_calls(lambda: flush(flush_buf), 5) for _ in range(6)]
+        print(f"{name}: {statistics.median(t for r in ts for t in r) * 1e6:.1f} us over "
+              f"{flush_buf.numel() * 4 / 2**20:.0f} MiB")
+    print()
     print("| flush | input MiB | 3 sets fit the L2 | policy | rotated | fresh | rotated / fresh |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for (flush_name, flush), mib in ((f, float(m)) for f in flushes.items() for m in args.mib.split(",")):
