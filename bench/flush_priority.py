@@ -75,8 +75,13 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, L2 {l2 / 2**20:.0f} MiB; median us (rotated: 3 sets, as the "
           f"tuner times; fresh: a lone call on buffers never seen)\n")
     flush_buf = backend._flush()
-    for name, flush in flushes.items():  # its own cost, untimed in a tuning run
-        ts = [backend.time_calls(lambda: flush(flush_buf), 5) for _ in range(6)]
+    for name, flush in list(flushes.items()):  # its own cost, untimed in a tuning run
+        try:
+            ts = [backend.time_calls(lambda: flush(flush_buf), 5) for _ in range(6)]
+        except Exception as e:  # a flush that does not compile here: left out of the tables
+            print(f"{name}: {type(e).__name__}: {str(e)[:300]}")
+            del flushes[name]
+            continue
         print(f"{name}: {statistics.median(t for r in ts for t in r) * 1e6:.1f} us over "
               f"{flush_buf.numel() * 4 / 2**20:.0f} MiB")
     print()
