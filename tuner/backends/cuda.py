@@ -14,9 +14,10 @@ will launch. The cubins land in a Triton cache shared by the run (`<run>/build/t
 so the benchmark worker's first launch is a disk-cache hit. Kernels whose shared memory
 exceeds the device's per-block limit become COMPILE_ERROR "out of resource: shared memory".
 
-Timing (in the one benchmark worker per GPU): CUDA events around one call, after zeroing a
-buffer larger than the L2 (enqueued before the start event, so it also hides the host's launch
-latency, as `triton.testing.do_bench` does). An illegal memory access poisons the CUDA
+Timing (in the one benchmark worker per GPU): CUDA events around one call, after a read of a
+buffer larger than the L2 (`triton_device.evict`: enqueued before the start event, so it also
+hides the host's launch latency, and it leaves clean lines, so the call writes back nothing of
+anyone else's). The winner's memory check: `cuda_memcheck`. An illegal memory access poisons the CUDA
 context: the measurement says RUNTIME_ERROR with the reason and `context_lost` tells the
 worker to hand its reply back and be replaced.
 
@@ -53,6 +54,7 @@ from typing import Any
 
 from tuner.backends.base import (BackendUnavailable, CapturedStderr, measured_peaks, meta_args, raise_if_disk_full,
                                  with_diagnostics)
+from tuner.backends.cuda_memcheck import Memcheck
 from tuner.backends.triton_device import TritonDevice
 from tuner.backends.triton_source import compile_only, load_module, use_cache, warm_launch
 from tuner.codecheck import Forbidden, require_clean
@@ -92,7 +94,7 @@ class CudaBackend(TritonDevice):
         self._props = None
         self._seen_cache_dirs: dict[str, set[str]] = {}  # run cache -> its folders looked at
         self._last_cache: str | None = None  # the run cache of the kernel loaded last
-        self._ahead: tuple[str, subprocess.Popen] | None = None  # (op, checker waiting): memcheck_ahead
+        self._memcheck = Memcheck(device)
 
     # ---- availability and facts -------------------------------------------------------
 
@@ -148,92 +150,14 @@ class CudaBackend(TritonDevice):
             return {}
         return {"arch": self._arch(), "smem_bytes": self.limits()["smem_bytes"]}
 
-    def _memcheck_cmd(self, artifact: str, op: OpSpec) -> list[str] | None:
-        tool = shutil.which("compute-sanitizer") or next(
-            (str(p) for p in (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "compute-sanitizer",
-                              Path("/usr/local/cuda/bin/compute-sanitizer")) if p.is_file()), None)
-        if tool is None:
-            return None
-        import sys
-        return [tool, "--tool", "memcheck", "--error-exitcode", "9", "--print-limit", "5", sys.executable,
-                "-m", "tuner.exec.memcheck", "cuda", artifact, json.dumps(op.to_json())]
-
-    def _memcheck_popen(self, cmd: list[str]) -> subprocess.Popen:
-        # Without torch's caching allocator every tensor is its own allocation, so a store past a
-        # buffer's guard bands is outside any allocation, which is what memcheck sees.
-        env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
-               "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", str(self.device))}
-        return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env)
-
     def memcheck_ahead(self, op: OpSpec) -> None:
-        """A checker's process for `op` started now, its imports, the op and the CUDA context
-        made, reading the artifact's path from its stdin (`tuner.exec.memcheck -`): the winner's
-        check then costs its launch (a fresh process took 6-8 s of a run's end on an H200). One
-        at a time; one for another op is ended. It ends by itself when this process does."""
-        if self.interpret:
-            return
-        key = json.dumps(op.to_json(), sort_keys=True)
-        ahead = self._ahead
-        if ahead is not None and ahead[0] == key and ahead[1].poll() is None:
-            return
-        self._end_ahead()
-        cmd = self._memcheck_cmd("-", op)
-        if cmd is not None:
-            self._ahead = (key, self._memcheck_popen(cmd))
-
-    def _end_ahead(self) -> None:
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            self._end_ahead_proc(ahead[1])
+        if not self.interpret:
+            self._memcheck.start_ahead(op)
 
     def memcheck(self, artifact: str, op: OpSpec, timeout_s: float) -> str:
-        """compute-sanitizer's memcheck over one checked launch (tuner.exec.memcheck): an
-        out-of-bounds or misaligned access anywhere in device memory, which guard bands near
-        the buffers do not see. Minutes at most for one launch; not under the interpreter. In
-        the process started ahead for this op where there is one (`memcheck_ahead`)."""
         if self.interpret:
             return "not run: Triton's interpreter runs on the host"
-        cmd = self._memcheck_cmd(artifact, op)
-        if cmd is None:
-            return "not run: compute-sanitizer not found (it comes with the CUDA toolkit)"
-        key = json.dumps(op.to_json(), sort_keys=True)
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] == key and ahead[1].poll() is None:
-            said = self._memcheck_run(ahead[1], artifact + "\n", timeout_s)
-            if said == "clean" or said.startswith("errors"):
-                return said
-            # Anything else from the process started ahead (it timed out, ended early, exited
-            # oddly): a fresh one, the path on its command line, decides.
-        elif ahead is not None:
-            self._end_ahead_proc(ahead[1])
-        return self._memcheck_run(self._memcheck_popen(cmd), None, timeout_s)
-
-    def _memcheck_run(self, proc: subprocess.Popen, given: str | None, timeout_s: float) -> str:
-        try:
-            stdout, stderr = proc.communicate(given, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self._end_ahead_proc(proc)
-            return f"not run: memcheck took more than {timeout_s:g} s"
-        except (BrokenPipeError, OSError) as e:  # it ended between the poll and the write
-            self._end_ahead_proc(proc)
-            return f"not run: the checker's process ended early ({e})"
-        text = (stdout + stderr).strip()
-        if proc.returncode == 0:
-            return "clean"
-        found = [ln.strip() for ln in text.splitlines() if "=========" in ln and ("Invalid" in ln or "Error" in ln)]
-        if proc.returncode == 9 or found:
-            return "errors: " + "; ".join(found[:3] or text.splitlines()[-3:])[:600]
-        if proc.returncode == 3:
-            return "errors: " + text.splitlines()[-1][:600]
-        return f"not run: the checker exited {proc.returncode}: " + " ".join(text.splitlines()[-2:])[:400]
-
-    @staticmethod
-    def _end_ahead_proc(proc: subprocess.Popen) -> None:
-        if proc.poll() is None:
-            proc.kill()
-        with contextlib.suppress(Exception):
-            proc.communicate(timeout=10)
+        return self._memcheck.run(artifact, op, timeout_s)
 
     def device_info(self, peaks: bool = True) -> DeviceInfo:
         import torch
