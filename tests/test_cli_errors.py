@@ -203,6 +203,23 @@ def test_space_with_no_valid_config_at_this_shape(capsys, tmp_path, monkeypatch)
     assert rc == 2 and "none of the 3 configs satisfies" in err and "A * M > 1000" in err
 
 
+def test_a_large_space_whose_shape_constraint_fails_is_refused_before_a_search(capsys, tmp_path, monkeypatch):
+    """Too large to enumerate (24**4 configs), but its one constraint reads no param: it fails
+    for every config at this shape, so the run is refused at once (a search would draw
+    hundreds of invalid configs, minutes for nothing) and leaves no run directory."""
+    monkeypatch.setenv("TUNER_RUNS_DIR", str(tmp_path / "runs"))
+    space = tmp_path / "s.yaml"
+    values = "[" + ", ".join(str(v) for v in range(24)) + "]"
+    space.write_text(f"language: c\nsizes: [M, N]\nparams:\n  A: {values}\n  B: {values}\n  C: {values}\n"
+                     f"  D: {values}\nconstraints:\n  - A + B < 90\n  - M <= 16\n")
+    tpl = tmp_path / "t.c.j2"
+    tpl.write_text("void tuner_kernel(const {{ ctype }} *x, {{ ctype }} *y) {}\n")
+    rc, err = run(capsys, "tune", "softmax", "--shape", "64x8", "--template", str(tpl), "--space", str(space),
+                  "--budget", "2")
+    assert rc == 2 and "the constraint 'M <= 16' reads no param, and it fails at this shape" in err, err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
 def test_template_that_raises_or_runs_away_is_a_compile_error(tmp_path):
     from tuner.core.skeleton import Skeleton, SkeletonError, load_skeleton
     from tuner.core.values import Config

@@ -84,6 +84,13 @@ class Space:
         return tuple(p.name for p in self.params)
 
     @property
+    def shape_constraints(self) -> tuple[str, ...]:
+        """The constraints that read no param and no resource (e.g. `M <= 16`): at a shape and
+        device they hold for every config or for none."""
+        config_names = set(self.names) | {name for name, _ in self.resources}
+        return tuple(r.expr.text for r in self.constraints if not r.expr.names & config_names)
+
+    @property
     def size(self) -> int:
         return math.prod(len(p.values) for p in self.params)
 

@@ -496,14 +496,22 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
 
 
 def refuse_empty_space(skeleton: Skeleton, check: Callable[[Config], str | None], limit: int = 20000) -> None:
-    """A space (small enough to enumerate) where no config satisfies the constraints at this
-    shape and device is an error to fix before any worker starts, not a search of nothing.
+    """A space where no config satisfies the constraints at this shape and device is an error
+    to fix before any worker starts, not a search of nothing: known at once where a constraint
+    that reads no param fails (the default's check names it), else by enumerating a space of
+    at most `limit` configs.
     `check` is `Evaluator.check` (or the same test made without one: `tuner tune` asks before
     it creates the run directory, so that a refused space leaves no empty run behind)."""
     from collections import Counter
 
     from tuner.core.space import SpaceError
     space = skeleton.space
+    why = check(space.default_config())
+    failed = next((c for c in space.shape_constraints if why == f"constraint failed: {c}"), None)
+    if failed is not None:  # fails whatever the params: no need to enumerate (or sample) the space
+        raise SpaceError(f"{space.source or skeleton.name}: the constraint {failed!r} reads no param, and it "
+                         f"fails at this shape on this device: no config of the space can run here. Use "
+                         f"another skeleton (or language) for this shape, or change the constraint")
     if space.size > limit:
         return
     reasons: Counter[str] = Counter()
@@ -516,8 +524,6 @@ def refuse_empty_space(skeleton: Skeleton, check: Callable[[Config], str | None]
     raise SpaceError(f"{space.source or skeleton.name}: none of the {space.size} configs satisfies the "
                      f"space's constraints at this shape on this device; most common: {common}. Loosen "
                      f"the constraints or add values to the params")
-
-
 
 
 def with_backend_options(make_evaluator, options: dict | None, devices: tuple[int, ...] | None = None):
