@@ -17,9 +17,9 @@ exceeds the device's per-block limit become COMPILE_ERROR "out of resource: shar
 Timing (in the one benchmark worker per GPU): CUDA events around one call, after a read of a
 buffer larger than the L2 (`triton_device.evict`: enqueued before the start event, so it also
 hides the host's launch latency, and it leaves clean lines, so the call writes back nothing of
-anyone else's). The winner's memory check: `cuda_memcheck`. An illegal memory access poisons the CUDA
-context: the measurement says RUNTIME_ERROR with the reason and `context_lost` tells the
-worker to hand its reply back and be replaced.
+anyone else's). An illegal memory access poisons the CUDA context: the measurement says
+RUNTIME_ERROR with the reason and `context_lost` tells the worker to hand its reply back and be
+replaced. The winner's memory check: `cuda_memcheck`.
 
 Language `cuda` (option `language="cuda"`; `tuner tune --language cuda`, or a space that says
 `language: cuda`): CUDA C++ kernels launched from a checked Python launch module through

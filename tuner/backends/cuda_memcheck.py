@@ -5,8 +5,8 @@
 out-of-bounds or misaligned access anywhere in device memory, which the guard bands near the
 buffers do not see. `start_ahead(op)` starts the checker's process while the search runs
 (imports, the op and the CUDA context made, waiting on stdin for an artifact's path), so the
-winner's check costs its launch: a fresh process took 6-8 s of a run's end. One process ahead
-at a time; one for another op is ended.
+winner's check costs its launch, not a process's start. One process ahead at a time; one for
+another op is ended.
 """
 
 from __future__ import annotations
