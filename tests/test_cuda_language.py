@@ -551,6 +551,9 @@ def test_a_sweep_entry_names_its_language_and_gets_a_task_of_its_own(tmp_path):
     f.write_text("name: lang\nbackend: cpu\nops:\n  rmsnorm: {language: [c, cuda], shapes: [64x256]}\n")
     with pytest.raises(SweepError, match="language 'cuda': the cpu backend compiles c"):
         load_plan(f)
+    f.write_text("name: lang\nbackend: cpu\nops:\n  rmsnorm: {language: [], shapes: [64x256]}\n")
+    with pytest.raises(SweepError, match="names no language; give one or more of c"):
+        load_plan(f)
     f.write_text("name: lang\nbackend: cpu\nops:\n  rmsnorm: {language: {c: 1}, shapes: [64x256]}\n")
     with pytest.raises(SweepError, match=r"language must be a list, e\.g\. \[triton, cuda\]"):
         load_plan(f)

@@ -254,6 +254,9 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
         languages: list[str | None] = [None]
         if entry.get("language") is not None:
             languages = [str(x) for x in _list(entry["language"], "language", where)]
+            if not languages:
+                raise SweepError(f"{where}: `language: []` names no language; give one or more of "
+                                 f"{', '.join(_backend_languages(backend))}, or leave it out (the backend's default)")
             for language in languages:
                 if language not in _backend_languages(backend):
                     raise SweepError(f"{where}: language {language!r}: the {backend} backend compiles "
