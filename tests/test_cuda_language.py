@@ -557,3 +557,24 @@ def test_a_sweep_entry_names_its_language_and_gets_a_task_of_its_own(tmp_path):
     f.write_text("name: lang\nbackend: cpu\nops:\n  rmsnorm: {language: {c: 1}, shapes: [64x256]}\n")
     with pytest.raises(SweepError, match=r"language must be a list, e\.g\. \[triton, cuda\]"):
         load_plan(f)
+
+
+def test_a_sweep_entry_with_a_cuda_template_compiles_in_its_language(tmp_path):
+    """A template is in its space's language: on the cuda backend a CUDA C++ template's task
+    is a `cuda` task without saying so (as `tuner tune --template` does), and a `language:`
+    that names another is refused, where before every config would have failed to compile."""
+    from tuner.sweeps.plan import SweepError, load_plan
+    (tmp_path / "k.py.j2").write_text("import tuner.cuda as cuda\n")
+    (tmp_path / "k.yaml").write_text("language: cuda\nsizes: [M, N]\nparams:\n  V: [1]\n")
+    f = tmp_path / "s.yaml"
+    f.write_text("name: t\nbackend: cuda\ndtypes: [bf16]\nops:\n"
+                 "  mine: {op: rmsnorm, shapes: [64x256], template: k.py.j2, space: k.yaml}\n")
+    with pytest.raises(SweepError) as e:  # this machine has no GPU: the task is named in the refusal
+        load_plan(f)
+    assert "rmsnorm-64x256-bf16-cuda-cuda: no CUDA device" in str(e.value), str(e.value)
+    for given in ("triton", "[triton, cuda]"):
+        f.write_text("name: t\nbackend: cuda\ndtypes: [bf16]\nops:\n"
+                     f"  mine: {{op: rmsnorm, shapes: [64x256], template: k.py.j2, space: k.yaml, language: {given}}}\n")
+        with pytest.raises(SweepError, match="the template is cuda .its space's `language:`., not triton"):
+            load_plan(f)
+

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import yaml
 
-from tuner.backends import BackendUnavailable, default_backend, get_backend
+from tuner.backends import BackendUnavailable, backend_class, default_backend, get_backend
 from tuner.core.ops import BUILTINS, OpError, builtin_spec, did_you_mean, load_op
 from tuner.core.problem import spec_from_problem_file
 from tuner.core.skeleton import Skeleton, SkeletonError, library_skeleton, load_skeleton
@@ -53,7 +53,6 @@ OP_KEYS = {"op", "shapes", "dtypes", "template", "space", "budget", "problem", "
 
 
 def _backend_languages(backend: str) -> tuple[str, ...]:
-    from tuner.backends import backend_class
     cls = backend_class(backend)
     return cls.languages or (cls.language,)
 
@@ -261,6 +260,17 @@ def load_plan(path: str | Path, backend: str | None = None) -> Plan:
                 if language not in _backend_languages(backend):
                     raise SweepError(f"{where}: language {language!r}: the {backend} backend compiles "
                                      f"{', '.join(_backend_languages(backend))}")
+        if template:  # a template is in one language, its space's: the task compiles in that one
+            try:
+                own = load_skeleton(template, space).language
+            except SkeletonError:
+                own = None  # reported with every task's problems below
+            if own is not None and languages != [None] and languages != [own]:
+                raise SweepError(f"{where}: the template is {own} (its space's `language:`), not "
+                                 f"{', '.join(str(x) for x in languages if x != own)}: one template is one "
+                                 f"language; write `language: {own}` or leave it out")
+            if own is not None and own != backend_class(backend).language and own in _backend_languages(backend):
+                languages = [own]  # e.g. CUDA C++ on the cuda backend, whose default is Triton
         for shape, language in ((s, lang) for s in shapes for lang in languages):
             for dtype in _list(entry.get("dtypes", dtypes), "dtypes", where):
                 try:
