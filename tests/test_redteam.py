@@ -81,9 +81,12 @@ def cpu_records(tmp_path_factory):
                         warmup_s=0.0, min_reps=5, max_reps=400, precision=0.0, run_timeout_s=120.0,
                         compile_timeout_s=60.0, compile_workers=1)
     out = {}
-    for name in C_CASES:
-        sk = c_skeleton(name, tmp)
-        ev = Evaluator("cpu", builtin_spec("softmax", SHAPE), sk, settings, tmp / name)
+    # The honest kernel first and again last: a "not faster" case is held against the faster of
+    # its two times, so that load on the machine during one honest timing does not read as the
+    # other kernels' gain (a CI run timed it well above two kernels doing the same work).
+    for name in (*C_CASES, "honest, again"):
+        sk = c_skeleton(name.split(",")[0], tmp)
+        ev = Evaluator("cpu", builtin_spec("softmax", SHAPE), sk, settings, tmp / name.replace(", ", "-"))
         try:
             ev.start()
             out[name] = ev.evaluate(sk.space.default_config())
@@ -99,8 +102,8 @@ def test_each_hostile_c_kernel_gets_its_verdict(cpu_records, name):
     allowed = status if isinstance(status, tuple) else (status,)
     if "not faster" in allowed and rec.status is Status.OK:
         # Accepted only with the time of the work it does when it does it all: no gain.
-        honest = cpu_records["honest"]
-        assert rec.seconds >= 0.7 * honest.seconds, (name, rec.seconds, honest.seconds)
+        honest = min(cpu_records["honest"].seconds, cpu_records["honest, again"].seconds)
+        assert rec.seconds >= 0.7 * honest, (name, rec.seconds, honest)
         return
     assert rec.status in allowed, (name, rec.status, rec.reason)
     assert words in rec.reason, (name, rec.reason)
