@@ -496,3 +496,22 @@ def test_a_sampled_run_tells_a_kernel_writing_nan_from_one_writing_nothing():
         assert why is not None and "16 of the 16 elements the metered programs wrote are off" in why, why
         y[:2] = torch.softmax(x[:2], -1)  # right where written: the rest is the unsampled programs'
         assert wrong_where_written(op, [x], [y], poisons, whole=False) is None
+
+
+def test_a_scalar_loop_is_refused_however_little_of_it_the_meter_ran():
+    """A program spinning in scalar arithmetic before its first load: a loaded machine's
+    meter, stopped by its time budget, had counted 59489 one-element operations, under the
+    element slack, and let it through to an interpreted run that hung. Its calls give it away
+    at any speed; a program's few index calls per load do not."""
+    from tuner.backends.sim_checks import understated
+    from tuner.backends.sim_meter import ProgramTraffic, Traffic
+    cost = Cost(kind="vector", programs=20, tiles=20, tile_load=((12000, 1),), tile_store=((12000, 1),),
+                tile_vector=15000)
+    spun = Traffic(programs={("k", (0, 0, 0)): ProgramTraffic(other_ops=59489, other_calls=59489)},
+                   complete=False)
+    why = understated(cost, spun)
+    assert why and "no term for: program (0, 0, 0) of k (in the part metered) made 59489" in why, why
+    honest = Traffic(programs={("k", (0, 0, 0)): ProgramTraffic(
+        load_bytes=12000, store_bytes=12000, loads=1, stores=1, vector_ops=15000, work_calls=40,
+        other_ops=90000, other_calls=600)})
+    assert understated(cost, honest) is None
