@@ -106,6 +106,17 @@ def test_unsatisfiable_constraint_is_reported_per_config():
     assert all(s.check(c, {"DTYPE_BYTES": 4, "CORES": 1}) for c in s.configs())
 
 
+def test_a_constraint_on_the_shape_alone_is_found_failing_without_a_config():
+    """What refuses a space no config can satisfy at a shape before it is enumerated (or,
+    past the enumeration limit, searched to no end): only constraints that read no param
+    and no resource count, and one that cannot be evaluated is left to the per-config check."""
+    s = parse_space("sizes: [M, N]\nparams:\n  B: [1, 2]\nresources:\n  r: B * M\nconstraints:\n"
+                    "  - B <= 2\n  - r < 10\n  - N // (M - 16) >= 0\n  - M <= 16\n", "x.yaml")
+    ctx = {"DTYPE_BYTES": 4, "CORES": 1, "N": 8}
+    assert s.failed_shape_constraint({**ctx, "M": 16}) is None  # r fails for B 2, N // 0 fails: neither counts
+    assert s.failed_shape_constraint({**ctx, "M": 17}) == "M <= 16"
+
+
 def test_bools_and_ints_are_distinct_points():
     s = parse_space("params:\n  FLAG: bool\n  N: [0, 1]\n", "x.yaml")
     ctx = {"DTYPE_BYTES": 4, "CORES": 1}

@@ -169,7 +169,7 @@ def tune_from_args(args) -> tuple[Store, dict]:
         op = load_op(spec)
         context = {**render_context(op), **device.render_context(op)}
         limits = device.limits()
-        refuse_empty_space(skeleton, lambda c: skeleton.space.check(c, context, limits))
+        refuse_empty_space(skeleton, context, limits)
         if args.warm_start:  # a source that does not read fails here, not in a new run
             from tuner.run.warm import warm_starts
             warm_starts(args.warm_start, skeleton.space)

@@ -83,12 +83,21 @@ class Space:
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
 
-    @property
-    def shape_constraints(self) -> tuple[str, ...]:
-        """The constraints that read no param and no resource (e.g. `M <= 16`): at a shape and
-        device they hold for every config or for none."""
+    def failed_shape_constraint(self, context: dict[str, Any]) -> str | None:
+        """The first constraint that reads no param and no resource (e.g. `M <= 16`) and is
+        false under `context` (sizes, DTYPE_BYTES, CORES, ...), or None: where one is, no config
+        of the space is valid. One that fails to evaluate is left to `check`, which says why
+        per config."""
         config_names = set(self.names) | {name for name, _ in self.resources}
-        return tuple(r.expr.text for r in self.constraints if not r.expr.names & config_names)
+        for rule in self.constraints:
+            if rule.expr.names & config_names:
+                continue
+            try:
+                if not rule.expr(dict(context)):
+                    return rule.expr.text
+            except _expr.ExprError:
+                continue
+        return None
 
     @property
     def size(self) -> int:

@@ -453,7 +453,7 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         for line in notes if not store.records() else ():  # said once, not again on a resume
             view.note(line)
         if not store.records():
-            refuse_empty_space(skeleton, evaluator.check)
+            refuse_empty_space(skeleton, evaluator.context, evaluator.limits)
         view.note(f"measuring the device and the reference on {meta.backend}…")
         started_unix = time.time() - (time.monotonic() - started)
         evaluator.warm_up()
@@ -495,19 +495,18 @@ def execute(store: Store, settings: Settings, budget: int, time_budget_s: float 
         evaluator.close()
 
 
-def refuse_empty_space(skeleton: Skeleton, check: Callable[[Config], str | None], limit: int = 20000) -> None:
-    """A space where no config satisfies the constraints at this shape and device is an error
-    to fix before any worker starts, not a search of nothing: known at once where a constraint
-    that reads no param fails (the default's check names it), else by enumerating a space of
-    at most `limit` configs.
-    `check` is `Evaluator.check` (or the same test made without one: `tuner tune` asks before
-    it creates the run directory, so that a refused space leaves no empty run behind)."""
+def refuse_empty_space(skeleton: Skeleton, context: dict[str, Any], limits: dict[str, float] | None,
+                       limit: int = 20000) -> None:
+    """A space where no config satisfies the constraints at this shape and device (`context`
+    and `limits` as the evaluator's) is an error to fix before any worker starts, not a search
+    of nothing: known at once where a constraint that reads no param fails, else by
+    enumerating a space of at most `limit` configs. `tuner tune` asks before it creates the
+    run directory, so that a refused space leaves no empty run behind."""
     from collections import Counter
 
     from tuner.core.space import SpaceError
     space = skeleton.space
-    why = check(space.default_config())
-    failed = next((c for c in space.shape_constraints if why == f"constraint failed: {c}"), None)
+    failed = space.failed_shape_constraint(context)
     if failed is not None:  # fails whatever the params: no need to enumerate (or sample) the space
         raise SpaceError(f"{space.source or skeleton.name}: the constraint {failed!r} reads no param, and it "
                          f"fails at this shape on this device: no config of the space can run here. Use "
@@ -516,7 +515,7 @@ def refuse_empty_space(skeleton: Skeleton, check: Callable[[Config], str | None]
         return
     reasons: Counter[str] = Counter()
     for config in space.configs():
-        why = check(config)
+        why = space.check(config, context, limits)
         if why is None:
             return
         reasons[why] += 1
