@@ -507,11 +507,25 @@ def test_a_scalar_loop_is_refused_however_little_of_it_the_meter_ran():
     from tuner.backends.sim_meter import ProgramTraffic, Traffic
     cost = Cost(kind="vector", programs=20, tiles=20, tile_load=((12000, 1),), tile_store=((12000, 1),),
                 tile_vector=15000)
-    spun = Traffic(programs={("k", (0, 0, 0)): ProgramTraffic(other_ops=59489, other_calls=59489)},
+    spun = Traffic(programs={("k", (0, 0, 0)): ProgramTraffic(other_ops=59489, op_calls=59489)},
                    complete=False)
     why = understated(cost, spun)
-    assert why and "no term for: program (0, 0, 0) of k (in the part metered) made 59489" in why, why
+    assert why and "no term for: program (0, 0, 0) of k (in the part metered) made 59489 element-wise" in why, why
     honest = Traffic(programs={("k", (0, 0, 0)): ProgramTraffic(
-        load_bytes=12000, store_bytes=12000, loads=1, stores=1, vector_ops=15000, work_calls=40,
-        other_ops=90000, other_calls=600)})
+        load_bytes=12000, store_bytes=12000, loads=1, stores=1, vector_ops=15000, move_calls=2,
+        other_ops=90000, op_calls=250)})
     assert understated(cost, honest) is None
+
+
+def test_a_float_scalar_loop_is_refused_though_its_operations_are_declared():
+    """The declared vector work is element-operations of the vector unit; a loop of one-element
+    float operations (here 50,000, under the 100,000 declared) is scalar work the model never
+    charges."""
+    from tuner.backends.sim_checks import understated
+    from tuner.backends.sim_meter import ProgramTraffic, Traffic
+    cost = Cost(kind="vector", programs=20, tiles=20, tile_load=((12000, 1),), tile_store=((12000, 1),),
+                tile_vector=100000)
+    spun = Traffic(programs={("k", (0, 0, 0)): ProgramTraffic(
+        load_bytes=12000, store_bytes=12000, loads=1, stores=1, vector_ops=50000, op_calls=50050, move_calls=2)})
+    why = understated(cost, spun)
+    assert why and "made 50050 element-wise operations for its 2 loads, stores and dots" in why, why

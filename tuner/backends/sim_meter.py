@@ -12,10 +12,11 @@ others return at once), or all of them, and counts per program:
 * the dot products' multiply-adds (2 m n k per `tl.dot`);
 * the float element-operations (`VECTOR_OPS`: arithmetic, math functions, min/max; each its
   result's elements), a lower bound of the vector work (reductions are numpy's, not counted);
-* every other builder operation's result elements and calls (index and mask arithmetic,
-  compares, casts; a scalar loop is many calls of one element each), and the calls that load,
-  store, compute in float or dot: each also checks the time budget, so a program that loops
-  without loading is stopped too.
+* every other builder operation's result elements (index and mask arithmetic, compares,
+  casts): each also checks the time budget, so a program that loops without loading is
+  stopped too;
+* the element-wise operations made (float or not) and the loads, stores and dots made: a
+  loop of scalar arithmetic is many operations of one element each.
 
 Contract: `meter(launch, args, programs, budget_s) -> Traffic` (`audit` meters every program
 within a budget, in batches drawn at random). The arguments are the
@@ -49,8 +50,8 @@ class ProgramTraffic:
     dot_flops: float = 0.0
     vector_ops: int = 0  # float element-operations (arithmetic, math functions, min/max), reductions not counted
     other_ops: int = 0  # every other operation's result elements (index and mask arithmetic, casts, ...)
-    other_calls: int = 0  # the operations counted in other_ops: a scalar loop is many calls of one element
-    work_calls: int = 0  # the loads, stores, float operations and dots made: what other_calls serve
+    op_calls: int = 0  # element-wise operations made (index, mask and float arithmetic): a scalar loop's are many
+    move_calls: int = 0  # loads and stores with a lane on, and dots: the work op_calls serve
 
     @property
     def bytes(self) -> int:
@@ -166,15 +167,14 @@ def meter(launch: Callable[..., Any], args: list, programs: "int | None | frozen
                 size = int(getattr(data, "size", 1) or 1)
                 if kind == "vector" and getattr(getattr(data, "dtype", None), "kind", "") == "f":
                     p.vector_ops += size
-                    p.work_calls += 1
                 else:
                     p.other_ops += size
-                    p.other_calls += 1
+                p.op_calls += 1
                 return out
-            p.work_calls += 1
             if kind == "dot":
                 x, y = a[0].data, a[1].data
                 p.dot_flops += 2.0 * x.size * y.shape[-1]  # (batch) m k times n
+                p.move_calls += 1
                 return out
             if ptr_at is not None:
                 ptr = a[ptr_at]
@@ -185,7 +185,8 @@ def meter(launch: Callable[..., Any], args: list, programs: "int | None | frozen
                 data = (out if kind == "load" else a[1]).data
                 n, nbytes = data.size, data.size * data.itemsize
             if n == 0:
-                return out
+                return out  # every lane masked off: no transfer, and no work to excuse operations
+            p.move_calls += 1
             if kind == "load":
                 p.loads, p.load_bytes = p.loads + 1, p.load_bytes + nbytes
             else:
