@@ -390,6 +390,18 @@ def two_kernels(x, s, y):
 t = meter(lambda: two_kernels(x, torch.zeros(1000), y), [], programs=4)
 a = audit(lambda *args: two_kernels(*args), lambda: [x, torch.zeros(1000), torch.zeros(1000)], budget_s=30)
 print(t.independent, a.independent, a.covered, a.total, bool((a.args[2] == torch.roll(2 * x, -64)).all()))
+
+@triton.jit
+def sums_kernel(x_ptr, y_ptr, REPEAT: tl.constexpr):  # a tile loaded once, reduced again and again
+    x = tl.load(x_ptr + tl.arange(0, 64))
+    s = tl.sum(x, 0)
+    for _ in tl.range(0, REPEAT):
+        s = tl.sum(x, 0)
+    tl.store(y_ptr, s)
+
+few, many = (meter(lambda: sums_kernel[(1,)](x, y, REPEAT=r), [], programs=None).programs[("sums_kernel", (0, 0, 0))]
+             for r in (10, 30))
+print(many.op_calls - few.op_calls, few.move_calls, many.move_calls)
 '''
 
 
@@ -397,7 +409,8 @@ def test_the_meter_counts_what_each_program_moves_and_stops_at_its_budget(tmp_pa
     """sim_meter under Triton's interpreter: bytes of the lanes a mask lets through (the last
     program of 1000 floats in blocks of 64 moves 40 of them), every program or a sample (the
     others write nothing), the float element-operations (all 64 lanes of `x * 2`), a program
-    longer than the budget stopped (`complete` False), and the audit metering every program."""
+    longer than the budget stopped (`complete` False), the audit metering every program, and
+    each reduction counted as an operation."""
     import subprocess
     import sys
     pytest.importorskip("triton")
@@ -413,6 +426,8 @@ def test_the_meter_counts_what_each_program_moves_and_stops_at_its_budget(tmp_pa
     # Two kernels, the second reading what the first's other programs wrote: not independent,
     # so the audit runs every program in one launch (and gets the right result).
     assert lines[4] == "False False 16 16 True", lines
+    # Each reduction is an operation (numpy's, outside the builder): 20 more of them, 20 more.
+    assert lines[5] == "20 2 2", lines
 
 
 def test_a_bf16_matmul_is_right_under_the_interpreter(fast_settings, tmp_path):

@@ -92,7 +92,8 @@ OTHER_OPS_SLACK = 1 << 16
 # Counted in operations as well: a loop of scalar arithmetic (integer or float) is few
 # elements but many operations, and within the meter's time budget a loaded machine interprets
 # too few of them to pass the element slacks. The library's kernels make up to about 40
-# element-wise operations per load, store or dot (a chunked softmax's online rescaling).
+# element-wise operations and reductions per load, store or dot (a chunked softmax or
+# layernorm).
 OPS_PER_MOVE = 256
 OPS_SLACK = 2048
 

@@ -15,8 +15,9 @@ others return at once), or all of them, and counts per program:
 * every other builder operation's result elements (index and mask arithmetic, compares,
   casts): each also checks the time budget, so a program that loops without loading is
   stopped too;
-* the element-wise operations made (float or not) and the loads, stores and dots made: a
-  loop of scalar arithmetic is many operations of one element each.
+* the element-wise operations made (float or not; each reduction and scan one too) and the
+  loads, stores and dots made: a loop of scalar arithmetic is many operations of one element
+  each.
 
 Contract: `meter(launch, args, programs, budget_s) -> Traffic` (`audit` meters every program
 within a budget, in batches drawn at random). The arguments are the
@@ -194,6 +195,14 @@ def meter(launch: Callable[..., Any], args: list, programs: "int | None | frozen
             return out
         return wrapper
 
+    def reduction(original):
+        def wrapper(self, *a, **kw):
+            if time.monotonic() > state["deadline"]:
+                raise _OutOfTime()
+            current().op_calls += 1
+            return original(self, *a, **kw)
+        return wrapper
+
     hooks = [("create_load", "load", 0, None), ("create_masked_load", "load", 0, 1),
              ("create_store", "store", 0, None), ("create_masked_store", "store", 0, 2),
              ("create_descriptor_load", "load", None, None), ("create_descriptor_store", "store", None, None),
@@ -215,6 +224,13 @@ def meter(launch: Callable[..., Any], args: list, programs: "int | None | frozen
                 undo.callback(builder.__dict__.pop, name, None)
         executor.__init__ = init
         undo.callback(setattr, executor, "__init__", original_init)
+        # Reductions and scans are numpy's, outside the builder: each counted as one operation
+        # (a loop of tl.sum over a tile loaded once is work no element count sees).
+        for cls in (getattr(tri, "ReduceOps", None), getattr(tri, "ScanOps", None)):
+            if cls is not None and "apply_impl" in vars(cls):
+                own = vars(cls)["apply_impl"]
+                cls.apply_impl = reduction(own)
+                undo.callback(setattr, cls, "apply_impl", own)
         try:
             launch(*args)
         except _OutOfTime:
