@@ -113,7 +113,8 @@ def test_a_constraint_on_the_shape_alone_is_found_failing_without_a_config():
     s = parse_space("sizes: [M, N]\nparams:\n  B: [1, 2]\nresources:\n  r: B * M\nconstraints:\n"
                     "  - B <= 2\n  - r < 10\n  - N // (M - 16) >= 0\n  - M <= 16\n", "x.yaml")
     ctx = {"DTYPE_BYTES": 4, "CORES": 1, "N": 8}
-    assert s.failed_shape_constraint({**ctx, "M": 16}) is None  # r < 10 fails for every B and N // 0 cannot be evaluated: neither reads the shape alone
+    # r < 10 fails for every B, and N // 0 cannot be evaluated: neither counts
+    assert s.failed_shape_constraint({**ctx, "M": 16}) is None
     assert s.failed_shape_constraint({**ctx, "M": 17}) == "M <= 16"
 
 
