@@ -229,6 +229,47 @@ def test_warm_up_compiles_a_kernel_for_the_target_and_leaves_the_cache_setting_a
     assert os.environ["TRITON_CACHE_DIR"] == "/somewhere/else"
 
 
+_PTX_PROBE = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def k(x_ptr, y_ptr, N: tl.constexpr):
+    offs = tl.program_id(0) * N + tl.arange(0, N)
+    x = tl.load(x_ptr + offs)
+    BODY
+    tl.store(y_ptr + offs, x)
+
+
+def launch(x, y):
+    k[(x.shape[0],)](x, y, N=x.shape[1])
+"""
+
+
+@pytest.mark.parametrize("body,why", [
+    ('tl.device_print("x", x)', "device-side printf"),
+    # A variable declared in inline PTX, which the Python source never names: state kept
+    # from one launch to the next (ptxas accepts a `.global` declaration in a kernel's body).
+    ('x = x + tl.inline_asm_elementwise("{ .global .align 4 .u32 kept; ld.global.u32 $0, [kept]; '
+     'st.global.u32 [kept], 7; }", "=r", [], dtype=tl.int32, is_pure=False, pack=1).to(tl.float32)',
+     "writable __device__ variable 'kept'"),
+    ('x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)',
+     None),
+])
+def test_triton_kernels_ptx_is_read_as_a_cuda_units_is(body, why, tmp_path):
+    """What Triton compiled is checked by meaning like CUDA C++'s PTX: compile-only for
+    sm_90, no GPU needed. Inline PTX that keeps nothing passes."""
+    pytest.importorskip("triton")
+    spec = builtin_spec("softmax", "64x256", "fp32")
+    build = CudaBackend(0, arch=90, cores=132, op=spec.to_json()).compile(
+        _PTX_PROBE.replace("BODY", body), spec, str(tmp_path / "k"), 300)
+    if why is None:
+        assert build.status is Status.OK, build.error
+    else:
+        assert build.status is Status.COMPILE_ERROR and why in build.error, (build.status, build.error)
+
+
 def test_launchers_built_by_one_run_are_found_by_the_next(tmp_path):
     from tuner.backends.cuda import _share_launchers
     shared = tmp_path / "shared"

@@ -135,12 +135,16 @@ def test_ptx_is_read_for_parameters_and_forbidden_calls():
             ld.global.u32 %r1, [N];
             ld.global.u32 %r2, [hits];
             st.global.u32 [hits], %r3;
+            { .global .align 4 .u32 kept; ld.global.u32 %r4, [kept]; @%p1 st.global.u32 [kept], %r4; }
+            // .global .u32 said_only_in_a_comment; st.global.u32 [said_only_in_a_comment], 1;
         }
     """)
     assert cuda_source.ptx_entries(ptx) == {"k": ["u64", "u32", "f32", "b8[16]@8"]}
     why = cuda_source.check_ptx(ptx)
     assert any("printf" in w for w in why) and any("'hits'" in w for w in why)
-    assert not any("'N'" in w for w in why)  # read only: a constant
+    # Declared inside an inline-asm block, on one line with its use (ptxas takes it there).
+    assert any("'kept'" in w for w in why)
+    assert not any("'N'" in w or "comment" in w or "k_param" in w for w in why)  # a constant; a comment; a parameter
 
 
 # ---- real compiles (no GPU needed) ----------------------------------------------------------
@@ -151,6 +155,10 @@ def test_ptx_is_read_for_parameters_and_forbidden_calls():
     (COPY.replace("if (i < n) y[i] = x[i];", "float* p = (float*)malloc(4); y[i] = p[0]; free(p);"), "malloc"),
     ("__device__ float cache[1 << 20];\n" + COPY.replace("y[i] = x[i];", "{ y[i] = cache[i]; cache[i] = x[i]; }"),
      "writable __device__ variable 'cache'"),
+    # The same state declared in inline PTX inside the kernel's body: the source names no variable.
+    (COPY.replace("y[i] = x[i];", '{ unsigned v; asm volatile("{ .global .align 4 .u32 kept; '
+                  'ld.global.u32 %0, [kept]; st.global.u32 [kept], 7; }" : "=r"(v)); y[i] = x[i] + v; }'),
+     "writable __device__ variable 'kept'"),
     (COPY.replace("y[i] = x[i];", "y[i] = x[i] +;"), "error"),
 ])
 def test_device_code_that_does_what_a_timed_kernel_may_not_is_refused_when_compiled(tmp_path, src, why):

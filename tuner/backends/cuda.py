@@ -55,6 +55,7 @@ from typing import Any
 from tuner.backends.base import (BackendUnavailable, CapturedStderr, measured_peaks, meta_args, raise_if_disk_full,
                                  with_diagnostics)
 from tuner.backends.cuda_memcheck import Memcheck
+from tuner.backends.cuda_source import check_ptx
 from tuner.backends.triton_device import TritonDevice
 from tuner.backends.triton_source import compile_only, load_module, use_cache, warm_launch
 from tuner.codecheck import Forbidden, require_clean
@@ -214,6 +215,14 @@ class CudaBackend(TritonDevice):
         if not kernels:
             return Build(Status.COMPILE_ERROR, compile_s=dt,
                          error="launch() launched no @triton.jit kernel")
+        # The PTX read by meaning, as a CUDA C++ unit's is: Triton's `tl.device_print` is a
+        # device printf, and `tl.inline_asm_elementwise` places any PTX in the kernel (a
+        # `.global` variable declared there keeps state from one launch to the next).
+        for k in kernels:
+            bad = check_ptx(str(k.asm.get("ptx", "")))
+            if bad:
+                return Build(Status.COMPILE_ERROR, compile_s=dt,
+                             error=f"kernel {getattr(k, 'name', '?')}: " + "; ".join(bad))
         limit = int(self.limits()["smem_bytes"])
         h = hashlib.sha256()
         for k in kernels:

@@ -9,10 +9,12 @@ checks, all before anything of it runs:
   compile error);
 * the options (`check_options`): only code-generation flags from `OPTIONS` (an output path, a
   host compiler or a preprocessor include passed as an "option" would reach outside);
-* the PTX, by meaning whatever the source looked like (`check_ptx`): no external calls (device
-  printf is `vprintf`, device malloc is `malloc`: nothing is linked to a kernel), and no
-  writable `__device__` variables (state kept from one launch to the next: a kernel could
-  return a result it stored during an earlier call instead of computing it);
+* the PTX, by meaning whatever the source looked like (`check_ptx`; the backend reads Triton
+  kernels' PTX with it too): no external calls (device printf is `vprintf`, device malloc is
+  `malloc`: nothing is linked to a kernel), and no writable `.global` variables, whether
+  declared at namespace scope or in inline PTX inside a kernel (state kept from one launch to
+  the next: a kernel could return a result it stored during an earlier call instead of
+  computing it);
 * each launch against what was compiled (`check_launches`): the kernel exists, its arguments
   fit its parameters, the block and grid fit the device, the shared memory (static + dynamic)
   and the registers (per thread x threads) fit an SM. Each is a COMPILE_ERROR with a reason.
@@ -113,7 +115,33 @@ def check_options(options: tuple[str, ...]) -> str | None:
 _ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\(([^)]*)\)", re.S)
 _PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.(\w+)([^,]*)")
 _EXTERN_FUNC = re.compile(r"\.extern\s+\.func\s*(?:\([^)]*\)\s*)?([\w$]+)")
-_GLOBAL_VAR = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+|\.extern\s+)?\.global\s+[^\n]*?([\w$]+)\s*(?:\[[^\n]*)?[;=]", re.M)
+# `.global` as a state space of its own (a variable's declaration), not a suffix of an instruction
+# (`st.global.u32`) nor a pointer parameter's attribute (`.ptr .global`): wherever it stands, a
+# line of its own or inside an inline-asm block, `{ .global .u32 s; st.global.u32 [s], 1; }`,
+# which ptxas accepts in a function's body.
+_GLOBAL_DECL = re.compile(r"(?<![\w$.])\.global(?=\s)")
+_PTX_NAME = re.compile(r"(?<![\w$.%])[A-Za-z_$][\w$]*")
+_PREDICATE = re.compile(r"^@!?%?[\w$]+\s+")
+
+
+def _global_variables(ptx: str) -> tuple[list[str], str]:
+    """The `.global` variables the PTX declares, and the PTX with their declarations blanked
+    (comments too), so that what is left names them only where they are used."""
+    text = _COMMENT.sub(lambda m: " " * len(m.group(0)), ptx)
+    names, spans = [], []
+    for m in _GLOBAL_DECL.finditer(text):
+        if re.search(r"\.ptr\s*$", text[:m.start()]):
+            continue  # `.param .u64 .ptr .global ...`: where a pointer parameter points
+        end = text.find(";", m.end())
+        end = len(text) if end < 0 else end + 1
+        decl = text[m.end():end]
+        name = _PTX_NAME.search(decl.split("=")[0])
+        if name:
+            names.append(name.group(0))
+            spans.append((m.start(), end))
+    for a, b in reversed(spans):
+        text = text[:a] + " " * (b - a) + text[b:]
+    return list(dict.fromkeys(names)), text
 
 
 def ptx_entries(ptx: str) -> dict[str, list[str]]:
@@ -145,12 +173,16 @@ def check_ptx(ptx: str) -> list[str]:
         else:
             out.append(f"a call of the external function {name!r}: nothing is linked to a kernel "
                        f"(no dynamic parallelism, no separate compilation)")
-    for name in dict.fromkeys(_GLOBAL_VAR.findall(ptx)):
+    names, rest = _global_variables(ptx)
+    for name in names:
         # Read-only use is a constant (NVRTC emits a namespace-scope constexpr as a .global
         # with its value); a store, an atomic, or its address taken (then written through
-        # a pointer) keeps state.
-        uses = [ln.strip() for ln in ptx.splitlines()
-                if re.search(rf"(?<![\w$.]){re.escape(name)}(?![\w$])", ln) and not _GLOBAL_VAR.match(ln + "\n")]
+        # a pointer) keeps state. A use is the statement around the name: from the last
+        # `;`, brace or line end before it, less a predicate (`@%p1 st.global...`).
+        uses = []
+        for m in re.finditer(rf"(?<![\w$.%]){re.escape(name)}(?![\w$])", rest):
+            start = max(rest.rfind(c, 0, m.start()) for c in ";{}\n") + 1
+            uses.append(_PREDICATE.sub("", rest[start:m.start()].strip()))
         if all(u.startswith("ld.") for u in uses):
             continue
         out.append(f"a writable __device__ variable {name!r}: state kept from one launch to the next "
