@@ -125,6 +125,9 @@ def test_ptx_is_read_for_parameters_and_forbidden_calls():
         .extern .func (.param .b32 func_retval0) vprintf (.param .b64 vprintf_param_0, .param .b64 vprintf_param_1);
         .global .align 4 .u32 N = 5;
         .global .align 4 .u32 hits;
+        .global .u32 unused = 1, second;
+        .global .u32 pointed_at;
+        .global .u64 pointer = pointed_at;
         .visible .entry k(
             .param .u64 .ptr .global .align 1 k_param_0,
             .param .u32 k_param_1,
@@ -135,6 +138,7 @@ def test_ptx_is_read_for_parameters_and_forbidden_calls():
             ld.global.u32 %r1, [N];
             ld.global.u32 %r2, [hits];
             st.global.u32 [hits], %r3;
+            st.global.u32 [second], %r3;
             { .global .align 4 .u32 kept; ld.global.u32 %r4, [kept]; @%p1 st.global.u32 [kept], %r4; }
             // .global .u32 said_only_in_a_comment; st.global.u32 [said_only_in_a_comment], 1;
         }
@@ -144,6 +148,9 @@ def test_ptx_is_read_for_parameters_and_forbidden_calls():
     assert any("printf" in w for w in why) and any("'hits'" in w for w in why)
     # Declared inside an inline-asm block, on one line with its use (ptxas takes it there).
     assert any("'kept'" in w for w in why)
+    # The second name of a declaration; a variable whose address another's initializer holds.
+    assert any("'second'" in w for w in why) and any("'pointed_at'" in w for w in why)
+    assert not any("'unused'" in w or "'pointer'" in w for w in why)
     assert not any("'N'" in w or "comment" in w or "k_param" in w for w in why)  # a constant; a comment; a parameter
 
 

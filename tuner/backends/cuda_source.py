@@ -124,24 +124,39 @@ _PTX_NAME = re.compile(r"(?<![\w$.%])[A-Za-z_$][\w$]*")
 _PREDICATE = re.compile(r"^@!?%?[\w$]+\s+")
 
 
-def _global_variables(ptx: str) -> tuple[list[str], str]:
-    """The `.global` variables the PTX declares, and the PTX with their declarations blanked
-    (comments too), so that what is left names them only where they are used."""
+def _global_variables(ptx: str) -> tuple[list[str], set[str], str]:
+    """The `.global` variables the PTX declares; those whose address an initializer takes
+    (`.global .u64 p = kept;`); and the PTX with the declarations blanked (comments too), so
+    that what is left names a variable only where an instruction uses it. A declaration may
+    name several (`.global .u32 a = 1, b;`)."""
     text = _COMMENT.sub(lambda m: " " * len(m.group(0)), ptx)
-    names, spans = [], []
+    names, taken, spans = [], set(), []
     for m in _GLOBAL_DECL.finditer(text):
         if re.search(r"\.ptr\s*$", text[:m.start()]):
             continue  # `.param .u64 .ptr .global ...`: where a pointer parameter points
         end = text.find(";", m.end())
         end = len(text) if end < 0 else end + 1
-        decl = text[m.end():end]
-        name = _PTX_NAME.search(decl.split("=")[0])
-        if name:
-            names.append(name.group(0))
-            spans.append((m.start(), end))
+        for part in _top_level(text[m.end():end].rstrip(";"), ","):
+            declarator, _, init = part.partition("=")
+            name = _PTX_NAME.search(declarator)
+            if name:
+                names.append(name.group(0))
+            taken.update(_PTX_NAME.findall(init))
+        spans.append((m.start(), end))
     for a, b in reversed(spans):
         text = text[:a] + " " * (b - a) + text[b:]
-    return list(dict.fromkeys(names)), text
+    return list(dict.fromkeys(names)), taken, text
+
+
+def _top_level(text: str, sep: str) -> list[str]:
+    """`text` split at each `sep` outside brackets and braces."""
+    parts, depth, last = [], 0, 0
+    for i, c in enumerate(text):
+        depth += (c in "([{") - (c in ")]}")
+        if c == sep and depth == 0:
+            parts.append(text[last:i])
+            last = i + 1
+    return parts + [text[last:]]
 
 
 def ptx_entries(ptx: str) -> dict[str, list[str]]:
@@ -173,7 +188,7 @@ def check_ptx(ptx: str) -> list[str]:
         else:
             out.append(f"a call of the external function {name!r}: nothing is linked to a kernel "
                        f"(no dynamic parallelism, no separate compilation)")
-    names, rest = _global_variables(ptx)
+    names, taken, rest = _global_variables(ptx)
     for name in names:
         # Read-only use is a constant (NVRTC emits a namespace-scope constexpr as a .global
         # with its value); a store, an atomic, or its address taken (then written through
@@ -183,7 +198,7 @@ def check_ptx(ptx: str) -> list[str]:
         for m in re.finditer(rf"(?<![\w$.%]){re.escape(name)}(?![\w$])", rest):
             start = max(rest.rfind(c, 0, m.start()) for c in ";{}\n") + 1
             uses.append(_PREDICATE.sub("", rest[start:m.start()].strip()))
-        if all(u.startswith("ld.") for u in uses):
+        if name not in taken and all(u.startswith("ld.") for u in uses):
             continue
         out.append(f"a writable __device__ variable {name!r}: state kept from one launch to the next "
                    f"is not allowed (use __constant__ for tables, the buffers given for data)")
