@@ -154,6 +154,40 @@ def test_ptx_is_read_for_parameters_and_forbidden_calls():
     assert not any("'N'" in w or "comment" in w or "k_param" in w for w in why)  # a constant; a comment; a parameter
 
 
+_VPRINTF = ".func (.param .b32 r) vprintf (.param .b64 a, .param .b64 b);"
+_CALL_IT = ".param .b64 pa; .param .b64 pb; .param .b32 rr; call.uni (rr), vprintf, (pa, pb);"
+
+
+@pytest.mark.parametrize("body,why", [
+    # Prototypes of a function defined elsewhere, in a kernel's body (inline PTX), whatever the
+    # linkage says: ptxas takes each, and the driver links vprintf at load.
+    ("{ .extern " + _VPRINTF + " " + _CALL_IT + " }", "printf"),
+    ("{ " + _VPRINTF + " " + _CALL_IT + " }", "printf"),
+    ("{ .weak " + _VPRINTF + " " + _CALL_IT + " }", "printf"),
+    # A call through an address loaded from memory.
+    ("{ .param .b32 rr; proto: .callprototype (.param .b32 _) _ (); ld.global.u64 %rd2, [%rd1]; "
+     "call (rr), %rd2, (), proto; }", "an indirect call"),
+    # A function the module defines is called freely.
+    ("call.uni (rr), helper, ();", None),
+])
+def test_a_call_reaches_only_functions_the_ptx_defines(body, why):
+    ptx = textwrap.dedent("""
+        .func (.param .b32 r) helper ()
+        .noreturn
+        {
+            ret;
+        }
+        .visible .entry k(.param .u64 y)
+        {
+            .reg .b64 %rd<4>;
+            BODY
+            ret;
+        }
+    """).replace("BODY", body)
+    found = cuda_source.check_ptx(ptx)
+    assert (found == []) if why is None else any(why in w for w in found), found
+
+
 # ---- real compiles (no GPU needed) ----------------------------------------------------------
 
 @needs_compiler
@@ -166,6 +200,10 @@ def test_ptx_is_read_for_parameters_and_forbidden_calls():
     (COPY.replace("y[i] = x[i];", '{ unsigned v; asm volatile("{ .global .align 4 .u32 kept; '
                   'ld.global.u32 %0, [kept]; st.global.u32 [kept], 7; }" : "=r"(v)); y[i] = x[i] + v; }'),
      "writable __device__ variable 'kept'"),
+    # printf reached from inline PTX through a prototype without `.extern`.
+    (COPY.replace("y[i] = x[i];", 'asm volatile("{ .func (.param .b32 r) vprintf (.param .b64 a, .param .b64 b); '
+                  '.param .b64 pa; .param .b64 pb; .param .b32 rr; st.param.b64 [pa], 0; st.param.b64 [pb], 0; '
+                  'call.uni (rr), vprintf, (pa, pb); }"); y[i] = x[i];'), "printf"),
     (COPY.replace("y[i] = x[i];", "y[i] = x[i] +;"), "error"),
 ])
 def test_device_code_that_does_what_a_timed_kernel_may_not_is_refused_when_compiled(tmp_path, src, why):

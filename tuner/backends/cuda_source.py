@@ -10,8 +10,9 @@ checks, all before anything of it runs:
 * the options (`check_options`): only code-generation flags from `OPTIONS` (an output path, a
   host compiler or a preprocessor include passed as an "option" would reach outside);
 * the PTX, by meaning whatever the source looked like (`check_ptx`; the backend reads Triton
-  kernels' PTX with it too): no external calls (device printf is `vprintf`, device malloc is
-  `malloc`: nothing is linked to a kernel), and no writable `.global` variables, whether
+  kernels' PTX with it too): no call of a function the PTX does not define, however it is
+  declared, and no indirect call (device printf is `vprintf`, device malloc is `malloc`:
+  nothing is linked to a kernel), and no writable `.global` variables, whether
   declared at namespace scope or in inline PTX inside a kernel (state kept from one launch to
   the next: a kernel could return a result it stored during an earlier call instead of
   computing it);
@@ -114,7 +115,12 @@ def check_options(options: tuple[str, ...]) -> str | None:
 
 _ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\(([^)]*)\)", re.S)
 _PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.(\w+)([^,]*)")
-_EXTERN_FUNC = re.compile(r"\.extern\s+\.func\s*(?:\([^)]*\)\s*)?([\w$]+)")
+# A function's header: `.func [(<returns>)] name [(<params>)] [.noreturn ...]`, then its body
+# `{` or `;` (a declaration only: defined elsewhere, whatever its linkage says: ptxas takes
+# `.func`, `.weak .func` and `.extern .func` prototypes alike, also inside a kernel's body).
+_FUNC = re.compile(r"(?<![\w$.])\.func\s*(?:\([^)]*\)\s*)?([\w$]+)\s*(?:\([^)]*\))?"
+                   r"(?:\s*\.\w+(?:\s*\([^)]*\))?)*\s*([{;])")
+_CALL = re.compile(r"(?<![\w$.])call(?:\.uni)?\s+(?:\([^)]*\)\s*,\s*)?([%\w$]+)")
 # `.global` as a state space of its own (a variable's declaration), not a suffix of an instruction
 # (`st.global.u32`) nor a pointer parameter's attribute (`.ptr .global`): wherever it stands, a
 # line of its own or inside an inline-asm block, `{ .global .u32 s; st.global.u32 [s], 1; }`,
@@ -177,7 +183,15 @@ def ptx_entries(ptx: str) -> dict[str, list[str]]:
 def check_ptx(ptx: str) -> list[str]:
     """What the compiled device code does that a timed kernel may not, in words."""
     out = []
-    for name in dict.fromkeys(_EXTERN_FUNC.findall(ptx)):
+    code = _COMMENT.sub(lambda m: " " * len(m.group(0)), ptx)
+    defined = {m.group(1) for m in _FUNC.finditer(code) if m.group(2) == "{"}
+    outside = [m.group(1) for m in _FUNC.finditer(code) if m.group(1) not in defined]
+    called = [m.group(1) for m in _CALL.finditer(code)]
+    if any(c.startswith("%") for c in called):
+        out.append("an indirect call (through a function's address in a register): a kernel calls "
+                   "only the functions its source defines")
+    outside += [c for c in called if not c.startswith("%") and c not in defined]
+    for name in dict.fromkeys(outside):
         if name in ALLOWED_EXTERNS:
             continue
         if name == "vprintf":
