@@ -212,6 +212,14 @@ def test_device_code_that_does_what_a_timed_kernel_may_not_is_refused_when_compi
 
 
 @needs_compiler
+def test_an_assert_is_refused_with_what_compiles_it_out(tmp_path):
+    src = "#include <assert.h>\n" + COPY.replace("if (i < n)", "assert(i >= 0);\n    if (i < n)")
+    with pytest.raises(cuda_source.CudaCompileError, match="-DNDEBUG"):
+        cuda_source.compile_unit(src, (), 90, tmp_path / "a", 120)
+    assert cuda_source.compile_unit(src, ("-DNDEBUG",), 90, tmp_path / "b", 120)["kernels"]
+
+
+@needs_compiler
 @pytest.mark.parametrize("launch,why", [
     ('cuda.launch(SOURCE, "copy", (cuda.cdiv(n, 256),), (256,), x, y, n)', "does not define"),
     ('cuda.launch(SOURCE, "copy_rows", (cuda.cdiv(n, 256),), (256,), x, y)', "2 arguments"),

@@ -53,7 +53,9 @@ OPTIONS = (r"-maxrregcount=\d{1,3}", r"--?use_fast_math", r"--ftz=(true|false)",
            r"--extra-device-vectorization", r"-std=c\+\+(17|20)", r"-D[A-Za-z_]\w*(=[\w.+-]{0,64})?",
            r"--restrict")
 _OPTIONS = re.compile("|".join(f"(?:{p})" for p in OPTIONS))
-ALLOWED_EXTERNS = {"__assertfail"}  # assert(): a trap with a message, no host round trip
+# assert(): a trap with a message, no host round trip (its message strings are writable
+# variables all the same: `check_ptx` refuses them, and says -DNDEBUG compiles the asserts out).
+ALLOWED_EXTERNS = {"__assertfail"}
 
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
@@ -203,6 +205,7 @@ def check_ptx(ptx: str) -> list[str]:
             out.append(f"a call of the external function {name!r}: nothing is linked to a kernel "
                        f"(no dynamic parallelism, no separate compilation)")
     names, taken, rest = _global_variables(ptx)
+    hint = next((h for f, h in _MESSAGE_HINTS.items() if f in outside), "")
     for name in names:
         # Read-only use is a constant (NVRTC emits a namespace-scope constexpr as a .global
         # with its value); a store, an atomic, or its address taken (then written through
@@ -215,8 +218,15 @@ def check_ptx(ptx: str) -> list[str]:
         if name not in taken and all(u.startswith("ld.") for u in uses):
             continue
         out.append(f"a writable __device__ variable {name!r}: state kept from one launch to the next "
-                   f"is not allowed (use __constant__ for tables, the buffers given for data)")
+                   f"is not allowed (use __constant__ for tables, the buffers given for data)" + hint)
     return out
+
+
+# An assert's or a printf's message strings are `.global` variables whose address is passed to
+# the call: the variable is refused like any other, with what to change.
+_MESSAGE_HINTS = {"__assertfail": "; assert() keeps its message strings in such variables: take it out "
+                                  "of the timed kernel or pass the option -DNDEBUG",
+                  "vprintf": "; printf keeps its format strings in such variables"}
 
 
 _RES_FN = re.compile(r"(?:Compiling entry function|Function properties for) '([\w$]+)'")
