@@ -229,6 +229,8 @@ def _understated(lie: str, folder):
     ("hidden", Status.WRONG_RESULT, "understates the kernel's traffic: program (10, 0, 0)"),
     ("vector", Status.WRONG_RESULT, "understates the kernel's vector work: program (0, 0, 0)"),
     ("spin", Status.WRONG_RESULT, "work the simulator's model has no term for: program (0, 0, 0)"),
+    # A read outside the tensors the launch passed: refused by the interpreter's bound.
+    ("outside", Status.RUNTIME_ERROR, "a load outside the tensors the launch passed"),
     ("bytes", Status.COMPILE_ERROR, "less than the op's own inputs and outputs"),
     ("unique", Status.COMPILE_ERROR, "unique_bytes=48000, less than the op's own")])
 def test_the_simulator_refuses_a_declared_cost_the_kernel_exceeds(fast_settings, tmp_path, lie, status, why):

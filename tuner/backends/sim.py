@@ -26,6 +26,10 @@ first checked launch meters (their outputs checked where they wrote) and the win
 `verify: partial (...)`. Timed calls never re-run the interpreter (a repeated launch on unchanged
 inputs is answered from the first), nor the reference (one per input set and op).
 
+**Memory**: every interpreted launch may load, store and update atomically only inside the
+tensors it was passed (interpreter_bounds.py): the interpreter's pointers are this process's
+host addresses, where the judge's references live.
+
 **The declared costs are checked against the op and the kernel**: when compiled, the whole
 launch's declared bytes (and a matmul's cube flops) must cover the op's own (`short_of_the_op`);
 the first checked launch meters a sample of the kernel's programs through the interpreter
@@ -297,8 +301,10 @@ class SimBackend(Backend):
         cost = Cost.of(_tuplify(rec["cost"]))
         seconds = estimate(cost, self.profile, rec["options"], op.spec.dtype, op.bytes).seconds
         os.environ["TRITON_INTERPRET"] = "1"
+        from tuner.backends.interpreter_bounds import bound_interpreter
         from tuner.backends.triton_device import interpreter_fixed
         interpreter_fixed()
+        bound_interpreter()
         path = Path(rec["kernel"])
         digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
         launch = load_module(path, f"tuner_sim_{digest}", "triton_ascend").launch

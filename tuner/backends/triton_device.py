@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tuner.backends.base import Backend, HostCompute
+from tuner.backends.interpreter_bounds import bound_interpreter
 from tuner.backends.triton_source import load_module, use_cache
 
 
@@ -77,6 +78,7 @@ class TritonDevice(Backend):
         if self.interpret:
             os.environ["TRITON_INTERPRET"] = "1"
             interpreter_fixed()
+            bound_interpreter()
         else:
             self._bind()
         use_cache(Path(artifact))
