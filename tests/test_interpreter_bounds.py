@@ -72,3 +72,20 @@ def test_another_tensor_of_the_process_is_out_of_reach(launches, name):
     with pytest.raises(Exception, match="outside the tensors the launch passed"):
         launches[name](x, y, off, 16)
     assert secret.tolist() == [100.0 + k for k in range(16)] and not y.any()
+
+
+@pytest.mark.parametrize("addr,inside", [(1000, True), (1060, True), (1061, False), (999, False), (1064, False),
+                                         (2**64 - 2, False)])  # the last: addr + 4 wraps past 2**64
+def test_an_access_is_inside_only_with_all_its_bytes(addr, inside):
+    import numpy as np
+
+    from tuner.backends import interpreter_bounds as ib
+    ib._state.ranges = (np.array([1000], dtype=np.uint64), np.array([1064], dtype=np.uint64))
+    try:
+        if inside:
+            ib._check("load", np.array([addr], dtype=np.uint64), None, 4)
+        else:
+            with pytest.raises(ib.OutsideBuffers):
+                ib._check("load", np.array([addr], dtype=np.uint64), None, 4)
+    finally:
+        ib._state.ranges = None

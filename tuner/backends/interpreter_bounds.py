@@ -100,9 +100,14 @@ def _check(what: str, ptrs: Any, mask: Any, itemsize: int) -> None:
     if ranges is None:
         raise OutsideBuffers(f"a {what} outside any launch of a kernel")
     starts, ends = ranges
+    # The storage that starts at or below each address, and the address inside it with the
+    # access's bytes (compared as a difference: addr + itemsize could wrap past 2**64).
     i = np.searchsorted(starts, addr, side="right").astype(np.int64) - 1
-    inside = (i >= 0) & (addr + np.uint64(itemsize) <= ends[np.maximum(i, 0)]) if starts.size else \
-        np.zeros(addr.shape, dtype=bool)
+    if starts.size:
+        end = ends[np.maximum(i, 0)]
+        inside = (i >= 0) & (addr < end) & (end - np.minimum(addr, end) >= np.uint64(itemsize))
+    else:
+        inside = np.zeros(addr.shape, dtype=bool)
     if not inside.all():
         bad = addr[~inside]
         raise OutsideBuffers(f"a {what} outside the tensors the launch passed: {bad.size} of its "
