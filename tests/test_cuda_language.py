@@ -127,6 +127,7 @@ def test_ptx_is_read_for_parameters_and_forbidden_calls():
         .global .align 4 .u32 hits;
         .global .u32 unused = 1, second;
         .global .u32 pointed_at;
+        .visible .global.u32 run_on;
         .global .u64 pointer = pointed_at;
         .visible .entry k(
             .param .u64 .ptr .global .align 1 k_param_0,
@@ -139,6 +140,7 @@ def test_ptx_is_read_for_parameters_and_forbidden_calls():
             ld.global.u32 %r2, [hits];
             st.global.u32 [hits], %r3;
             st.global.u32 [second], %r3;
+            { .global.align 4 .u32 kept_too; st.global.u32 [kept_too], 1; st.global.u32 [run_on], 1; }
             { .global .align 4 .u32 kept; ld.global.u32 %r4, [kept]; @%p1 st.global.u32 [kept], %r4; }
             // .global .u32 said_only_in_a_comment; st.global.u32 [said_only_in_a_comment], 1;
         }
@@ -151,6 +153,8 @@ def test_ptx_is_read_for_parameters_and_forbidden_calls():
     # The second name of a declaration; a variable whose address another's initializer holds.
     assert any("'second'" in w for w in why) and any("'pointed_at'" in w for w in why)
     assert not any("'unused'" in w or "'pointer'" in w for w in why)
+    # `.global` with its type run on: `.global.u32 name;` (ptxas takes it, in a body too).
+    assert any("'kept_too'" in w for w in why) and any("'run_on'" in w for w in why)
     assert not any("'N'" in w or "comment" in w or "k_param" in w for w in why)  # a constant; a comment; a parameter
 
 
@@ -167,6 +171,8 @@ _CALL_IT = ".param .b64 pa; .param .b64 pb; .param .b32 rr; call.uni (rr), vprin
     # A call through an address loaded from memory.
     ("{ .param .b32 rr; proto: .callprototype (.param .b32 _) _ (); ld.global.u64 %rd2, [%rd1]; "
      "call (rr), %rd2, (), proto; }", "an indirect call"),
+    ("{ .param .b32 rr; proto: .callprototype (.param .b32 _) _ (); ld.global.u64 %rd2, [%rd1]; "
+     "call(rr), %rd2, (), proto; }", "an indirect call"),  # no space after `call`: ptxas takes it
     # A function the module defines is called freely.
     ("call.uni (rr), helper, ();", None),
 ])

@@ -122,12 +122,12 @@ _PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.(\w+)([^,]*)")
 # `.func`, `.weak .func` and `.extern .func` prototypes alike, also inside a kernel's body).
 _FUNC = re.compile(r"(?<![\w$.])\.func\s*(?:\([^)]*\)\s*)?([\w$]+)\s*(?:\([^)]*\))?"
                    r"(?:\s*\.\w+(?:\s*\([^)]*\))?)*\s*([{;])")
-_CALL = re.compile(r"(?<![\w$.])call(?:\.uni)?\s+(?:\([^)]*\)\s*,\s*)?([%\w$]+)")
+_CALL = re.compile(r"(?<![\w$.])call(?:\.uni)?\s*(?:\([^)]*\)\s*,\s*)?([%\w$]+)")
 # `.global` as a state space of its own (a variable's declaration), not a suffix of an instruction
 # (`st.global.u32`) nor a pointer parameter's attribute (`.ptr .global`): wherever it stands, a
 # line of its own or inside an inline-asm block, `{ .global .u32 s; st.global.u32 [s], 1; }`,
-# which ptxas accepts in a function's body.
-_GLOBAL_DECL = re.compile(r"(?<![\w$.])\.global(?=\s)")
+# which ptxas accepts in a function's body, and with its type run on (`.global.u32 s;`).
+_GLOBAL_DECL = re.compile(r"(?<![\w$.])\.global(?=[\s.])")
 _PTX_NAME = re.compile(r"(?<![\w$.%])[A-Za-z_$][\w$]*")
 _PREDICATE = re.compile(r"^@!?%?[\w$]+\s+")
 
