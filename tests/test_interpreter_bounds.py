@@ -13,6 +13,9 @@ KERNELS = {
     "read": "v = tl.load(x_ptr + off + i)\n    tl.store(y_ptr + i, v)",
     "write": "tl.store(x_ptr + off + i, i.to(tl.float32))",
     "atomic": "tl.atomic_add(x_ptr + off + i, 1.0, mask=i < n)",
+    # A descriptor made in the kernel that claims more rows than its base holds.
+    "descriptor": "t = tl.make_tensor_descriptor(x_ptr, shape=[n, 16], strides=[16, 1], block_shape=[16, 16])"
+                  ".load([off, 0])\n    tl.store(y_ptr + i, tl.sum(t, 0))",
     # A pointer made of an integer: the address of another tensor, handed in by the launch.
     "forged": "p = (x_ptr.to(tl.int64, bitcast=True) + off * 4).to(tl.pointer_type(tl.float32), bitcast=True)\n"
               "    tl.store(y_ptr + i, tl.load(p + i))",
@@ -56,7 +59,8 @@ def test_masked_lanes_past_the_end_are_not_accesses(launches):
     assert y[:10].tolist() == list(range(10)) and x[0] == 1
 
 
-@pytest.mark.parametrize("name,what", [("read", "load"), ("write", "store"), ("atomic", "atomic")])
+@pytest.mark.parametrize("name,what", [("read", "load"), ("write", "store"), ("atomic", "atomic"),
+                                       ("descriptor", "load")])
 def test_an_access_past_the_end_is_refused(launches, name, what):
     x, y = torch.zeros(16), torch.zeros(16)
     with pytest.raises(Exception, match=f"a {what} outside the tensors the launch passed"):
