@@ -76,3 +76,47 @@ def test_a_syntax_error_is_a_syntax_error():
     with pytest.raises(SyntaxError):
         require_clean("triton", "def launch(:")
     assert check_source("triton", "def launch(:")[0].syntax
+
+
+# Under Triton's interpreter (the sim backend's checks) a kernel's body is Python run in the
+# judging process: each of these kept a value from one launch to the next (shown running there;
+# Triton's compiler refuses them on a device, so a real kernel needs none of them).
+_KERNEL = "    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * SCALE, mask=offs < n)"
+KEPT = {
+    "module list": (("SCALE = 2.0", "SCALE = 2.0\nKEPT = [0.0]"),
+                    (_KERNEL, _KERNEL + "\n    KEPT[0] = tl.load(x_ptr)"), "a list as a module's constant"),
+    "list in a tuple": (("SCALE = 2.0", "SCALE = 2.0\nKEPT = (1, [0.0])"), None, "a list as a module's constant"),
+    "default list": (("def launch(x, y):", "def launch(x, y, kept=[]):"), None, "a list as a module's constant"),
+    "kernel default": (("BLOCK: tl.constexpr)", "BLOCK: tl.constexpr, KEPT=[])"), None, "or a default"),
+    "module attribute": ((_KERNEL, _KERNEL + "\n    math.kept = tl.load(x_ptr)"), None, "Triton has none"),
+    "loop target": ((_KERNEL, _KERNEL + "\n    for math.i in range(2):\n        pass"), None, "Triton has none"),
+    "language list": ((_KERNEL, _KERNEL + "\n    tl.dtype.SINT_TYPES.append(tl.load(x_ptr))"), None, ".SINT_TYPES"),
+    "through a value": ((_KERNEL, _KERNEL + "\n    offs.dtype.SINT_TYPES.append(offs)"), None, ".SINT_TYPES"),
+    "from the launch": (("    n = x.numel()", "    n = x.numel()\n    tl.dtype.SINT_TYPES.append(y)"), None,
+                        ".SINT_TYPES"),
+    "a JIT function's hooks": ((_KERNEL, _KERNEL + "\n    offs.sum.add_pre_run_hook(offs)"), None,
+                               ".add_pre_run_hook"),
+    "a JIT function run": (("    n = x.numel()", "    n = x.numel()\n    tl.sum.run(x)"), None, ".run"),
+}
+
+
+@pytest.mark.parametrize("name", KEPT)
+def test_nothing_a_kernel_reaches_outlives_the_launch(name):
+    first, second, words = KEPT[name]
+    source = GOOD.replace(*first)
+    assert source != GOOD, name
+    if second:
+        source = source.replace(*second)
+    for policy in (TRITON, TRITON_ASCEND):
+        text = source if policy is TRITON else source.replace(
+            "from triton.tools.tensor_descriptor import TensorDescriptor\n", "")
+        whys = [f.why for f in check_python(text, policy)]
+        assert any(words in w for w in whys), (name, whys)
+
+
+def test_what_a_kernel_legitimately_reads_on_its_values_passes():
+    """The names the language's values answer to are not among those refused above."""
+    body = ("    v = tl.load(x_ptr + offs, mask=offs < n).to(tl.float32)\n"
+            "    t = v.type\n    d = y_ptr.dtype.element_ty\n    s = v.shape\n    w = v.sum(0) + v.max(0)\n"
+            "    c = BLOCK.value if False else BLOCK\n    tl.store(y_ptr + offs, v.to(d), mask=offs < n)")
+    assert check_python(GOOD.replace(_KERNEL, body), TRITON) == []

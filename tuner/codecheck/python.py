@@ -24,6 +24,11 @@ module's AST is checked before anything in it runs:
   (a builtin would call what it is given), calls only of builtins from a short list, of
   imported functions and of this module's functions and kernels, and no attribute of this
   module's functions (a JIT function's state: `k.cache` tells the first launch from later ones);
+* nothing that outlives a launch: no list among a module's constants or a function's
+  defaults (tuples only), no assignment to an attribute or item in a kernel either (Triton has
+  none), and no attribute that, on what the imports reach, holds a list or dict or leads into
+  a JIT function's state (`tl.dtype.SINT_TYPES`, `x.sum.add_pre_run_hook`; found by walking the
+  installed Triton): under Triton's interpreter a kernel's body is Python in the judging process;
 * nowhere: dunder names or private attributes, `eval`/`exec`/`open`/`getattr`/`__import__`
   and the like, `global`/`nonlocal`, classes, `with`, `try`, `del`, `match`, async code,
   generators; nor a name of the module's functions or imports bound again (an assignment, a
@@ -38,6 +43,8 @@ from __future__ import annotations
 
 import ast
 import builtins
+import collections.abc
+import functools
 import importlib
 import sys
 import types
@@ -125,18 +132,21 @@ def _dotted(node: ast.AST) -> str | None:
     return None
 
 
-def _const(node: ast.AST) -> bool:
-    """A literal, a tuple of literals, arithmetic of those, or tl.constexpr(<literal>)."""
+def _const(node: ast.AST, lists: bool = False) -> bool:
+    """A literal, a tuple of literals, arithmetic of those, or tl.constexpr(<literal>); with
+    `lists`, lists of those too. A module's constants and a function's defaults take no list:
+    they live as long as the module, and under Triton's interpreter a kernel's body is Python
+    that could append to one (a result kept from one launch to the next)."""
     if isinstance(node, ast.Constant):
         return True
-    if isinstance(node, (ast.Tuple, ast.List)):
-        return all(_const(e) for e in node.elts)
+    if isinstance(node, ast.Tuple) or (lists and isinstance(node, ast.List)):
+        return all(_const(e, lists) for e in node.elts)
     if isinstance(node, ast.UnaryOp):
-        return _const(node.operand)
+        return _const(node.operand, lists)
     if isinstance(node, ast.BinOp):
-        return _const(node.left) and _const(node.right)
+        return _const(node.left, lists) and _const(node.right, lists)
     if isinstance(node, ast.Call) and _dotted(node.func) in ("tl.constexpr", "triton.language.constexpr"):
-        return all(_const(a) for a in node.args) and not node.keywords
+        return all(_const(a, lists) for a in node.args) and not node.keywords
     return False
 
 
@@ -156,6 +166,84 @@ _DANGEROUS = tuple(getattr(builtins, n) for n in FORBIDDEN_NAMES if callable(get
 _BEHIND_A_TENSOR = frozenset({"handle", "data"})
 
 
+# ---- what outlives a launch ------------------------------------------------------------------
+# Under Triton's interpreter (the sim backend's checks, the cuda backend's `interpret` option) a
+# kernel's body is Python run in the judging process, and every object it reaches through
+# triton.language outlives the launch: a list there (`tl.dtype.SINT_TYPES`) or a JIT function's
+# own state (`tl.sum.pre_run_hooks`, `.add_pre_run_hook`) could carry a result from one launch to
+# the next. Triton's compiler refuses such code on a device; here it is refused before it runs,
+# by what the installed Triton holds, not by a list of names kept by hand.
+
+_LIST = ("a list as a module's constant or a default: it outlives the launch, and under Triton's "
+         "interpreter a kernel could keep a result in it between calls; use a tuple")
+
+
+def _mutable(obj) -> bool:
+    return isinstance(obj, (collections.abc.MutableSequence, collections.abc.MutableMapping,
+                            collections.abc.MutableSet, bytearray))
+
+
+_PLAIN = (str, bytes, int, float, complex, bool, type(None), frozenset, range, types.FunctionType,
+          types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
+          types.GetSetDescriptorType, types.MemberDescriptorType, property, functools.cached_property,
+          staticmethod, classmethod, type)
+
+
+@functools.lru_cache(maxsize=None)
+def _held_names(roots: tuple[str, ...]) -> frozenset[str]:
+    """Attribute names that, on the modules under `roots` (those importable here), their
+    classes and the objects they hold, name a mutable container, or anything a JIT function
+    answers to (its caches, hooks, `run`) other than what the language's own values answer to
+    (`x.type`, `x.dtype.element_ty`). Empty where nothing is importable: nothing can run then."""
+    containers: set[str] = set()
+    jit: set[str] = set()
+    api: set[str] = set()
+    seen: set[int] = set()
+
+    def public(d) -> dict:
+        return {n: v for n, v in d.items() if not n.startswith("_")}
+
+    def walk(obj, depth: int) -> None:
+        if id(obj) in seen or depth > 4:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, types.ModuleType):
+            if not any(obj.__name__ == r or obj.__name__.startswith(r + ".") for r in roots):
+                return
+            items = public(vars(obj))
+        elif isinstance(obj, type):
+            items = {}
+            for c in reversed(obj.__mro__[:-1]):
+                items.update(public(vars(c)))
+            api.update(items)
+        else:  # an object a module holds: a dtype, a constexpr, a JIT function
+            items = public(getattr(obj, "__dict__", {}))
+            if callable(obj):
+                jit.update(items)
+                for c in type(obj).__mro__[:-1]:
+                    jit.update(public(vars(c)))
+                return
+            api.update(items)
+        for name, value in items.items():
+            if _mutable(value):
+                containers.add(name)
+            elif isinstance(value, (types.ModuleType, type)) or not isinstance(value, _PLAIN + (tuple,)):
+                walk(value, depth + 1)
+
+    for root in roots:
+        try:
+            walk(importlib.import_module(root), 0)
+        except Exception:  # noqa: BLE001 - not importable here: nothing of it can run either
+            continue
+    try:  # what a language value answers to that no class holds (attributes set in __init__)
+        tl = importlib.import_module("triton.language")
+        for v in (tl.tensor(None, tl.float32), tl.constexpr(1)):
+            api.update(public(vars(v)))
+    except Exception:  # noqa: BLE001 - another Triton's constructors: the classes' names stand
+        pass
+    return frozenset(containers | (jit - api))
+
+
 class _Checker(ast.NodeVisitor):
     def __init__(self, source: str, policy: PythonPolicy) -> None:
         self.source = source
@@ -165,6 +253,9 @@ class _Checker(ast.NodeVisitor):
         self.functions: set[str] = set()
         self.in_jit = 0
         self.depth = 0  # functions being visited, around the current node
+        # torch is not walked: a launch reaches its values only through the methods in
+        # SAFE_METHODS (none changes anything), and a kernel not at all.
+        self.held = _held_names(tuple(p for p in policy.module_prefixes if p.split(".")[0] != "torch"))
 
     def fail(self, node: ast.AST, what: str) -> None:
         n = getattr(node, "lineno", 0)
@@ -188,7 +279,8 @@ class _Checker(ast.NodeVisitor):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 if not all(isinstance(t, ast.Name) for t in targets) or node.value is None \
                         or not _const(node.value):
-                    self.fail(node, "module-level code other than imports, functions and constants")
+                    self.fail(node, _LIST if node.value is not None and _const(node.value, lists=True)
+                              else "module-level code other than imports, functions and constants")
                 for t in targets:
                     self.visit(t)
                 if isinstance(node, ast.AnnAssign):  # evaluated on import, like the value
@@ -287,6 +379,15 @@ class _Checker(ast.NodeVisitor):
         if node.attr.startswith("_"):
             self.fail(node, f"private or dunder attribute {node.attr!r}")
             return
+        if not isinstance(node.ctx, ast.Load):
+            self._stored(node)
+        path = (_dotted(node) or node.attr).split(".")
+        held = [seg for seg in path[1:] or path if seg in self.held]
+        if held:
+            self.fail(node, f".{held[0]}: on what a kernel reaches through its imports this holds a "
+                            f"list, a dict or a JIT function's state, which outlives the launch (a "
+                            f"result kept between calls); a kernel computes from its arguments")
+            return
         if self.in_jit and node.attr in _BEHIND_A_TENSOR:
             self.fail(node, f".{node.attr}: what stands behind a Triton tensor (an IR value; under "
                             f"Triton's interpreter, a numpy array on the host) is not the kernel's; "
@@ -355,6 +456,10 @@ class _Checker(ast.NodeVisitor):
                 obj = getattr(obj, seg)
             except Exception:  # noqa: BLE001 - a name the module lacks: Triton says so at compile
                 return
+            if _mutable(obj):
+                self.fail(node, f"{'.'.join(parts[:i + 1])} is a {type(obj).__name__}, which outlives the "
+                                f"launch (a result kept between calls); a kernel computes from its arguments")
+                return
             if any(obj is f for f in _DANGEROUS):
                 self.fail(node, f"{'.'.join(parts[:i + 1])} is the builtin {obj.__name__!r}")
                 return
@@ -379,13 +484,13 @@ class _Checker(ast.NodeVisitor):
                 continue
             if not self._is_jit_decorator(d):
                 self.fail(d, f"decorator {ast.unparse(d)!r}; only @triton.jit")
-            if isinstance(d, ast.Call) and (d.args or not all(_const(k.value) for k in d.keywords)):
+            if isinstance(d, ast.Call) and (d.args or not all(_const(k.value, lists=True) for k in d.keywords)):
                 self.fail(d, "@triton.jit(...) takes constant keyword arguments only")
         if self.depth:
             self._rebinds(node, node.name)
         for default in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
             if not _const(default):
-                self.fail(default, "non-constant default argument")
+                self.fail(default, _LIST if _const(default, lists=True) else "non-constant default argument")
         args = node.args
         for a in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]:
             if a is not None:
@@ -411,9 +516,18 @@ class _Checker(ast.NodeVisitor):
                             "writes belong in the kernel)")
         self.generic_visit(node)
 
-    def visit_Assign(self, node: ast.Assign) -> None:
-        if not self.in_jit and any(isinstance(t, (ast.Subscript, ast.Attribute)) for t in node.targets):
+    def _stored(self, node: ast.AST) -> None:
+        """An attribute or item as an assignment's (or a loop's) target."""
+        if self.in_jit:
+            self.fail(node, "assignment to an attribute or item in a @triton.jit function: Triton has "
+                            "none, and under its interpreter it would change an object that outlives "
+                            "the launch (state kept between calls); bind a new name instead")
+        else:
             self.fail(node, "assignment to a subscript or attribute outside a @triton.jit function")
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        if not isinstance(node.ctx, ast.Load):
+            self._stored(node)
         self.generic_visit(node)
 
     def visit_BinOp(self, node: ast.BinOp) -> None:
