@@ -57,6 +57,10 @@ C_CASES = {
     # end), during the host's untimed flush: refused by name; the host also ends a call
     # that returns inside a parallel region (tests/test_kernel_host.py).
     "background_team": (Status.COMPILE_ERROR, "'GOMP_parallel_start'"),
+    # Rewrites its host's clock slot (made writable through the host's own mprotect) to report a
+    # quarter of its time: 3.4x faster than the honest kernel and OK before the judge held the
+    # reported end to the reply it saw and to the host's time on a core.
+    "lies_about_its_end": (Status.SUSPECT, "reported its calls ending before they did"),
 }
 
 

@@ -30,6 +30,10 @@
  *        reading of the same clock, and that calls begin promptly after they are sent: a
  *        kernel that made its host answer early (calling into the host's code) and worked on
  *        delays the host's next read, which shows in r.
+ *        What the host reports after the kernel ran (t1) could be a kernel's doing: a kernel
+ *        controls this process (its clock's slot, its stack). So the judge also holds t1 to
+ *        when the reply was sent, as the system stamped it (SO_TIMESTAMPNS): a call that ended
+ *        later than it said is a ClockMismatch there;
  *   EXIT.
  * Replies are two int64: (status, value); status < 0 is -errno.
  *
@@ -42,14 +46,17 @@
  * array at the same depth). So:
  *   - the kernel's own malloc family (calls from the kernel's object; the C library's and
  *     OpenMP's own allocations stay the C library's) is served from an arena of this host's,
- *     zeroed after every call; past its used part the arena is unmapped (PROT_NONE: a store
+ *     zeroed before every call; past its used part the arena is unmapped (PROT_NONE: a store
  *     there faults), and a call that returns holding a block it did not free ends the process
  *     (EXIT_KEPT_HEAP): what a kernel allocates it frees before it returns;
  *   - before every call the stacks of this thread and of OpenMP's threads are cleared below
  *     their frames (a window zeroed, the rest handed back, to be mapped as zero pages if
  *     touched again).
  * Not closed: the writable data of this host and of the libraries it has loaded, which a
- * kernel could reach only by scanning for memory it was never given an address of.
+ * kernel could reach only by scanning for memory it was never given an address of (or from its
+ * return address: the host's own image). What it could change there is what the host does
+ * after the kernel returns; the only figure that leaves then, t1, is held to the system's stamp
+ * of the reply (above).
  *
  * Built with -DTUNER_EVICT_LIBRARY -shared, this file is instead a library with one function,
  * tuner_evict: the same eviction, for what the judge times in its own process (the torch
@@ -339,10 +346,17 @@ void *realloc(void *p, size_t n) {
 }
 
 /* After a call: nothing the kernel allocated may outlive it, and none of it is readable again. */
+/* After a call, at once: a block kept ends the process. The arena is zeroed before the next
+ * call instead (untimed, with the flush), not between the kernel's end and the reply: the judge
+ * holds the end the host reports to when its reply was sent, and reads a gap as a call that
+ * ended later than it said. */
 static void heap_after_call(void) {
+    if (fixed.heap && heap_live) _exit(EXIT_KEPT_HEAP);
+}
+
+static void heap_before_call(void) {
     if (!fixed.heap) return;
-    if (heap_live) _exit(EXIT_KEPT_HEAP);
-    memset(fixed.heap, 0, heap_rw);
+    memset(fixed.heap, 0, heap_rw);  /* all of it: a kernel may write there without a malloc */
     heap_top = 0;
 }
 
@@ -385,6 +399,7 @@ static void heap_start(void) {
 #else
 #define HEAP_BUILT 0
 static void heap_after_call(void) {}
+static void heap_before_call(void) {}
 static void heap_start(void) {}
 #endif
 
@@ -674,6 +689,7 @@ int main(int argc, char **argv) {
              * between calls), and a sleeping thread can take milliseconds to get a core back
              * on a virtual machine: the time would be the wake-up's, not the kernel's. Every
              * call, timed or lone, begins with the same awake team. */
+            heap_before_call();
             stacks_before_call();  /* also wakes the team, its threads' stacks cleared */
             int64_t t[2] = {r, now_ns()};
             if (write(fixed.clk, t, sizeof t) != (ssize_t)sizeof t) _exit(3);

@@ -8,8 +8,9 @@ native process of its own, never in the Python process that checks and times it.
   caches evicted first, in the host, with `flush`) and returns the seconds it took by the
   host's clock, checked against the judge's own reading of the same clock: the host writes
   when it read the request and when the kernel began to a pipe only the judge reads, before
-  the kernel runs; and calls must begin promptly after they are sent (a kernel that made its
-  host answer early and worked on delays the next call's start).
+  the kernel runs; calls must begin promptly after they are sent (a kernel that made its
+  host answer early and worked on delays the next call's start); and the end it reports must
+  match when the system stamped its reply sent (a kernel that rewrote its host's clock).
 * `host_binary()`: the host, built once per machine and compiler with the system C compiler.
 * `evictor()`: the host's cache eviction as a function of this process (for what the judge
   times here: the torch reference, the bandwidth copy), or None where the CPU has none.
@@ -62,6 +63,15 @@ _START_S = 60.0  # the host's set-up (dlopen, OpenMP's threads) answers within t
 _LATE_S = 200e-6
 _LATE_WINDOW = 16
 _BUSY_SHARE = 0.25
+# A call's reported end (t1) is the host's word after the kernel ran in it, and a kernel controls
+# its process (shown: one that rewrote the host's clock slot reported a quarter of its time). So
+# the judge holds it to when the reply was sent, as the system stamped it on the judge's socket
+# (SO_TIMESTAMPNS, which Linux sets on Unix sockets; the judge's own reading of the clock would
+# add its wake-up, up to a millisecond on a virtual machine): what that leaves unreported, in the
+# median of the last _LATE_WINDOW calls, may not pass _HIDDEN_S or a tenth of the call. An honest
+# host sends its reply microseconds after t1.
+_HIDDEN_S = 100e-6
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's number where Python lacks the name
 # OpenMP's wait settings: the judge's own in its benchmark workers (CpuBackend.bench_env), the
 # user's in a kernel's host.
 WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
@@ -96,7 +106,7 @@ def host_binary(cc: str, cache_dir: str | None = None) -> tuple[str, str]:
     tmp = folder / f"cpu_host.{os.getpid()}.tmp"
     note = ""
     for extra in ([], ["-DTUNER_NO_SECCOMP"]):
-        proc = subprocess.run([cc, "-O2", "-std=gnu11", "-fopenmp", "-rdynamic", *extra, str(SOURCE), "-o", str(tmp), "-ldl", "-lpthread"],
+        proc = subprocess.run([cc, *_HOST_FLAGS, *extra, str(SOURCE), "-o", str(tmp), "-ldl", "-lpthread"],
                               capture_output=True, text=True, timeout=120)
         if proc.returncode == 0:
             break
@@ -109,6 +119,12 @@ def host_binary(cc: str, cache_dir: str | None = None) -> tuple[str, str]:
     return str(exe), note
 
 
+# Full RELRO: the host's slots for the functions it calls (clock_gettime's among them) are
+# read-only once it has started, so a kernel cannot rewrite one with a store; it would need a
+# system call the host also makes. The judge's check of a call's end stands behind that.
+_HOST_FLAGS = ("-O2", "-std=gnu11", "-fopenmp", "-rdynamic", "-Wl,-z,relro,-z,now")
+
+
 def _build_folder(cc: str, cache_dir: str | None) -> Path:
     """Where the host and its library are built for this source, compiler and machine."""
     if not sys.platform.startswith("linux"):
@@ -117,7 +133,8 @@ def _build_folder(cc: str, cache_dir: str | None) -> Path:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired) as e:
         raise HostUnavailable(f"{cc} --version failed: {e}") from None
-    key = hashlib.sha256(SOURCE.read_bytes() + version.encode() + os.uname().machine.encode()).hexdigest()[:16]
+    key = hashlib.sha256(SOURCE.read_bytes() + version.encode() + os.uname().machine.encode()
+                         + " ".join(_HOST_FLAGS).encode()).hexdigest()[:16]
     return Path(cache_dir or Path.home() / ".cache" / "tuner") / "cpu_host" / key
 
 
@@ -251,6 +268,28 @@ class HostKernel:
             raise LoadError(msg)
         self.threads = value & 0xFFFFFFFF
         self.facts = _facts(held, value >> 32)
+        self._hidden: list[int] = []  # ns of each recent call that its reported end left out
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        except OSError:
+            pass  # no stamps: the check below has nothing to hold an end to
+
+    def _stamped_reply(self) -> tuple[int, int, int | None]:
+        """A reply with when it was sent (CLOCK_MONOTONIC ns, from the system's stamp), or None
+        where the system stamped nothing."""
+        try:
+            data, anc, _, _ = self._sock.recvmsg(_REPLY.size, socket.CMSG_SPACE(16))
+        except OSError:
+            data, anc = b"", []
+        real, mono = time.clock_gettime_ns(time.CLOCK_REALTIME), time.monotonic_ns()
+        if len(data) != _REPLY.size:
+            raise self._death()
+        status, value = _REPLY.unpack(data)
+        for level, kind, raw in anc:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
+                sec, ns = struct.unpack("<qq", raw[:16])
+                return status, value, sec * 1_000_000_000 + ns - (real - mono)
+        return status, value, None
 
     def _reply(self) -> tuple[int, int]:
         try:
@@ -327,7 +366,7 @@ class HostKernel:
         ran = self._running() if cpu0 is None else False
         sent = time.monotonic_ns()
         self._send(struct.pack("<IIQQ", _OP_CALL, len(args), int(flush), 0) + b"".join(args))
-        status, t1 = self._reply()
+        status, t1, stamp = self._stamped_reply()
         came = time.monotonic_ns()
         cpu1 = self._cpu_ns() if cpu0 is not None else None
         if status == -errno.ESTALE:
@@ -352,6 +391,19 @@ class HostKernel:
             # busy: every late call looked busy, and an honest kernel on a loaded machine (two
             # busy loops on two cores) was SUSPECT once in four evaluations.
             ran = (cpu1 - cpu0) - (came - read) >= _BUSY_SHARE * (read - sent)
+        if stamp is not None:
+            self._hidden = [*self._hidden[1 - _LATE_WINDOW:], stamp - t1]
+        if len(self._hidden) == _LATE_WINDOW:
+            left = statistics.median(self._hidden) * 1e-9
+            took = statistics.median([*self._took[2 - _LATE_WINDOW:], t1 - t0]) * 1e-9
+            if left > max(_HIDDEN_S, 0.1 * took):
+                self._hidden = []
+                raise ClockMismatch(
+                    f"the kernel's process reported its calls ending before they did: its replies were "
+                    f"sent {left * 1e6:.0f} us after the end it reported (the median of {_LATE_WINDOW}; "
+                    f"{took * 1e6:.0f} us a call, as the system stamped them), "
+                    f"where an honest host sends at once: a kernel that rewrites its host's clock or "
+                    f"returns past it")
         self._late = [*self._late[1 - _LATE_WINDOW:], read - sent]
         self._took = [*self._took[1 - _LATE_WINDOW:], t1 - t0]
         self._ran = [*self._ran[1 - _LATE_WINDOW:], ran]
