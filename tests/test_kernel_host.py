@@ -256,7 +256,8 @@ def test_the_search_learns_nothing_from_the_machines_failure():
     assert len(s.study.trials) == 1
 
 
-@pytest.mark.parametrize("lie", ["early", "silent", "made_up", "busy", "works_past_end", "sleeps_past_end"])
+@pytest.mark.parametrize("lie", ["early", "silent", "made_up", "busy", "works_past_end", "sleeps_past_end",
+                                 "starts_late"])
 def test_a_host_whose_times_do_not_fit_the_judges_clock_is_refused(backend, tmp_path, lie):
     """What a kernel that took over its host could report: a time it did not measure. The judge
     reads the clock itself around each call and refuses a time outside what it saw."""
@@ -270,7 +271,8 @@ def test_a_host_whose_times_do_not_fit_the_judges_clock_is_refused(backend, tmp_
     try:
         said = {"early": "outside the judge's own reading", "made_up": "outside the judge's own reading",
                 "silent": "without first reporting when it began", "busy": "began its calls late",
-                "works_past_end": "ending before they did", "sleeps_past_end": "ending before they did"}[lie]
+                "works_past_end": "shorter than they were", "sleeps_past_end": "shorter than they were",
+                "starts_late": "shorter than they were"}[lie]
         with pytest.raises(ClockMismatch, match=said):
             for _ in range(40):  # "busy" shows over a window of calls
                 host.call([x, out])

@@ -60,7 +60,7 @@ C_CASES = {
     # Rewrites its host's clock slot (made writable through the host's own mprotect) to report a
     # quarter of its time: 3.4x faster than the honest kernel and OK before the judge held the
     # reported end to the reply it saw and to the host's time on a core.
-    "lies_about_its_end": (Status.SUSPECT, "reported its calls ending before they did"),
+    "lies_about_its_end": (Status.SUSPECT, "reported its calls shorter than they were"),
 }
 
 

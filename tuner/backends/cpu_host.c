@@ -2,8 +2,8 @@
  *
  * A benchmark worker (Python: the judge) starts one per loaded kernel:
  *     cpu_host <kernel.so | -> <parent pid> <fence bytes> <socket fd> <clock fd> <flush bytes>
- * the socket a SOCK_SEQPACKET one to the judge, the clock fd the write end of a pipe whose
- * read end only the judge holds. "-" loads no kernel: it reports what the sandbox holds.
+ * the socket a SOCK_SEQPACKET one to the judge, the clock fd one end of another, whose other
+ * end only the judge holds. "-" loads no kernel: it reports what the sandbox holds.
  * There is no interpreter here to rewrite, the judge's copies of the inputs and the reference
  * are in another process, and the only memory the two share is the candidate's own buffers.
  *
@@ -23,17 +23,18 @@
  *   CALL n flush + n (id, offset, bytes): r = CLOCK_MONOTONIC when the request was read; with
  *        `flush`, the call's buffers evicted from every cache level, line by line (where the
  *        CPU has no such instruction: a buffer of `flush bytes` written); t0 read; (r, t0)
- *        written to the clock pipe; the kernel called with the n pointers; t1 read; the
+ *        written to the clock channel; the kernel called with the n pointers; t1 read; the
  *        process ends (code 6) if the kernel returned inside a parallel region; (0, t1)
- *        replied. r and t0 leave this process before the kernel runs, so nothing the kernel
- *        does can move them. The judge checks send <= r <= t0 <= t1 <= receive on its own
+ *        replied. r and t0 leave this process before this call's kernel runs (an earlier
+ *        call's could have rewritten how they are read: see below). The judge checks send <= r <= t0 <= t1 <= receive on its own
  *        reading of the same clock, and that calls begin promptly after they are sent: a
  *        kernel that made its host answer early (calling into the host's code) and worked on
  *        delays the host's next read, which shows in r.
  *        What the host reports after the kernel ran (t1) could be a kernel's doing: a kernel
- *        controls this process (its clock's slot, its stack). So the judge also holds t1 to
- *        when the reply was sent, as the system stamped it (SO_TIMESTAMPNS): a call that ended
- *        later than it said is a ClockMismatch there;
+ *        controls this process (its clock's slot, its stack), and what an earlier call did
+ *        decides how t0 is read. So the judge also holds t0 and t1 to when each was sent, as the
+ *        system stamped the messages on its sockets (SO_TIMESTAMPNS; the clock channel is a
+ *        socket for that): a call longer than it said is a ClockMismatch there;
  *   EXIT.
  * Replies are two int64: (status, value); status < 0 is -errno.
  *
@@ -55,8 +56,8 @@
  * Not closed: the writable data of this host and of the libraries it has loaded, which a
  * kernel could reach only by scanning for memory it was never given an address of (or from its
  * return address: the host's own image). What it could change there is what the host does
- * after the kernel returns; the only figure that leaves then, t1, is held to the system's stamp
- * of the reply (above).
+ * after the kernel returns (and before the next call's); the figures that leave then, t1 and
+ * the next t0, are held to the system's stamps of their messages (above).
  *
  * Built with -DTUNER_EVICT_LIBRARY -shared, this file is instead a library with one function,
  * tuner_evict: the same eviction, for what the judge times in its own process (the torch

@@ -7,10 +7,11 @@ native process of its own, never in the Python process that checks and times it.
 * `HostKernel`: one loaded kernel, one host process. `call(buffers, flush)` runs it once (the
   caches evicted first, in the host, with `flush`) and returns the seconds it took by the
   host's clock, checked against the judge's own reading of the same clock: the host writes
-  when it read the request and when the kernel began to a pipe only the judge reads, before
+  when it read the request and when the kernel began to a socket only the judge reads, before
   the kernel runs; calls must begin promptly after they are sent (a kernel that made its
-  host answer early and worked on delays the next call's start); and the end it reports must
-  match when the system stamped its reply sent (a kernel that rewrote its host's clock).
+  host answer early and worked on delays the next call's start); and the start and end it
+  reports must match when the system stamped their messages sent (a kernel that rewrote its
+  host's clock).
 * `host_binary()`: the host, built once per machine and compiler with the system C compiler.
 * `evictor()`: the host's cache eviction as a function of this process (for what the judge
   times here: the torch reference, the bandwidth copy), or None where the CPU has none.
@@ -63,13 +64,13 @@ _START_S = 60.0  # the host's set-up (dlopen, OpenMP's threads) answers within t
 _LATE_S = 200e-6
 _LATE_WINDOW = 16
 _BUSY_SHARE = 0.25
-# A call's reported end (t1) is the host's word after the kernel ran in it, and a kernel controls
-# its process (shown: one that rewrote the host's clock slot reported a quarter of its time). So
-# the judge holds it to when the reply was sent, as the system stamped it on the judge's socket
-# (SO_TIMESTAMPNS, which Linux sets on Unix sockets; the judge's own reading of the clock would
-# add its wake-up, up to a millisecond on a virtual machine): what that leaves unreported, in the
-# median of the last _LATE_WINDOW calls, may not pass _HIDDEN_S or a tenth of the call. An honest
-# host sends its reply microseconds after t1.
+# A call's reported span (t0 to t1) is the host's word, and a kernel controls its process (shown:
+# one that rewrote the host's clock slot reported a quarter of its time; after its first call the
+# next call's start is its doing too). So the judge holds t0 and t1 to when the host sent them, as
+# the system stamped each message on the judge's sockets (SO_TIMESTAMPNS, which Linux sets on
+# Unix sockets; the judge's own reading of the clock would add its wake-up, up to a millisecond on
+# a virtual machine): what they leave out, in the median of the last _LATE_WINDOW calls, may not
+# pass _HIDDEN_S or a tenth of the call. An honest host sends each microseconds after reading it.
 _HIDDEN_S = 100e-6
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's number where Python lacks the name
 # OpenMP's wait settings: the judge's own in its benchmark workers (CpuBackend.bench_env), the
@@ -243,15 +244,18 @@ class HostKernel:
         self._stat = None  # /proc/<host>/stat, opened at the first call that needs it
         self._schedstat = None  # /proc/<host>/schedstat, opened at the first call; False: unreadable
         self._sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._clock, clock_w = os.pipe()
+        # The clock channel: a socket, not a pipe, so that the system stamps when each start
+        # was sent (below); only the judge holds its other end.
+        self._clock, clock_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
-                [binary, artifact, str(os.getpid()), str(FENCE_BYTES), str(child.fileno()), str(clock_w),
+                [binary, artifact, str(os.getpid()), str(FENCE_BYTES), str(child.fileno()), str(clock_w.fileno()),
                  str(flush_bytes)],
-                stdin=subprocess.DEVNULL, env=_host_env(), pass_fds=(child.fileno(), clock_w), close_fds=True)
+                stdin=subprocess.DEVNULL, env=_host_env(), pass_fds=(child.fileno(), clock_w.fileno()),
+                close_fds=True)
         finally:
             child.close()
-            os.close(clock_w)
+            clock_w.close()
         self._mapped: set[int] = set()
         self._finalizer = weakref.finalize(self, _stop, self.proc, self._sock, self._clock)
         self._sock.settimeout(_START_S)
@@ -269,27 +273,21 @@ class HostKernel:
         self.threads = value & 0xFFFFFFFF
         self.facts = _facts(held, value >> 32)
         self._hidden: list[int] = []  # ns of each recent call that its reported end left out
-        try:
-            self._sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-        except OSError:
-            pass  # no stamps: the check below has nothing to hold an end to
+        for channel in (self._sock, self._clock):
+            try:
+                channel.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            except OSError:
+                pass  # no stamps: the check in `call` has nothing to hold the times to
 
     def _stamped_reply(self) -> tuple[int, int, int | None]:
-        """A reply with when it was sent (CLOCK_MONOTONIC ns, from the system's stamp), or None
-        where the system stamped nothing."""
+        """A reply with when it was sent (see _stamped)."""
         try:
-            data, anc, _, _ = self._sock.recvmsg(_REPLY.size, socket.CMSG_SPACE(16))
+            data, stamp = _stamped(self._sock, _REPLY.size)
         except OSError:
-            data, anc = b"", []
-        real, mono = time.clock_gettime_ns(time.CLOCK_REALTIME), time.monotonic_ns()
+            data, stamp = b"", None
         if len(data) != _REPLY.size:
             raise self._death()
-        status, value = _REPLY.unpack(data)
-        for level, kind, raw in anc:
-            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
-                sec, ns = struct.unpack("<qq", raw[:16])
-                return status, value, sec * 1_000_000_000 + ns - (real - mono)
-        return status, value, None
+        return (*_REPLY.unpack(data), stamp)
 
     def _reply(self) -> tuple[int, int]:
         try:
@@ -376,7 +374,7 @@ class HostKernel:
         if status < 0:
             raise OSError(-status, f"the kernel host refused a call: {os.strerror(-status)}")
         ready, _, _ = select.select([self._clock], [], [], 0)
-        raw = os.read(self._clock, 16) if ready else b""
+        raw, begun = _stamped(self._clock, 16) if ready else (b"", None)
         if len(raw) != 16:
             raise ClockMismatch("the kernel's process answered a call without first reporting when it began")
         read, t0 = struct.unpack("<qq", raw)
@@ -391,19 +389,21 @@ class HostKernel:
             # busy: every late call looked busy, and an honest kernel on a loaded machine (two
             # busy loops on two cores) was SUSPECT once in four evaluations.
             ran = (cpu1 - cpu0) - (came - read) >= _BUSY_SHARE * (read - sent)
-        if stamp is not None:
-            self._hidden = [*self._hidden[1 - _LATE_WINDOW:], stamp - t1]
+        if stamp is not None and begun is not None:
+            # What the reported span left out: an end reported before the reply was sent, or a
+            # start reported after it was (the host reads t0, sends it, then runs the kernel).
+            self._hidden = [*self._hidden[1 - _LATE_WINDOW:], max(stamp - t1, t0 - begun)]
         if len(self._hidden) == _LATE_WINDOW:
             left = statistics.median(self._hidden) * 1e-9
             took = statistics.median([*self._took[2 - _LATE_WINDOW:], t1 - t0]) * 1e-9
             if left > max(_HIDDEN_S, 0.1 * took):
                 self._hidden = []
                 raise ClockMismatch(
-                    f"the kernel's process reported its calls ending before they did: its replies were "
-                    f"sent {left * 1e6:.0f} us after the end it reported (the median of {_LATE_WINDOW}; "
-                    f"{took * 1e6:.0f} us a call, as the system stamped them), "
-                    f"where an honest host sends at once: a kernel that rewrites its host's clock or "
-                    f"returns past it")
+                    f"the kernel's process reported its calls shorter than they were: {left * 1e6:.0f} us "
+                    f"of each (the median of {_LATE_WINDOW}; {took * 1e6:.0f} us a call) lay between the "
+                    f"start and end it reported and when it sent them, as the system stamped its "
+                    f"messages, where an honest host sends each at once: a kernel that rewrites its "
+                    f"host's clock or returns past it")
         self._late = [*self._late[1 - _LATE_WINDOW:], read - sent]
         self._took = [*self._took[1 - _LATE_WINDOW:], t1 - t0]
         self._ran = [*self._ran[1 - _LATE_WINDOW:], ran]
@@ -454,13 +454,25 @@ class HostKernel:
         self._finalizer()
 
 
-def _stop(proc: subprocess.Popen, sock: socket.socket, clock: int) -> None:
+def _stamped(channel: socket.socket, size: int) -> tuple[bytes, int | None]:
+    """One message and when it was sent (CLOCK_MONOTONIC ns, from the system's stamp:
+    SO_TIMESTAMPNS, in CLOCK_REALTIME), or None where the system stamped nothing."""
+    data, anc, _, _ = channel.recvmsg(size, socket.CMSG_SPACE(16))
+    real, mono = time.clock_gettime_ns(time.CLOCK_REALTIME), time.monotonic_ns()
+    for level, kind, raw in anc:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
+            sec, ns = struct.unpack("<qq", raw[:16])
+            return data, sec * 1_000_000_000 + ns - (real - mono)
+    return data, None
+
+
+def _stop(proc: subprocess.Popen, sock: socket.socket, clock: socket.socket) -> None:
     try:
         sock.sendmsg([struct.pack("<IIQQ", _OP_EXIT, 0, 0, 0)])
     except OSError:
         pass
     sock.close()
-    os.close(clock)
+    clock.close()
     try:
         proc.wait(timeout=2)
     except subprocess.TimeoutExpired:
