@@ -118,5 +118,6 @@ def test_what_a_kernel_legitimately_reads_on_its_values_passes():
     """The names the language's values answer to are not among those refused above."""
     body = ("    v = tl.load(x_ptr + offs, mask=offs < n).to(tl.float32)\n"
             "    t = v.type\n    d = y_ptr.dtype.element_ty\n    s = v.shape\n    w = v.sum(0) + v.max(0)\n"
-            "    c = BLOCK.value if False else BLOCK\n    tl.store(y_ptr + offs, v.to(d), mask=offs < n)")
+            "    tl.store(y_ptr + offs, v.to(d), mask=offs < n)")
+    assert _KERNEL in GOOD
     assert check_python(GOOD.replace(_KERNEL, body), TRITON) == []

@@ -26,10 +26,11 @@
  *        written to the clock channel; the kernel called with the n pointers; t1 read; the
  *        process ends (code 6) if the kernel returned inside a parallel region; (0, t1)
  *        replied. r and t0 leave this process before this call's kernel runs (an earlier
- *        call's could have rewritten how they are read: see below). The judge checks send <= r <= t0 <= t1 <= receive on its own
- *        reading of the same clock, and that calls begin promptly after they are sent: a
- *        kernel that made its host answer early (calling into the host's code) and worked on
- *        delays the host's next read, which shows in r.
+ *        call's could have rewritten how they are read: see below). The judge checks
+ *        send <= r <= t0 <= t1 <= receive on its own reading of the same clock, and that
+ *        calls begin promptly after they are sent: a kernel that made its host answer early
+ *        (calling into the host's code) and worked on delays the host's next read, which shows
+ *        in r.
  *        What the host reports after the kernel ran (t1) could be a kernel's doing: a kernel
  *        controls this process (its clock's slot, its stack), and what an earlier call did
  *        decides how t0 is read. So the judge also holds t0 and t1 to when each was sent, as the
@@ -346,7 +347,6 @@ void *realloc(void *p, size_t n) {
     return __libc_realloc(p, n);
 }
 
-/* After a call: nothing the kernel allocated may outlive it, and none of it is readable again. */
 /* After a call, at once: a block kept ends the process. The arena is zeroed before the next
  * call instead (untimed, with the flush), not between the kernel's end and the reply: the judge
  * holds the end the host reports to when its reply was sent, and reads a gap as a call that

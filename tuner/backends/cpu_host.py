@@ -272,7 +272,7 @@ class HostKernel:
             raise LoadError(msg)
         self.threads = value & 0xFFFFFFFF
         self.facts = _facts(held, value >> 32)
-        self._hidden: list[int] = []  # ns of each recent call that its reported end left out
+        self._hidden: list[int] = []  # ns of each recent call that its reported span left out
         for channel in (self._sock, self._clock):
             try:
                 channel.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)

@@ -43,14 +43,13 @@ from __future__ import annotations
 
 import ast
 import builtins
-import collections.abc
-import functools
 import importlib
 import sys
 import types
 from dataclasses import dataclass
 
 from tuner.codecheck.findings import Finding, source_line
+from tuner.codecheck.outlives import held_names, mutable
 
 
 @dataclass(frozen=True)
@@ -166,82 +165,8 @@ _DANGEROUS = tuple(getattr(builtins, n) for n in FORBIDDEN_NAMES if callable(get
 _BEHIND_A_TENSOR = frozenset({"handle", "data"})
 
 
-# ---- what outlives a launch ------------------------------------------------------------------
-# Under Triton's interpreter (the sim backend's checks, the cuda backend's `interpret` option) a
-# kernel's body is Python run in the judging process, and every object it reaches through
-# triton.language outlives the launch: a list there (`tl.dtype.SINT_TYPES`) or a JIT function's
-# own state (`tl.sum.pre_run_hooks`, `.add_pre_run_hook`) could carry a result from one launch to
-# the next. Triton's compiler refuses such code on a device; here it is refused before it runs,
-# by what the installed Triton holds, not by a list of names kept by hand.
-
 _LIST = ("a list as a module's constant or a default: it outlives the launch, and under Triton's "
          "interpreter a kernel could keep a result in it between calls; use a tuple")
-
-
-def _mutable(obj) -> bool:
-    return isinstance(obj, (collections.abc.MutableSequence, collections.abc.MutableMapping,
-                            collections.abc.MutableSet, bytearray))
-
-
-_PLAIN = (str, bytes, int, float, complex, bool, type(None), frozenset, range, types.FunctionType,
-          types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
-          types.GetSetDescriptorType, types.MemberDescriptorType, property, functools.cached_property,
-          staticmethod, classmethod, type)
-
-
-@functools.lru_cache(maxsize=None)
-def _held_names(roots: tuple[str, ...]) -> frozenset[str]:
-    """Attribute names that, on the modules under `roots` (those importable here), their
-    classes and the objects they hold, name a mutable container, or anything a JIT function
-    answers to (its caches, hooks, `run`) other than what the language's own values answer to
-    (`x.type`, `x.dtype.element_ty`). Empty where nothing is importable: nothing can run then."""
-    containers: set[str] = set()
-    jit: set[str] = set()
-    api: set[str] = set()
-    seen: set[int] = set()
-
-    def public(d) -> dict:
-        return {n: v for n, v in d.items() if not n.startswith("_")}
-
-    def walk(obj, depth: int) -> None:
-        if id(obj) in seen or depth > 4:
-            return
-        seen.add(id(obj))
-        if isinstance(obj, types.ModuleType):
-            if not any(obj.__name__ == r or obj.__name__.startswith(r + ".") for r in roots):
-                return
-            items = public(vars(obj))
-        elif isinstance(obj, type):
-            items = {}
-            for c in reversed(obj.__mro__[:-1]):
-                items.update(public(vars(c)))
-            api.update(items)
-        else:  # an object a module holds: a dtype, a constexpr, a JIT function
-            items = public(getattr(obj, "__dict__", {}))
-            if callable(obj):
-                jit.update(items)
-                for c in type(obj).__mro__[:-1]:
-                    jit.update(public(vars(c)))
-                return
-            api.update(items)
-        for name, value in items.items():
-            if _mutable(value):
-                containers.add(name)
-            elif isinstance(value, (types.ModuleType, type)) or not isinstance(value, _PLAIN + (tuple,)):
-                walk(value, depth + 1)
-
-    for root in roots:
-        try:
-            walk(importlib.import_module(root), 0)
-        except Exception:  # noqa: BLE001 - not importable here: nothing of it can run either
-            continue
-    try:  # what a language value answers to that no class holds (attributes set in __init__)
-        tl = importlib.import_module("triton.language")
-        for v in (tl.tensor(None, tl.float32), tl.constexpr(1)):
-            api.update(public(vars(v)))
-    except Exception:  # noqa: BLE001 - another Triton's constructors: the classes' names stand
-        pass
-    return frozenset(containers | (jit - api))
 
 
 class _Checker(ast.NodeVisitor):
@@ -255,7 +180,7 @@ class _Checker(ast.NodeVisitor):
         self.depth = 0  # functions being visited, around the current node
         # torch is not walked: a launch reaches its values only through the methods in
         # SAFE_METHODS (none changes anything), and a kernel not at all.
-        self.held = _held_names(tuple(p for p in policy.module_prefixes if p.split(".")[0] != "torch"))
+        self.held = held_names(tuple(p for p in policy.module_prefixes if p.split(".")[0] != "torch"))
 
     def fail(self, node: ast.AST, what: str) -> None:
         n = getattr(node, "lineno", 0)
@@ -456,7 +381,7 @@ class _Checker(ast.NodeVisitor):
                 obj = getattr(obj, seg)
             except Exception:  # noqa: BLE001 - a name the module lacks: Triton says so at compile
                 return
-            if _mutable(obj):
+            if mutable(obj):
                 self.fail(node, f"{'.'.join(parts[:i + 1])} is a {type(obj).__name__}, which outlives the "
                                 f"launch (a result kept between calls); a kernel computes from its arguments")
                 return
